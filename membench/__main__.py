@@ -1,0 +1,3 @@
+from membench.cli import main
+
+raise SystemExit(main())

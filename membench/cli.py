@@ -1,0 +1,143 @@
+"""The command line. Options are defined once and shared by the subcommands that take them."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from membench.errors import UserError
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = _positive_int(text) if text != "0" else 0
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
+def add_workload_options(p: argparse.ArgumentParser) -> None:
+    from membench.api import DEFAULT_TECHNIQUES
+
+    p.add_argument("--workload", default="vit-small",
+                   help="vit-tiny, vit-small, vit_b_16, vit_l_16, gpt-tiny, gpt-mini, gpt-small, gpt-medium, "
+                        "cnn-bn, or package.module:factory (default: vit-small)")
+    p.add_argument("--batch-size", type=_positive_int, default=32, help="samples per optimizer step (default 32)")
+    p.add_argument("--techniques", default=DEFAULT_TECHNIQUES,
+                   help=f"comma-separated; '+' stacks techniques in one run (default {DEFAULT_TECHNIQUES}); "
+                        "the baseline always runs. See `membench techniques`.")
+    p.add_argument("--accum-steps", type=_positive_int, default=4, help="micro-batches for accum (default 4)")
+    p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
+    p.add_argument("--lr", type=_positive_float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
+    p.add_argument("--memory-budget", default=None,
+                   help="e.g. 16GiB: runs above it end as OOM (CUDA: a memory fraction; CPU: the exact tracker)")
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    add_workload_options(p)
+    p.add_argument("--steps", type=_positive_int, default=5, help="timed steps after warm-up (default 5)")
+    p.add_argument("--warmup", type=_non_negative_int, default=2, help="untimed steps first (default 2)")
+    p.add_argument("--no-check", action="store_true", help="skip the numerical-equivalence check")
+    p.add_argument("--timeout", type=_positive_float, default=1800.0, help="seconds per run (default 1800)")
+    p.add_argument("--peak-tflops", type=_positive_float, default=None,
+                   help="the device's peak TFLOP/s for MFU, where membench does not know it")
+    p.add_argument("--out", type=Path, default=None,
+                   help="results directory (default results/<machine>/<workload>-bs<N>)")
+    p.add_argument("--resume", action="store_true", help="skip runs already finished in --out")
+
+
+def _run_options(args) -> dict:
+    from membench.units import parse_bytes
+
+    return dict(
+        accum_steps=args.accum_steps, optimizer=args.optimizer, lr=args.lr, seed=args.seed,
+        memory_budget=parse_bytes(args.memory_budget) if args.memory_budget else None,
+    )
+
+
+def cmd_run(args) -> int:
+    from membench.api import default_out_dir, plan
+    from membench.launcher import Interrupted, run_all
+    from membench.progress import SweepProgress
+    from membench.report.table import render
+
+    specs = plan(args.workload, args.techniques, args.batch_size, args.device, steps=args.steps,
+                 warmup=args.warmup, check=not args.no_check, timeout_s=args.timeout,
+                 peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None, **_run_options(args))
+    out = args.out or default_out_dir(specs[0])
+    with SweepProgress(specs, out) as progress:
+        try:
+            results = run_all(specs, out, resume=args.resume, on_start=progress.start, on_done=progress.done)
+        except Interrupted as stop:
+            progress.console.print(f"interrupted: {len(stop.results)} finished run(s) kept in {out}")
+            return 130
+    print(render(results))
+    print(f"\nresults: {out}")
+    return 0 if all(r["status"] in ("ok", "oom") for r in results) else 1
+
+
+def cmd_techniques(args) -> int:
+    from tabulate import tabulate
+
+    from membench.techniques import REGISTRY
+
+    rows = [[name, cls.summary, ", ".join(cls.conflicts) or "-"] for name, cls in REGISTRY.items()]
+    print(tabulate(rows, headers=["technique", "trade-off", "cannot combine with"], tablefmt="simple"))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from membench.report.table import render
+    from membench.results import load_dir
+
+    print(render(load_dir(args.results), fmt=args.format))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="membench", description="GPU memory benchmarks for PyTorch training: "
+                                     "every memory-saving technique on one workload, side by side.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="measure the baseline and each technique, each in its own process")
+    add_run_options(p)
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("techniques", aliases=["list"], help="list the techniques and what each trades")
+    p.set_defaults(func=cmd_techniques)
+    p = sub.add_parser("report", help="print the comparison table of a results directory")
+    p.add_argument("results", type=Path)
+    p.add_argument("--format", default="simple", help="a tabulate format: simple, github (markdown), ...")
+    p.set_defaults(func=cmd_report)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as exc:
+        print(f"membench: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("membench: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,118 @@
+"""Isolation: each run in its own process, so one run's OOM, crash or hang never costs the others' results."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from membench.results import SCHEMA_VERSION, is_finished, read_result, result_path, write_json
+from membench.spec import RunSpec
+from membench.techniques import REGISTRY
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a sweep: the finished runs are on disk; `results` holds them."""
+
+    def __init__(self, results: list[dict]):
+        super().__init__("interrupted")
+        self.results = results
+
+
+def command_for(spec: RunSpec, spec_path: Path, out_path: Path) -> list[str]:
+    if spec.nproc_per_node > 1 or any(REGISTRY[t].distributed for t in spec.techniques):
+        return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={spec.nproc_per_node}",
+                "--standalone", "-m", "membench.worker", str(spec_path), str(out_path)]
+    return [sys.executable, "-m", "membench.worker", str(spec_path), str(out_path)]
+
+
+def environment_for(spec: RunSpec) -> dict[str, str]:
+    env = dict(os.environ)
+    for name in spec.techniques:
+        for key, value in REGISTRY[name].env.items():
+            # Allocator settings are comma-separated lists: add ours to what the user already set.
+            env[key] = f"{env[key]},{value}" if env.get(key) else value
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _archive(path: Path) -> None:
+    """Never lose a measurement: an earlier result for the same run moves aside instead of being overwritten."""
+    if path.exists():
+        previous = path.parent / "previous"
+        previous.mkdir(exist_ok=True)
+        shutil.move(str(path), previous / f"{path.stem}.{int(path.stat().st_mtime)}.json")
+
+
+def _failure(spec: RunSpec, status: str, message: str, log: Path) -> dict:
+    tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
+    return {"schema_version": SCHEMA_VERSION, "name": spec.name, "status": status, "error": message,
+            "spec": spec.to_dict(), "env": {"device": spec.device}, "log_tail": tail}
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def launch(spec: RunSpec, out_dir: Path) -> dict:
+    """Run one spec in a subprocess (a new process group, so a timeout kills torchrun's children too)."""
+    out_path = result_path(out_dir, spec.name)
+    runs_dir = out_dir / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = runs_dir / f"{spec.name}.spec.json"
+    spec_path.write_text(json.dumps(spec.to_dict(), indent=1))
+    log = runs_dir / f"{spec.name}.log"
+    _archive(out_path)
+    started = time.time()
+    with open(log, "w") as log_file:
+        proc = subprocess.Popen(command_for(spec, spec_path, out_path), stdout=log_file, stderr=subprocess.STDOUT,
+                                env=environment_for(spec), start_new_session=True)
+        try:
+            rc = proc.wait(timeout=spec.timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            write_json(out_path, _failure(spec, "timeout", f"no result after {spec.timeout_s:g} s (--timeout)", log))
+            return read_result(out_path)
+        except KeyboardInterrupt:
+            _kill(proc)
+            raise
+    if out_path.exists() and out_path.stat().st_mtime >= started - 1:
+        return read_result(out_path)
+    message = f"worker exited with code {rc} before writing a result"
+    if rc < 0:
+        message += f" (killed by signal {-rc}{'; out of host memory?' if -rc == signal.SIGKILL else ''})"
+    write_json(out_path, _failure(spec, "error", message, log))
+    return read_result(out_path)
+
+
+def run_all(specs: list[RunSpec], out_dir: Path, resume: bool = False,
+            on_start: Callable[[RunSpec], None] | None = None,
+            on_done: Callable[[RunSpec, dict, bool], None] | None = None) -> list[dict]:
+    """Run every spec in turn; with resume, keep the results already finished in out_dir."""
+    results = []
+    for spec in specs:
+        path = result_path(out_dir, spec.name)
+        if resume and is_finished(path):
+            results.append(read_result(path))
+            if on_done:
+                on_done(spec, results[-1], True)
+            continue
+        if on_start:
+            on_start(spec)
+        try:
+            results.append(launch(spec, out_dir))
+        except KeyboardInterrupt:
+            raise Interrupted(results) from None
+        if on_done:
+            on_done(spec, results[-1], False)
+    return results

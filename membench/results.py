@@ -1,0 +1,110 @@
+"""The result file schema (versioned), atomic writing, and loading a results directory into a DataFrame."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from membench.errors import UserError
+
+SCHEMA_VERSION = 1
+STATUSES = ("ok", "oom", "error", "timeout")
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write-then-rename: a reader (or a crash) never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, default=_jsonable)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _jsonable(value):
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    return str(value)
+
+
+def result_path(out_dir: Path, run_name: str) -> Path:
+    return Path(out_dir) / f"{run_name}.json"
+
+
+def read_result(path: Path) -> dict:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"results file {path} does not exist") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"results file {path} is corrupt (not JSON: {exc})") from None
+    if not isinstance(data, dict) or "schema_version" not in data or "status" not in data:
+        raise UserError(f"results file {path} is not a membench result (no schema_version/status)")
+    if data["schema_version"] > SCHEMA_VERSION:
+        raise UserError(f"results file {path} has schema {data['schema_version']}; this membench reads up to "
+                        f"{SCHEMA_VERSION}: upgrade membench")
+    return data
+
+
+def load_dir(path: Path) -> list[dict]:
+    """All results under a directory (recursively), or one file."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"results path {path} does not exist")
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*.json") if not p.name.startswith("."))
+    results = [read_result(p) for p in files if p.name != "sweep.json"]
+    if not results:
+        raise UserError(f"no membench results under {path}")
+    for r, p in zip(results, files):
+        r.setdefault("_path", str(p))
+    return results
+
+
+def is_finished(path: Path) -> bool:
+    """A run counts as done for --resume when it measured something: ok, or a deterministic OOM."""
+    try:
+        return read_result(path)["status"] in ("ok", "oom")
+    except UserError:
+        return False
+
+
+def to_frame(results: list[dict]):
+    """One row per run: the numbers people compare, in bytes and seconds, plus the change against the baseline."""
+    import pandas as pd
+
+    rows = []
+    for r in results:
+        mem, timing, eq, spec, env = (r.get(k) or {} for k in ("memory", "timing", "equivalence", "spec", "env"))
+        rows.append({
+            "run": r["name"],
+            "status": r["status"],
+            "workload": spec.get("workload"),
+            "batch_size": spec.get("batch_size"),
+            "device": env.get("device"),
+            "device_name": env.get("device_name"),
+            "predicted": bool(r.get("predicted", False)),
+            "peak_allocated_bytes": mem.get("peak_allocated_bytes"),
+            "peak_reserved_bytes": mem.get("peak_reserved_bytes"),
+            "driver_used_bytes": mem.get("driver_used_bytes"),
+            "peak_phase": mem.get("peak_phase"),
+            "median_step_s": timing.get("median_s"),
+            "throughput": timing.get("throughput"),
+            "throughput_unit": timing.get("unit"),
+            "tflops": (timing.get("achieved_flops") or 0) / 1e12 or None,
+            "mfu": timing.get("mfu"),
+            "equivalence": eq.get("verdict"),
+            "error": r.get("error"),
+        })
+    df = pd.DataFrame(rows)
+    base = df[df["run"] == "baseline"]
+    for col, delta in (("peak_allocated_bytes", "peak_vs_baseline_pct"), ("throughput", "throughput_vs_baseline_pct")):
+        ref = base[col].iloc[0] if len(base) and base[col].notna().iloc[0] else None
+        df[delta] = (df[col] / ref - 1) * 100 if ref else None
+    return df

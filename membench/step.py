@@ -1,0 +1,101 @@
+"""The one training loop. Techniques change the TrainState; this file never asks which technique is on."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable, ContextManager
+
+import torch
+from torch import nn
+
+from membench.spec import RunSpec
+from membench.workloads import Batch, Workload
+
+
+@dataclass
+class TrainState:
+    """Everything one training step needs. Techniques may replace any field in `configure`."""
+
+    spec: RunSpec
+    workload: Workload
+    model: nn.Module
+    device: torch.device
+    optimizer_options: dict = field(default_factory=dict)
+    optimizers: list[torch.optim.Optimizer] | None = None  # None: one optimizer over all parameters
+    step_optimizers: bool = True  # False when the optimizer already stepped inside backward
+    micro_batches: int = 1
+    forward_contexts: list[Callable[[], ContextManager]] = field(default_factory=list)
+    scale_loss: Callable[[torch.Tensor], torch.Tensor] = lambda loss: loss
+    step_optimizer: Callable[[torch.optim.Optimizer], None] = lambda opt: opt.step()
+    batch_to_device: Callable[[Batch, torch.device], Batch] = lambda batch, device: tuple(
+        t.to(device) for t in batch)
+
+    def make_optimizer(self, params, **overrides) -> torch.optim.Optimizer:
+        options = {**self.optimizer_options, **overrides}
+        if self.spec.optimizer == "sgd":
+            return torch.optim.SGD(params, lr=self.spec.lr, **options)
+        return torch.optim.Adam(params, lr=self.spec.lr, **options)
+
+    def forward_context(self) -> ContextManager:
+        stack = contextlib.ExitStack()
+        for make in self.forward_contexts:
+            stack.enter_context(make())
+        return stack
+
+
+def noop_phase(name: str) -> ContextManager:
+    return contextlib.nullcontext()
+
+
+def train_step(state: TrainState, batch: Batch, phase: Callable[[str], ContextManager] = noop_phase) -> float:
+    """One optimizer step on `batch`; returns the loss (mean over the batch). `phase` marks where we are."""
+    with phase("inputs"):
+        batch = state.batch_to_device(batch, state.device)
+    n = state.micro_batches
+    micro_batches = zip(*(t.chunk(n) for t in batch)) if n > 1 else [batch]
+    total = torch.zeros((), device=state.device)
+    for micro in micro_batches:
+        with phase("forward"), state.forward_context():
+            # The workload's loss is a mean over its samples; 1/n makes n micro-batches one big batch's mean.
+            loss = state.workload.loss_fn(state.model, micro) / n
+        with phase("backward"):
+            state.scale_loss(loss).backward()
+        total += loss.detach().float()
+        del loss
+    with phase("optimizer"):
+        if state.step_optimizers:
+            for opt in state.optimizers:
+                state.step_optimizer(opt)
+                opt.zero_grad(set_to_none=True)
+    return total.item()  # also waits for the device, so a step's time is its real time
+
+
+def build_state(spec: RunSpec, workload: Workload, techniques, on_model: Callable[[nn.Module], None] | None = None
+                ) -> TrainState:
+    """Build the model (a technique may build it its own way), then let each technique configure the state."""
+    device = torch.device(spec.device)
+    torch.manual_seed(spec.seed)
+    model = None
+    for t in techniques:
+        model = model or t.build_model(workload.build_model, spec.device)
+    if model is None:
+        model = workload.build_model().to(device)
+    model.train()
+    if on_model is not None:
+        on_model(model)  # e.g. the memory tracker's gradient hooks, before any technique adds its own
+    state = TrainState(spec=spec, workload=workload, model=model, device=device)
+    for t in techniques:
+        t.configure(state)
+    if state.optimizers is None:
+        state.optimizers = [state.make_optimizer([p for p in state.model.parameters() if p.requires_grad])]
+    return state
+
+
+def batches(workload: Workload, spec: RunSpec):
+    """The same synthetic batches for every technique: batch i comes from seed + i."""
+    for i in range(10**9):
+        yield workload.make_batch(spec.batch_size, torch.Generator().manual_seed(spec.seed * 100_003 + i))
+
+
+__all__ = ["TrainState", "train_step", "build_state", "batches"]

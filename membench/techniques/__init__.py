@@ -1,0 +1,60 @@
+"""The technique registry: names, what each one trades, and the rules for stacking them with '+'."""
+
+from __future__ import annotations
+
+from membench.errors import UserError
+from membench.techniques.accum import GradientAccumulation
+from membench.techniques.base import Technique
+from membench.techniques.baseline import Baseline
+from membench.techniques.ckpt import ActivationCheckpointing
+from membench.techniques.opt_in_bwd import OptimizerInBackward
+
+REGISTRY: dict[str, type[Technique]] = {
+    cls.name: cls
+    for cls in (Baseline, GradientAccumulation, ActivationCheckpointing, OptimizerInBackward)
+}
+
+
+def parse_techniques(text: str) -> tuple[tuple[str, ...], ...]:
+    """'accum,ckpt+opt-in-bwd' -> (('accum',), ('ckpt', 'opt-in-bwd')). 'baseline' is the empty stack."""
+    stacks = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        names = tuple(n.strip() for n in item.split("+"))
+        for n in names:
+            if n not in REGISTRY:
+                raise UserError(f"unknown technique {n!r}; valid: {', '.join(REGISTRY)}")
+        if len(set(names)) != len(names):
+            raise UserError(f"technique combination {item!r} names a technique twice")
+        stack = tuple(n for n in names if n != "baseline")
+        if "baseline" in names and stack:
+            raise UserError(f"'baseline' cannot be combined with other techniques in {item!r}")
+        stacks.append(stack)
+    if not stacks:
+        raise UserError("--techniques is empty; valid: " + ", ".join(REGISTRY))
+    return tuple(stacks)
+
+
+def check_stack(stack: tuple[str, ...], device: str) -> None:
+    """Refuse, before anything runs, a stack whose techniques cannot go together or cannot run on device."""
+    label = "+".join(stack)
+    for name in stack:
+        cls = REGISTRY[name]
+        for other in cls.conflicts:
+            if other in stack:
+                raise UserError(f"cannot combine {name} with {other} in {label!r}: {cls.summary}")
+        for needed in cls.requires:
+            if needed not in stack:
+                raise UserError(f"{name} needs {needed} in the same run: use {label}+{needed}")
+        if device not in cls.devices:
+            raise UserError(f"technique {name} cannot run on {device}; it runs on: {', '.join(cls.devices)}")
+
+
+def instantiate(spec) -> list[Technique]:
+    check_stack(spec.techniques, spec.device)
+    return sorted((REGISTRY[n](spec) for n in spec.techniques), key=lambda t: t.order)
+
+
+__all__ = ["REGISTRY", "Technique", "parse_techniques", "check_stack", "instantiate"]

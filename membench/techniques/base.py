@@ -1,0 +1,52 @@
+"""The technique plug-in interface: a handful of hooks that default to doing nothing.
+
+A technique changes how the training state is set up (`configure`), never the training loop itself. Stacked
+techniques ("ckpt+opt-in-bwd") configure the same `TrainState` one after another, in `order`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, ClassVar
+
+from torch import nn
+
+if TYPE_CHECKING:
+    from membench.spec import RunSpec
+    from membench.step import TrainState
+    from membench.workloads import Workload
+
+
+class Technique:
+    """Base class. Subclasses set the class attributes and override only the hooks they need.
+
+    name: what the user types; summary: the one-line trade-off (what it saves, what it costs).
+    requires / conflicts: other technique names this one needs, or cannot be stacked with.
+    numerics: "exact" (must train bit-for-bit the same model), "batch-split" (same up to fp rounding),
+    or "precision" (changes the numbers on purpose; the loss difference is reported).
+    devices: where it means something. distributed: run through torchrun.
+    env: environment variables for the run's own process only.
+    order: when `configure` runs relative to the others in a stack (small first).
+    """
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    requires: ClassVar[tuple[str, ...]] = ()
+    conflicts: ClassVar[tuple[str, ...]] = ()
+    numerics: ClassVar[str] = "exact"
+    devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
+    distributed: ClassVar[bool] = False
+    env: ClassVar[dict[str, str]] = {}
+    order: ClassVar[int] = 50
+
+    def __init__(self, spec: RunSpec):
+        self.spec = spec
+
+    def validate(self, spec: RunSpec, workload: Workload) -> None:
+        """Raise UserError if this technique cannot run with this spec or workload."""
+
+    def build_model(self, build: Callable[[], nn.Module], device: str) -> nn.Module | None:
+        """Build the model another way (another device or dtype); None keeps the default (build, then .to)."""
+        return None
+
+    def configure(self, state: TrainState) -> None:
+        """Change the training state: wrap the model, split the batch, choose or replace the optimizer."""

@@ -1,0 +1,161 @@
+"""Memory meters: the exact storage tracker on CPU, the caching allocator's own statistics on CUDA.
+
+Both answer the same questions (peak, phase of the peak, memory after a step) so results compare across devices.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from membench.trackers import categories as cat
+from membench.trackers.storage import StorageTracker
+
+
+class CpuMeter:
+    """Exact live tensor bytes on CPU, by category, via StorageTracker. Deterministic: same run, same bytes."""
+
+    device = "cpu"
+
+    def __init__(self, budget: int | None = None, timeline: bool = False, round_to: int = 1):
+        self.tracker = StorageTracker(round_to=round_to, budget=budget, timeline=timeline)
+        self.step_marks: list[tuple[int, int]] = []  # (event index, step) where each step starts
+
+    @contextlib.contextmanager
+    def active(self):
+        with self.tracker:
+            yield self
+
+    def attach_model(self, model: nn.Module) -> None:
+        t = self.tracker
+        t.track_all(model.parameters(), cat.PARAMS)
+        t.track_all(model.buffers(), cat.PARAMS)
+        for p in model.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(lambda p: t.track(p.grad, cat.GRADS))
+
+    def attach_optimizers(self, optimizers) -> None:
+        for opt in optimizers:
+            opt.register_step_post_hook(self._track_state)
+
+    def _track_state(self, optimizer, args, kwargs) -> None:
+        for state in optimizer.state.values():
+            self.tracker.track_all(state.values(), cat.OPTIMIZER)
+
+    def track_inputs(self, batch) -> None:
+        self.tracker.track_all(batch, cat.INPUTS)
+
+    def phase(self, name: str):
+        return self.tracker.in_phase(name)
+
+    def start_step(self, step: int) -> None:
+        self.tracker.step = step
+        self.step_marks.append((len(self.tracker.events), step))
+
+    def reset_peak(self) -> None:
+        self.tracker.reset_peak()
+
+    def current(self) -> int:
+        return self.tracker.current
+
+    def result(self) -> dict:
+        peak = self.tracker.peak
+        return {
+            "device": "cpu",
+            "method": "storage-tracker",
+            "peak_allocated_bytes": peak.bytes,
+            "peak_reserved_bytes": None,
+            "peak_active_bytes": peak.bytes,
+            "alloc_retries": None,
+            "driver_used_bytes": None,
+            "peak_phase": peak.phase,
+            "peak_step": peak.step,
+            "breakdown_at_peak": peak.breakdown,
+            "current_bytes": self.tracker.current,
+            "current_breakdown": dict(self.tracker.by_category),
+        }
+
+
+class CudaMeter:
+    """The CUDA caching allocator's statistics, read per phase: a phase's peak is the allocator's peak since the
+    phase began, so the peak's phase costs no extra synchronisation. What the driver sees (CUDA context, cuBLAS
+    workspaces, NCCL buffers) is read with cudaMemGetInfo after the steps."""
+
+    device = "cuda"
+
+    def __init__(self, budget: int | None = None, timeline: bool = False):
+        if budget is not None:
+            total = torch.cuda.get_device_properties(0).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total))
+        self.peaks = {"allocated": 0, "reserved": 0, "active": 0}
+        self.peak_phase, self.peak_step, self.step = "setup", -1, -1
+
+    @contextlib.contextmanager
+    def active(self):
+        yield self
+
+    def attach_model(self, model) -> None:
+        pass
+
+    def attach_optimizers(self, optimizers) -> None:
+        pass
+
+    def track_inputs(self, batch) -> None:
+        pass
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        torch.cuda.reset_peak_memory_stats()
+        try:
+            yield
+        finally:
+            stats = torch.cuda.memory_stats()
+            allocated = stats.get("allocated_bytes.all.peak", 0)
+            if allocated > self.peaks["allocated"]:
+                self.peak_phase, self.peak_step = name, self.step
+            self._fold(allocated, stats.get("reserved_bytes.all.peak", 0), stats.get("active_bytes.all.peak", 0))
+
+    def _fold(self, allocated: int, reserved: int, active: int) -> None:
+        self.peaks["allocated"] = max(self.peaks["allocated"], allocated)
+        self.peaks["reserved"] = max(self.peaks["reserved"], reserved)
+        self.peaks["active"] = max(self.peaks["active"], active)
+
+    def start_step(self, step: int) -> None:
+        self.step = step
+
+    def reset_peak(self) -> None:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        self.retries_before = torch.cuda.memory_stats().get("num_alloc_retries", 0)
+        self.peaks = dict.fromkeys(self.peaks, 0)
+        self._fold(torch.cuda.memory_allocated(), torch.cuda.memory_reserved(), torch.cuda.memory_allocated())
+        self.peak_phase, self.peak_step = "setup", self.step
+
+    def current(self) -> int:
+        return torch.cuda.memory_allocated()
+
+    def result(self) -> dict:
+        torch.cuda.synchronize()
+        free, total = torch.cuda.mem_get_info()
+        stats = torch.cuda.memory_stats()
+        return {
+            "device": "cuda",
+            "method": "cuda-caching-allocator",
+            "peak_allocated_bytes": self.peaks["allocated"],
+            "peak_reserved_bytes": self.peaks["reserved"],
+            "peak_active_bytes": self.peaks["active"],
+            "alloc_retries": stats.get("num_alloc_retries", 0) - getattr(self, "retries_before", 0),
+            "driver_used_bytes": total - free,
+            "device_total_bytes": total,
+            "peak_phase": self.peak_phase,
+            "peak_step": self.peak_step,
+            "breakdown_at_peak": None,
+            "current_bytes": torch.cuda.memory_allocated(),
+            "current_breakdown": None,
+        }
+
+
+def make_meter(device: str, budget: int | None = None, timeline: bool = False):
+    return CudaMeter(budget, timeline) if device == "cuda" else CpuMeter(budget, timeline)

@@ -1,0 +1,128 @@
+"""An exact, deterministic memory tracker for any device: it follows every tensor storage's life.
+
+A TorchDispatchMode sees every tensor an op returns; a weakref finalizer on its untyped storage sees it freed.
+Sizes are summed per category, so the peak and its breakdown are exact to the byte and repeatable, with no
+allocator in between (rounding to the CUDA allocator's 512-byte blocks is optional, for predictions).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+from membench.trackers.categories import CATEGORIES, OTHER, PHASE_CATEGORY
+
+
+@dataclass
+class Peak:
+    bytes: int = 0
+    phase: str = "setup"
+    step: int = -1
+    breakdown: dict[str, int] = field(default_factory=dict)
+
+
+class StorageTracker(TorchDispatchMode):
+    """Live bytes of all tensor storages created (or registered) while it is active, by category.
+
+    round_to: sizes are rounded up to a multiple of this (1 = exact; 512 = the CUDA caching allocator's block).
+    budget: raise torch.OutOfMemoryError once live bytes pass it (a GPU of that size, simulated on CPU).
+    timeline: keep (event, phase, step, bytes per category) for every allocation and free.
+    """
+
+    def __init__(self, round_to: int = 1, budget: int | None = None, timeline: bool = False):
+        super().__init__()
+        self.round_to = round_to
+        self.budget = budget
+        self.record_timeline = timeline
+        self.phase = "setup"
+        self.step = -1
+        self.live: dict[int, tuple[int, str]] = {}  # storage key -> (bytes, category)
+        self._keys = WeakIdKeyDictionary()  # storage -> key
+        self._counter = itertools.count()
+        self.by_category = dict.fromkeys(CATEGORIES, 0)
+        self.current = 0
+        self.peak = Peak()
+        self.events: list[tuple[str, int, tuple[int, ...]]] = []
+
+    # --- the dispatch hook ---------------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.track(t)
+        return out
+
+    # --- registering and categorising ----------------------------------------------------------------------
+    def track(self, tensor: torch.Tensor, category: str | None = None) -> None:
+        """Count a tensor's storage if not yet counted; with a category, (re)classify it."""
+        if tensor.layout != torch.strided:
+            return
+        storage = tensor.untyped_storage()
+        key = self._keys.get(storage)
+        size = self._rounded(storage.nbytes())
+        if key is None:
+            if size == 0:
+                return
+            key = next(self._counter)
+            self._keys[storage] = key
+            weakref.finalize(storage, self._free, key)
+            self._add(key, size, category or PHASE_CATEGORY.get(self.phase, OTHER))
+        else:
+            old_size, old_category = self.live[key]
+            if size != old_size or (category and category != old_category):
+                self._remove(key)
+                self._add(key, size, category or old_category)
+
+    def track_all(self, tensors, category: str) -> None:
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                self.track(t, category)
+
+    # --- phases --------------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def in_phase(self, phase: str):
+        previous, self.phase = self.phase, phase
+        try:
+            yield
+        finally:
+            self.phase = previous
+
+    def reset_peak(self) -> None:
+        self.peak = Peak(self.current, self.phase, self.step, dict(self.by_category))
+
+    # --- bookkeeping ---------------------------------------------------------------------------------------
+    def _rounded(self, nbytes: int) -> int:
+        r = self.round_to
+        return -(-nbytes // r) * r if r > 1 else nbytes
+
+    def _add(self, key: int, size: int, category: str) -> None:
+        self.live[key] = (size, category)
+        self.by_category[category] += size
+        self.current += size
+        self._changed()
+        if self.budget is not None and self.current > self.budget:
+            raise torch.OutOfMemoryError(
+                f"membench: live tensor memory {self.current} bytes passed the budget of {self.budget} bytes")
+
+    def _remove(self, key: int) -> None:
+        size, category = self.live.pop(key)
+        self.by_category[category] -= size
+        self.current -= size
+
+    def _free(self, key: int) -> None:
+        if key in self.live:
+            self._remove(key)
+            self._changed()
+
+    def _changed(self) -> None:
+        if self.current > self.peak.bytes:
+            self.peak = Peak(self.current, self.phase, self.step, dict(self.by_category))
+        if self.record_timeline:
+            self.events.append((self.phase, self.step, tuple(self.by_category[c] for c in CATEGORIES)))

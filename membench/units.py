@@ -1,0 +1,32 @@
+"""Bytes and seconds are stored; these helpers only format and parse them for people (GiB = 2**30)."""
+
+import re
+
+from membench.errors import UserError
+
+_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+
+
+def parse_bytes(text: str) -> int:
+    """'24GiB' -> 25769803776. Decimal units (GB) are 10**9, binary units (GiB) 2**30."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise UserError(f"cannot read {text!r} as a size: use a number with a unit such as 512MiB, 24GiB or 16GB")
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if value <= 0:
+        raise UserError(f"size {text!r} must be positive")
+    return int(value)
+
+
+def gib(nbytes: float | None) -> str:
+    return "-" if nbytes is None else f"{nbytes / 2**30:.3f}"
+
+
+def fmt_bytes(nbytes: float | None) -> str:
+    if nbytes is None:
+        return "-"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(nbytes) >= size:
+            return f"{nbytes / size:.2f} {unit}"
+    return f"{int(nbytes)} B"

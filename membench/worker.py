@@ -1,0 +1,125 @@
+"""One run, in its own process: build, warm up, measure memory, time steps, check equivalence, write the result.
+
+Run as `python -m membench.worker SPEC.json RESULT.json`. It always tries to leave a result file behind: an
+out-of-memory error becomes status "oom" with what was measured up to then, any other exception "error".
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from membench import environment, equivalence
+from membench.results import SCHEMA_VERSION, write_json
+from membench.spec import RunSpec
+from membench.step import batches, build_state, train_step
+from membench.techniques import instantiate
+from membench.trackers import timing
+from membench.trackers.memory import make_meter
+from membench.workloads import load_workload
+
+
+def execute(spec: RunSpec, progress: dict) -> dict:
+    workload = load_workload(spec.workload)
+    techniques = instantiate(spec)
+    for t in techniques:
+        t.validate(spec, workload)
+    meter = make_meter(spec.device, spec.memory_budget, spec.timeline)
+    progress["meter"] = meter
+    data = batches(workload, spec)
+
+    def step(i: int) -> float:
+        meter.start_step(i)
+        return train_step(state, next(data), meter.phase)
+
+    with meter.active():
+        build_start = time.perf_counter()
+        state = build_state(spec, workload, techniques, on_model=meter.attach_model)
+        meter.attach_optimizers(state.optimizers)
+        progress["build_s"] = time.perf_counter() - build_start
+        progress["build_peak_bytes"] = meter.result()["peak_allocated_bytes"]
+        progress["phase"] = "warmup"
+        for i in range(spec.warmup):
+            step(i)
+        meter.reset_peak()
+        progress["phase"] = "measure"
+        if meter.device == "cuda":  # the allocator's counters cost nothing: time and measure the same steps
+            times, losses = timing.time_steps(step, range(spec.warmup, spec.warmup + spec.steps))
+        else:  # the exact tracker slows steps down: one measured step, then timed steps without it
+            step(spec.warmup)
+        memory = meter.result()
+    if meter.device == "cpu":
+        progress["phase"] = "time"
+        times, losses = timing.time_steps(step, range(spec.warmup + 1, spec.warmup + 1 + spec.steps))
+    memory["build_peak_bytes"] = progress["build_peak_bytes"]
+    progress["memory"] = memory
+
+    progress["phase"] = "flops"
+    flops = timing.count_flops(lambda: step(-1))
+    summary = timing.summarize(times)
+    samples_per_s = spec.batch_size / summary["median_s"]
+    device_name = environment.describe(spec.device)["device_name"]
+    peak = spec.peak_flops or timing.peak_flops(device_name, "bf16" if _low_precision(techniques) else "fp32")
+    summary.update({
+        "warmup_steps": spec.warmup,
+        "samples_per_s": samples_per_s,
+        "throughput": samples_per_s * workload.items_per_sample,
+        "unit": f"{workload.unit}/s",
+        "flops_per_step": flops,
+        "achieved_flops": flops / summary["median_s"],
+        "peak_flops": peak,
+        "mfu": flops / summary["median_s"] / peak if peak else None,
+        "losses": losses,
+        "build_s": progress["build_s"],
+    })
+    del state, data
+    progress["timing"] = summary
+    result = {"memory": memory, "timing": summary}
+    if spec.check:
+        progress["phase"] = "equivalence"
+        result["equivalence"] = equivalence.check(spec, workload)
+    return result
+
+
+def _low_precision(techniques) -> bool:
+    return any(t.numerics == "precision" for t in techniques)
+
+
+def run(spec: RunSpec, out: Path) -> dict:
+    """Execute one spec and write its result file; returns the result."""
+    progress: dict = {"phase": "setup"}
+    started = time.time()
+    record = {"schema_version": SCHEMA_VERSION, "name": spec.name, "spec": spec.to_dict(),
+              "env": environment.describe(spec.device), "started": started}
+    try:
+        record.update(execute(spec, progress))
+        record["status"] = "ok"
+    except torch.OutOfMemoryError as exc:
+        record.update(status="oom", error=f"out of memory during {progress['phase']}: {str(exc).splitlines()[0]}")
+        meter = progress.get("meter")
+        record["memory"] = progress.get("memory") or (meter.result() if meter is not None else None)
+        record["timing"] = progress.get("timing")
+    except Exception as exc:  # noqa: BLE001 - any failure of the user's model becomes this run's status
+        record.update(status="error", error=f"{type(exc).__name__}: {exc}",
+                      traceback=traceback.format_exc(limit=8))
+        record["memory"] = progress.get("memory")
+        record["timing"] = progress.get("timing")
+    record["wall_s"] = time.time() - started
+    write_json(out, record)
+    return record
+
+
+def main(argv: list[str]) -> int:
+    spec = RunSpec.from_dict(json.loads(Path(argv[0]).read_text()))
+    run(spec, Path(argv[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,52 @@
+"""The workload contract: what a model factory hands membench.
+
+A factory is a function with no required arguments that returns a `Workload`. membench builds the model itself
+(so a technique can build it on another device or dtype), makes batches from a seeded generator, and calls
+`loss_fn(model, batch)` for a scalar loss that is a *mean* over the samples of the batch (accumulation relies on
+that: a micro-batch's loss is scaled by 1/N).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+
+Batch = tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model to train and the data to train it on.
+
+    build_model: returns a freshly initialised model (on the current default device, in fp32).
+    make_batch: (batch_size, generator) -> a tuple of CPU tensors whose first dimension is the batch.
+    loss_fn: (model, batch) -> scalar loss, the mean over the batch.
+    blocks: (model) -> the repeated blocks (transformer layers) that checkpointing wraps; None: no blocks.
+    items_per_sample: how many throughput units one sample is (tokens per sequence for text; 1 for images).
+    unit: the throughput unit ("samples" or "tokens").
+    """
+
+    build_model: Callable[[], nn.Module]
+    make_batch: Callable[[int, torch.Generator], Batch]
+    loss_fn: Callable[[nn.Module, Batch], torch.Tensor]
+    blocks: Callable[[nn.Module], Sequence[nn.Module]] | None = None
+    items_per_sample: int = 1
+    unit: str = "samples"
+    description: str = ""
+
+
+def classification_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    images, labels = batch
+    return nn.functional.cross_entropy(model(images), labels)
+
+
+def image_batch(image_size: int, num_classes: int, channels: int = 3) -> Callable[[int, torch.Generator], Batch]:
+    def make(batch_size: int, generator: torch.Generator) -> Batch:
+        images = torch.randn(batch_size, channels, image_size, image_size, generator=generator)
+        labels = torch.randint(0, num_classes, (batch_size,), generator=generator)
+        return images, labels
+
+    return make
