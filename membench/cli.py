@@ -114,10 +114,17 @@ def cmd_report(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line (what was wrong, where to look), exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="membench", description="GPU memory benchmarks for PyTorch training: "
+    parser = _Parser(prog="membench", description="GPU memory benchmarks for PyTorch training: "
                                      "every memory-saving technique on one workload, side by side.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("run", help="measure the baseline and each technique, each in its own process")
     add_run_options(p)
     p.set_defaults(func=cmd_run)

@@ -107,9 +107,9 @@ def run_all(specs: list[RunSpec], out_dir: Path, resume: bool = False,
             if on_done:
                 on_done(spec, results[-1], True)
             continue
-        if on_start:
-            on_start(spec)
         try:
+            if on_start:
+                on_start(spec)
             results.append(launch(spec, out_dir))
         except KeyboardInterrupt:
             raise Interrupted(results) from None

@@ -54,21 +54,22 @@ def train_step(state: TrainState, batch: Batch, phase: Callable[[str], ContextMa
         batch = state.batch_to_device(batch, state.device)
     n = state.micro_batches
     micro_batches = zip(*(t.chunk(n) for t in batch)) if n > 1 else [batch]
-    total = torch.zeros((), device=state.device)
+    losses = []
     for micro in micro_batches:
         with phase("forward"), state.forward_context():
             # The workload's loss is a mean over its samples; 1/n makes n micro-batches one big batch's mean.
             loss = state.workload.loss_fn(state.model, micro) / n
         with phase("backward"):
             state.scale_loss(loss).backward()
-        total += loss.detach().float()
+        losses.append(loss.detach())
         del loss
     with phase("optimizer"):
         if state.step_optimizers:
             for opt in state.optimizers:
                 state.step_optimizer(opt)
                 opt.zero_grad(set_to_none=True)
-    return total.item()  # also waits for the device, so a step's time is its real time
+    # .item() waits for the device, so a step's wall time is its real time.
+    return float(sum(loss.float().item() for loss in losses))
 
 
 def build_state(spec: RunSpec, workload: Workload, techniques, on_model: Callable[[nn.Module], None] | None = None

@@ -36,7 +36,9 @@ def execute(spec: RunSpec, progress: dict) -> dict:
 
     def step(i: int) -> float:
         meter.start_step(i)
-        return train_step(state, next(data), meter.phase)
+        batch = next(data)
+        meter.track_inputs(batch)
+        return train_step(state, batch, meter.phase)
 
     with meter.active():
         build_start = time.perf_counter()

@@ -1,0 +1,22 @@
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _importable_tests(monkeypatch):
+    """Worker subprocesses import user workloads such as tests.workloads:mlp from the repository root."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU; torch sees none here")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
