@@ -35,6 +35,8 @@ class SweepProgress:
             line += f", peak {fmt_bytes(mem['peak_allocated_bytes'])} in {mem.get('peak_phase')}"
         if timing.get("throughput"):
             line += f", {timing['throughput']:.1f} {timing['unit']}"
+        if timing.get("noisy"):
+            line += f" [noisy timing: IQR {timing['iqr_s'] / timing['median_s']:.0%} of the median]"
         if result.get("error"):
             line += f" ({result['error'].splitlines()[0][:160]})"
         self.console.print(("  (resumed) " if skipped else "  ") + line)
