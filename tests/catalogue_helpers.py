@@ -26,6 +26,11 @@ def verdict(workload: str = "gpt-tiny", techniques: tuple[str, ...] = (), **opti
     return equivalence.check(s, load_workload(s.workload))
 
 
+def adam_step_bytes(workload: str = "gpt-tiny") -> int:
+    """Adam keeps one fp32 `step` counter per parameter, whatever the parameters' dtype or sharding."""
+    return 4 * len(list(load_workload(workload).build_model().parameters()))
+
+
 @contextlib.contextmanager
 def on_cpu_too(monkeypatch, *names: str):
     """Let CUDA-only techniques run on CPU, to test their logic (their memory effect needs a GPU)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from catalogue_helpers import measure, on_cpu_too, registered, spec
+from catalogue_helpers import adam_step_bytes, measure, on_cpu_too, registered, spec
 from membench.cli import main
 from membench.errors import UserError
 from membench.launcher import environment_for
@@ -66,14 +66,8 @@ def test_bf16_halves_parameters_and_optimizer_state_exactly(baseline):
     base, half = breakdown(baseline), breakdown(measure("gpt-tiny", ("bf16",)))
     assert half["parameters"] * 2 == base["parameters"]
     # Adam's two moments follow the parameters' dtype; its per-parameter `step` counters stay fp32 scalars.
-    steps = 4 * _n_params()
+    steps = adam_step_bytes()
     assert (half["optimizer_state"] - steps) * 2 == base["optimizer_state"] - steps
-
-
-def _n_params() -> int:
-    from membench.workloads import load_workload
-
-    return len(list(load_workload("gpt-tiny").build_model().parameters()))
 
 
 def test_amp_shrinks_activations_only(baseline):
