@@ -13,7 +13,7 @@ from membench.errors import UserError
 from membench.launcher import run_all
 from membench.results import to_frame
 from membench.spec import RunSpec, SweepSpec
-from membench.techniques import instantiate, parse_techniques
+from membench.techniques import REGISTRY, instantiate, parse_techniques
 from membench.workloads import check_workload_name, load_workload
 
 DEFAULT_TECHNIQUES = "accum,ckpt,opt-in-bwd"
@@ -39,6 +39,10 @@ def plan(workload: str, techniques: str = DEFAULT_TECHNIQUES, batch_size: int = 
         raise UserError(f"unknown options {sorted(unknown)}; valid: {sorted(known - {'workload', 'techniques'})}")
     base = RunSpec(workload=workload, batch_size=batch_size, device=resolve_device(device), **options).validated()
     specs = SweepSpec(base, parse_techniques(techniques)).runs()
+    # --nproc-per-node is for the distributed techniques; the others (and the baseline) are single-device runs,
+    # measured per device at --batch-size: what a rank's numbers compare against.
+    specs = [s if any(REGISTRY[t].distributed for t in s.techniques) else dataclasses.replace(s, nproc_per_node=1)
+             for s in specs]
     loaded = load_workload(workload)
     for spec in specs:
         for t in instantiate(spec):

@@ -64,6 +64,12 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=None,
                    help="results directory (default results/<machine>/<workload>-bs<N>)")
     p.add_argument("--resume", action="store_true", help="skip runs already finished in --out")
+    p.add_argument("--nproc-per-node", type=_positive_int, default=1,
+                   help="processes (GPUs) per node: >1 runs every technique through torchrun (default 1; "
+                        "fsdp always runs through torchrun)")
+    p.add_argument("--torchrun-args", default="",
+                   help="extra torchrun arguments for several nodes, e.g. \"--nnodes=2 --node-rank=0 "
+                        "--rdzv-endpoint=host0:29500\" (default: --standalone)")
 
 
 def _run_options(args) -> dict:
@@ -83,7 +89,8 @@ def cmd_run(args) -> int:
 
     specs = plan(args.workload, args.techniques, args.batch_size, args.device, steps=args.steps,
                  warmup=args.warmup, check=not args.no_check, timeout_s=args.timeout,
-                 peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None, **_run_options(args))
+                 peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
+                 nproc_per_node=args.nproc_per_node, torchrun_args=args.torchrun_args, **_run_options(args))
     out = args.out or default_out_dir(specs[0])
     with SweepProgress(specs, out) as progress:
         try:
@@ -99,10 +106,11 @@ def cmd_run(args) -> int:
 def cmd_techniques(args) -> int:
     from tabulate import tabulate
 
-    from membench.techniques import REGISTRY
+    from membench.techniques import REGISTRY, conflicts_of
 
-    rows = [[name, cls.summary, ", ".join(cls.conflicts) or "-"] for name, cls in REGISTRY.items()]
-    print(tabulate(rows, headers=["technique", "trade-off", "cannot combine with"], tablefmt="simple"))
+    rows = [[name, cls.summary, ", ".join(cls.devices), ", ".join(conflicts_of(name)) or "-"]
+            for name, cls in REGISTRY.items()]
+    print(tabulate(rows, headers=["technique", "trade-off", "devices", "cannot combine with"], tablefmt="simple"))
     return 0
 
 

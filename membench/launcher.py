@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -27,8 +28,10 @@ class Interrupted(Exception):
 
 def command_for(spec: RunSpec, spec_path: Path, out_path: Path) -> list[str]:
     if spec.nproc_per_node > 1 or any(REGISTRY[t].distributed for t in spec.techniques):
+        # One machine: torchrun's standalone rendezvous; several: the user's own torchrun arguments.
+        rendezvous = shlex.split(spec.torchrun_args) if spec.torchrun_args else ["--standalone"]
         return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={spec.nproc_per_node}",
-                "--standalone", "-m", "membench.worker", str(spec_path), str(out_path)]
+                *rendezvous, "-m", "membench.worker", str(spec_path), str(out_path)]
     return [sys.executable, "-m", "membench.worker", str(spec_path), str(out_path)]
 
 

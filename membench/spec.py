@@ -32,6 +32,7 @@ class RunSpec:
     memory_budget: int | None = None
     peak_flops: float | None = None
     nproc_per_node: int = 1
+    torchrun_args: str = ""  # passed to torchrun as is, e.g. "--nnodes=2 --rdzv-endpoint=host:29500"
     timeout_s: float = 1800.0
 
     @property

@@ -30,6 +30,7 @@ class TrainState:
     step_optimizer: Callable[[torch.optim.Optimizer], None] = lambda opt: opt.step()
     batch_to_device: Callable[[Batch, torch.device], Batch] = lambda batch, device: tuple(
         t.to(device) for t in batch)
+    on_model: Callable[[nn.Module], None] | None = None  # a technique that replaces the parameters calls it again
 
     def make_optimizer(self, params, **overrides) -> torch.optim.Optimizer:
         options = {**self.optimizer_options, **overrides}
@@ -85,7 +86,7 @@ def build_state(spec: RunSpec, workload: Workload, techniques, on_model: Callabl
     model.train()
     if on_model is not None:
         on_model(model)  # e.g. the memory tracker's gradient hooks, before any technique adds its own
-    state = TrainState(spec=spec, workload=workload, model=model, device=device)
+    state = TrainState(spec=spec, workload=workload, model=model, device=device, on_model=on_model)
     for t in techniques:
         t.configure(state)
     if state.optimizers is None:
@@ -93,10 +94,15 @@ def build_state(spec: RunSpec, workload: Workload, techniques, on_model: Callabl
     return state
 
 
-def batches(workload: Workload, spec: RunSpec):
-    """The same synthetic batches for every technique: batch i comes from seed + i."""
+def batches(workload: Workload, spec: RunSpec, rank: int = 0, world: int = 1):
+    """The same synthetic batches for every technique: batch i comes from seed + i.
+
+    Data parallel: rank r of `world` gets the r-th slice of a batch of world x batch_size, so the ranks
+    together train on exactly what one process would at that batch size.
+    """
     for i in range(10**9):
-        yield workload.make_batch(spec.batch_size, torch.Generator().manual_seed(spec.seed * 100_003 + i))
+        full = workload.make_batch(spec.batch_size * world, torch.Generator().manual_seed(spec.seed * 100_003 + i))
+        yield full if world == 1 else tuple(t.chunk(world)[rank].contiguous() for t in full)
 
 
 __all__ = ["TrainState", "train_step", "build_state", "batches"]

@@ -15,13 +15,14 @@ from pathlib import Path
 
 import torch
 
-from membench import environment, equivalence
+from membench import distributed, environment, equivalence
 from membench.results import SCHEMA_VERSION, write_json
 from membench.spec import RunSpec
 from membench.step import batches, build_state, train_step
 from membench.techniques import instantiate
 from membench.trackers import timing
 from membench.trackers.memory import make_meter
+from membench.trackers.storage import StorageTracker
 from membench.workloads import load_workload
 
 
@@ -32,7 +33,8 @@ def execute(spec: RunSpec, progress: dict) -> dict:
         t.validate(spec, workload)
     meter = make_meter(spec.device, spec.memory_budget, spec.timeline)
     progress["meter"] = meter
-    data = batches(workload, spec)
+    rank, world = distributed.rank_world()
+    data = batches(workload, spec, rank, world)
 
     def step(i: int) -> float:
         meter.start_step(i)
@@ -42,10 +44,14 @@ def execute(spec: RunSpec, progress: dict) -> dict:
 
     with meter.active():
         build_start = time.perf_counter()
-        state = build_state(spec, workload, techniques, on_model=meter.attach_model)
+        # Construction is its own phase: on CUDA the allocator's peak since it began; host memory is tracked
+        # exactly too (building in fp32 on the host first is what init-on-device avoids).
+        with meter.phase("setup"), StorageTracker(device_types=("cpu",)) as host:
+            state = build_state(spec, workload, techniques, on_model=meter.attach_model)
         meter.attach_optimizers(state.optimizers)
         progress["build_s"] = time.perf_counter() - build_start
         progress["build_peak_bytes"] = meter.result()["peak_allocated_bytes"]
+        progress["build_host_peak_bytes"] = host.peak.bytes
         progress["phase"] = "warmup"
         for i in range(spec.warmup):
             step(i)
@@ -60,12 +66,14 @@ def execute(spec: RunSpec, progress: dict) -> dict:
         progress["phase"] = "time"
         times, losses = timing.time_steps(step, range(spec.warmup + 1, spec.warmup + 1 + spec.steps))
     memory["build_peak_bytes"] = progress["build_peak_bytes"]
+    memory["build_host_peak_bytes"] = progress["build_host_peak_bytes"]
     progress["memory"] = memory
 
     progress["phase"] = "flops"
     flops = timing.count_flops(lambda: step(-1))
     summary = timing.summarize(times)
-    samples_per_s = spec.batch_size / summary["median_s"]
+    # Data parallel ranks step together: the run trains world x batch-size samples per step.
+    samples_per_s = spec.batch_size * world / summary["median_s"]
     device_name = environment.describe(spec.device)["device_name"]
     peak = spec.peak_flops or timing.peak_flops(device_name, "bf16" if _low_precision(techniques) else "fp32")
     summary.update({
@@ -83,10 +91,19 @@ def execute(spec: RunSpec, progress: dict) -> dict:
     del state, data
     progress["timing"] = summary
     result = {"memory": memory, "timing": summary}
+    if world > 1 or spec.nproc_per_node > 1 or distributed.launched_by_torchrun():
+        result["world_size"] = world
+        result["ranks"] = distributed.gather(_rank_summary(rank, memory, summary))
     if spec.check:
         progress["phase"] = "equivalence"
         result["equivalence"] = equivalence.check(spec, workload)
     return result
+
+
+def _rank_summary(rank: int, memory: dict, timing_summary: dict) -> dict:
+    keys = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_phase", "build_peak_bytes",
+            "build_host_peak_bytes", "breakdown_at_peak")
+    return {"rank": rank, **{k: memory.get(k) for k in keys}, "median_s": timing_summary["median_s"]}
 
 
 def _low_precision(techniques) -> bool:
@@ -94,7 +111,12 @@ def _low_precision(techniques) -> bool:
 
 
 def run(spec: RunSpec, out: Path) -> dict:
-    """Execute one spec and write its result file; returns the result."""
+    """Execute one spec and write its result file (rank 0 only, under torchrun); returns the result."""
+    with distributed.process_group(spec.device):
+        return _run(spec, out)
+
+
+def _run(spec: RunSpec, out: Path) -> dict:
     progress: dict = {"phase": "setup"}
     started = time.time()
     record = {"schema_version": SCHEMA_VERSION, "name": spec.name, "spec": spec.to_dict(),
@@ -113,7 +135,8 @@ def run(spec: RunSpec, out: Path) -> dict:
         record["memory"] = progress.get("memory")
         record["timing"] = progress.get("timing")
     record["wall_s"] = time.time() - started
-    write_json(out, record)
+    if distributed.rank_world()[0] == 0:
+        write_json(out, record)
     return record
 
 

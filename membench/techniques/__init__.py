@@ -4,14 +4,26 @@ from __future__ import annotations
 
 from membench.errors import UserError
 from membench.techniques.accum import GradientAccumulation
+from membench.techniques.act_offload import ActivationOffload
+from membench.techniques.amp import AmpBf16, AmpFp16
 from membench.techniques.base import Technique
 from membench.techniques.baseline import Baseline
+from membench.techniques.bf16 import Bf16
 from membench.techniques.ckpt import ActivationCheckpointing
+from membench.techniques.expandable_segments import ExpandableSegments
+from membench.techniques.foreach_off import ForeachOff
+from membench.techniques.fsdp import Fsdp, FsdpOffload
+from membench.techniques.fused_adam import FusedAdam
+from membench.techniques.init_on_device import InitOnDevice
 from membench.techniques.opt_in_bwd import OptimizerInBackward
+from membench.techniques.opt_offload import OptimizerOffload
+from membench.techniques.sac import SelectiveCheckpointing
 
 REGISTRY: dict[str, type[Technique]] = {
     cls.name: cls
-    for cls in (Baseline, GradientAccumulation, ActivationCheckpointing, OptimizerInBackward)
+    for cls in (Baseline, GradientAccumulation, ActivationCheckpointing, OptimizerInBackward, AmpBf16, AmpFp16,
+                Bf16, ForeachOff, FusedAdam, InitOnDevice, OptimizerOffload, ActivationOffload,
+                SelectiveCheckpointing, Fsdp, FsdpOffload, ExpandableSegments)
 }
 
 
@@ -40,11 +52,13 @@ def parse_techniques(text: str) -> tuple[tuple[str, ...], ...]:
 def check_stack(stack: tuple[str, ...], device: str) -> None:
     """Refuse, before anything runs, a stack whose techniques cannot go together or cannot run on device."""
     label = "+".join(stack)
-    for name in stack:
+    for i, name in enumerate(stack):
         cls = REGISTRY[name]
-        for other in cls.conflicts:
-            if other in stack:
-                raise UserError(f"cannot combine {name} with {other} in {label!r}: {cls.summary}")
+        for other in stack[i + 1:]:
+            for a, b in ((cls, REGISTRY[other]), (REGISTRY[other], cls)):
+                if b.name in a.conflicts:
+                    raise UserError(f"cannot combine {name} with {other} in {label!r}: "
+                                    f"{a.conflict_reason or a.summary}")
         for needed in cls.requires:
             if needed not in stack:
                 raise UserError(f"{name} needs {needed} in the same run: use {label}+{needed}")
@@ -57,4 +71,10 @@ def instantiate(spec) -> list[Technique]:
     return sorted((REGISTRY[n](spec) for n in spec.techniques), key=lambda t: t.order)
 
 
-__all__ = ["REGISTRY", "Technique", "parse_techniques", "check_stack", "instantiate"]
+def conflicts_of(name: str) -> tuple[str, ...]:
+    """Every technique that cannot be stacked with `name`, whichever side declared it."""
+    return tuple(n for n, cls in REGISTRY.items()
+                 if n in REGISTRY[name].conflicts or name in cls.conflicts)
+
+
+__all__ = ["REGISTRY", "Technique", "parse_techniques", "check_stack", "instantiate", "conflicts_of"]

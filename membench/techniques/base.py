@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, ClassVar
 
+import torch
 from torch import nn
 
 if TYPE_CHECKING:
@@ -20,10 +21,15 @@ class Technique:
     """Base class. Subclasses set the class attributes and override only the hooks they need.
 
     name: what the user types; summary: the one-line trade-off (what it saves, what it costs).
-    requires / conflicts: other technique names this one needs, or cannot be stacked with.
-    numerics: "exact" (must train bit-for-bit the same model), "batch-split" (same up to fp rounding),
+    requires / conflicts: other technique names this one needs, or cannot be stacked with (conflicts are
+    symmetric: declaring one side is enough); conflict_reason: why, in one sentence, for the refusal message.
+    numerics: "exact" (must train bit-for-bit the same model), "rounding" (same formula, another order of float
+    operations: same up to last-bit rounding after one step), "batch-split" (same up to fp rounding of sums),
     or "precision" (changes the numbers on purpose; the loss difference is reported).
     devices: where it means something. distributed: run through torchrun.
+    param_dtype: the dtype it trains the parameters in (None: fp32); init-on-device builds at it.
+    same_init: False if the initial values may differ from the baseline's draw (the equivalence check then
+    starts both runs from the baseline's initial values).
     env: environment variables for the run's own process only.
     order: when `configure` runs relative to the others in a stack (small first).
     """
@@ -32,11 +38,14 @@ class Technique:
     summary: ClassVar[str]
     requires: ClassVar[tuple[str, ...]] = ()
     conflicts: ClassVar[tuple[str, ...]] = ()
+    conflict_reason: ClassVar[str] = ""
     numerics: ClassVar[str] = "exact"
     devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
     distributed: ClassVar[bool] = False
     env: ClassVar[dict[str, str]] = {}
     order: ClassVar[int] = 50
+    param_dtype: ClassVar[torch.dtype | None] = None
+    same_init: ClassVar[bool] = True
 
     def __init__(self, spec: RunSpec):
         self.spec = spec

@@ -34,10 +34,13 @@ class StorageTracker(TorchDispatchMode):
     round_to: sizes are rounded up to a multiple of this (1 = exact; 512 = the CUDA caching allocator's block).
     budget: raise torch.OutOfMemoryError once live bytes pass it (a GPU of that size, simulated on CPU).
     timeline: keep (event, phase, step, bytes per category) for every allocation and free.
+    device_types: count only storages on these device types (e.g. ("cpu",) for host memory); None: all.
     """
 
-    def __init__(self, round_to: int = 1, budget: int | None = None, timeline: bool = False):
+    def __init__(self, round_to: int = 1, budget: int | None = None, timeline: bool = False,
+                 device_types: tuple[str, ...] | None = None):
         super().__init__()
+        self.device_types = device_types
         self.round_to = round_to
         self.budget = budget
         self.record_timeline = timeline
@@ -62,7 +65,10 @@ class StorageTracker(TorchDispatchMode):
     # --- registering and categorising ----------------------------------------------------------------------
     def track(self, tensor: torch.Tensor, category: str | None = None) -> None:
         """Count a tensor's storage if not yet counted; with a category, (re)classify it."""
-        if tensor.layout != torch.strided:
+        local = getattr(tensor, "_local_tensor", None)  # a DTensor (FSDP): its memory is its local shard
+        if local is not None:
+            tensor = local
+        if tensor.layout != torch.strided or (self.device_types and tensor.device.type not in self.device_types):
             return
         storage = tensor.untyped_storage()
         key = self._keys.get(storage)

@@ -1,0 +1,21 @@
+from membench.techniques.base import Technique
+
+
+class FusedAdam(Technique):
+    """Trades bit-for-bit reproducibility with the default step for speed and memory: the optimizer (Adam, or
+    SGD with --optimizer sgd) with fused=True updates all parameters in one kernel per group with no
+    intermediates. Same formula, different order of float operations: expect rounding-level differences.
+
+    Runs on CPU and CUDA (torch >= 2.4). Conflicts with foreach-off: both choose the step's implementation.
+    Stacks with opt-in-bwd (a fused step per parameter).
+    """
+
+    name = "fused-adam"
+    summary = "optimizer with fused=True: one kernel per step, no intermediates; rounding-level differences"
+    conflicts = ("foreach-off",)
+    conflict_reason = "both choose the optimizer step's implementation: one per run"
+    order = 15
+    numerics = "rounding"
+
+    def configure(self, state) -> None:
+        state.optimizer_options["fused"] = True

@@ -1,0 +1,45 @@
+import torch
+
+from membench.techniques.base import Technique
+
+
+class OptimizerOffload(Technique):
+    """Trades host<->device copies and a host-speed step for device memory: the optimizer and its state (Adam's
+    two moments) live in host memory on a host copy of the parameters (ZeRO-Offload style). Each step copies
+    the gradients to the host, steps there, copies the parameters back, and frees the device gradients.
+
+    Meaningless on CPU. Conflicts with fsdp-offload (which offloads the sharded optimizer already; with fsdp,
+    use fsdp-offload) and with opt-in-bwd (its per-parameter steps happen on the device inside backward).
+    """
+
+    name = "opt-offload"
+    summary = "optimizer state and step in host memory: no Adam state on the device, slow host step"
+    devices = ("cuda",)
+    conflicts = ("fsdp-offload", "opt-in-bwd", "fsdp")
+    conflict_reason = "with FSDP use fsdp-offload; opt-in-bwd steps on the device inside backward"
+    order = 70
+    numerics = "rounding"
+
+    def configure(self, state) -> None:
+        pin = torch.cuda.is_available()
+        pairs = []
+        for p in state.model.parameters():
+            if p.requires_grad:
+                host = p.detach().to("cpu", copy=True)
+                pairs.append((p, (host.pin_memory() if pin else host).requires_grad_()))
+        optimizer = state.make_optimizer([h for _, h in pairs])
+        inner_step = state.step_optimizer  # e.g. a gradient scaler's step, which unscales the host gradients
+
+        def step(opt) -> None:
+            for p, host in pairs:
+                host.grad = None if p.grad is None else p.grad.to("cpu", non_blocking=pin)
+                p.grad = None
+            if pin:
+                torch.cuda.synchronize()  # the gradients must have landed before the host reads them
+            inner_step(opt)
+            with torch.no_grad():
+                for p, host in pairs:
+                    p.copy_(host, non_blocking=pin)
+
+        state.optimizers = [optimizer]
+        state.step_optimizer = step

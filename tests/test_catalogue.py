@@ -1,0 +1,172 @@
+"""Every technique of the catalogue runs on CPU (where it means something there), and moves memory the way it
+should, asserted with the exact CPU tracker where that is deterministic."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from catalogue_helpers import adam_step_bytes, measure, on_cpu_too, registered, spec
+from membench.cli import main
+from membench.errors import UserError
+from membench.launcher import environment_for
+from membench.techniques import REGISTRY, Technique, check_stack, instantiate
+
+CPU_TECHNIQUES = [n for n, cls in REGISTRY.items() if "cpu" in cls.devices and not cls.distributed
+                  and n != "baseline"]
+CUDA_ONLY = [n for n, cls in REGISTRY.items() if cls.devices == ("cuda",)]
+
+
+def breakdown(result: dict) -> dict:
+    return result["memory"]["breakdown_at_peak"]
+
+
+@pytest.fixture(scope="module")
+def baseline() -> dict:
+    return measure("gpt-tiny")
+
+
+def test_catalogue_is_complete():
+    expected = {"baseline", "accum", "ckpt", "opt-in-bwd", "amp-bf16", "amp-fp16", "bf16", "foreach-off",
+                "fused-adam", "init-on-device", "opt-offload", "act-offload", "sac", "fsdp", "fsdp-offload",
+                "expandable-segments"}
+    assert set(REGISTRY) == expected
+    for name, cls in REGISTRY.items():
+        assert cls.name == name and cls.summary and cls.__doc__, name
+        assert cls.numerics in ("exact", "rounding", "batch-split", "precision"), name
+
+
+def test_techniques_command_lists_everything(capsys):
+    assert main(["techniques"]) == 0
+    out = capsys.readouterr().out
+    for name, cls in REGISTRY.items():
+        line = next(line for line in out.splitlines() if line.startswith(name + " "))
+        assert cls.summary in line and ", ".join(cls.devices) in line
+
+
+@pytest.mark.parametrize("name", CPU_TECHNIQUES)
+def test_every_cpu_technique_runs(name):
+    result = measure("gpt-tiny", (name,))
+    assert result["memory"]["peak_allocated_bytes"] > 0 and result["timing"]["median_s"] > 0
+
+
+@pytest.mark.parametrize("name", CUDA_ONLY)
+def test_cuda_only_techniques_are_refused_on_cpu(name):
+    with pytest.raises(UserError, match=rf"^technique {name} cannot run on cpu; it runs on: cuda$"):
+        check_stack((name,), "cpu")
+
+
+def test_cuda_only_refusal_is_one_line_from_the_cli(capsys):
+    assert main(["run", "--device", "cpu", "--workload", "gpt-tiny", "--techniques", "act-offload"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "membench: error: technique act-offload cannot run on cpu; it runs on: cuda"
+
+
+def test_bf16_halves_parameters_and_optimizer_state_exactly(baseline):
+    base, half = breakdown(baseline), breakdown(measure("gpt-tiny", ("bf16",)))
+    assert half["parameters"] * 2 == base["parameters"]
+    # Adam's two moments follow the parameters' dtype; its per-parameter `step` counters stay fp32 scalars.
+    steps = adam_step_bytes()
+    assert (half["optimizer_state"] - steps) * 2 == base["optimizer_state"] - steps
+
+
+def test_amp_shrinks_activations_only(baseline):
+    base = breakdown(baseline)
+    for name in ("amp-bf16", "amp-fp16"):
+        amp = breakdown(measure("gpt-tiny", (name,)))
+        assert amp["parameters"] == base["parameters"] and amp["optimizer_state"] == base["optimizer_state"]
+        assert amp["activations"] < base["activations"], name
+
+
+def test_amp_fp16_scales_the_loss():
+    state_spec = spec(techniques=("amp-fp16",))
+    from membench.step import build_state
+    from membench.workloads import load_workload
+
+    state = build_state(state_spec, load_workload("gpt-tiny"), instantiate(state_spec))
+    assert float(state.scale_loss(torch.ones(()))) == 2.0 ** 16  # GradScaler's initial scale
+
+
+def test_sac_sits_between_baseline_and_ckpt(baseline):
+    sac, ckpt = measure("gpt-tiny", ("sac",)), measure("gpt-tiny", ("ckpt",))
+    assert breakdown(ckpt)["activations"] < breakdown(sac)["activations"] < breakdown(baseline)["activations"]
+    peak = lambda r: r["memory"]["peak_allocated_bytes"]  # noqa: E731
+    assert peak(ckpt) < peak(sac) < peak(baseline)
+
+
+def test_init_on_device_lowers_the_construction_peak():
+    host_then_cast = measure("gpt-tiny", ("bf16",))["memory"]
+    direct = measure("gpt-tiny", ("init-on-device", "bf16"))["memory"]
+    # Built at bf16 directly: the construction peak is the bf16 parameters and nothing else.
+    assert direct["build_peak_bytes"] == host_then_cast["breakdown_at_peak"]["parameters"]
+    # Built in fp32 then cast: all fp32 parameters are alive while the first bf16 copies appear.
+    assert host_then_cast["build_peak_bytes"] > 2 * direct["build_peak_bytes"]
+    assert direct["build_host_peak_bytes"] == direct["build_peak_bytes"]  # on CPU the device is the host
+
+
+class ForeachOn(Technique):
+    """Test-only: forces the multi-tensor optimizer step that CUDA uses by default (CPU defaults to for-loop)."""
+
+    name = "foreach-on"
+    summary = "optimizer with foreach=True"
+
+    def configure(self, state) -> None:
+        state.optimizer_options["foreach"] = True
+
+
+def test_foreach_off_removes_the_step_intermediates(baseline):
+    # CPU already defaults to foreach=False: foreach-off changes nothing here, to the byte.
+    off = measure("gpt-tiny", ("foreach-off",))
+    assert off["memory"]["peak_allocated_bytes"] == baseline["memory"]["peak_allocated_bytes"]
+    with registered(ForeachOn):
+        on = _optimizer_phase_peak("foreach-on")
+    assert _optimizer_phase_peak("foreach-off") < on
+
+
+def _optimizer_phase_peak(technique: str) -> int:
+    """Peak live bytes during the optimizer step alone (the step's intermediates come and go there)."""
+    from membench.step import batches, build_state, train_step
+    from membench.trackers.memory import CpuMeter
+    from membench.workloads import load_workload
+
+    s = spec(techniques=(technique,))
+    workload = load_workload(s.workload)
+    meter = CpuMeter()
+    with meter.active():
+        state = build_state(s, workload, instantiate(s), on_model=meter.attach_model)
+        data = batches(workload, s)
+        train_step(state, next(data))  # the first step creates Adam's state; measure the second
+
+        def phase(name):
+            if name == "optimizer":
+                meter.reset_peak()
+            return meter.phase(name)
+
+        train_step(state, next(data), phase)
+    return meter.result()["peak_allocated_bytes"]
+
+
+def test_expandable_segments_sets_the_allocator_for_its_process_only(monkeypatch):
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")
+    s = spec(techniques=("expandable-segments",), device="cpu")
+    assert environment_for(s)["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128,expandable_segments:True"
+    assert environment_for(spec())["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
+
+
+def test_offload_techniques_run_their_logic_on_cpu(monkeypatch, baseline):
+    """Their memory effect needs a GPU; the mechanics (host copies, save_on_cpu) are checked here."""
+    with on_cpu_too(monkeypatch, "opt-offload", "act-offload"):
+        opt = measure("gpt-tiny", ("opt-offload",))
+        act = measure("gpt-tiny", ("act-offload",))
+    # On CPU the host copy of the parameters is extra memory: exactly one more set of parameters.
+    assert opt["memory"]["breakdown_at_peak"]["other"] - breakdown(baseline)["other"] == breakdown(baseline)[
+        "parameters"]
+    assert act["memory"]["peak_allocated_bytes"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["opt-offload", "act-offload"])
+def test_offload_lowers_device_peak_on_gpu(name):
+    base = measure("gpt-mini", device="cuda")["memory"]["peak_allocated_bytes"]
+    assert measure("gpt-mini", (name,), device="cuda")["memory"]["peak_allocated_bytes"] < base
