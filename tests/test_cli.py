@@ -12,7 +12,7 @@ CASES = [
     (["run", "--workload", "vit-tiny", "--batch-size", "6"], "--batch-size 6 is not divisible by --accum-steps 4"),
     (["run", "--steps", "0"], "'0' must be a positive integer"),
     (["run", "--batch-size", "-3"], "'-3' must be a positive integer"),
-    (["run", "--techniques", "accum+opt-in-bwd"], "cannot combine opt-in-bwd with accum"),
+    (["run", "--techniques", "accum+opt-in-bwd"], "cannot combine accum with opt-in-bwd in 'accum+opt-in-bwd': a step per"),
     (["run", "--workload", "tests.workloads:nope"], "has no callable 'nope'"),
     (["run", "--workload", "no_such_module:f"], "cannot import workload module 'no_such_module'"),
     (["run", "--workload", "tests.workloads:not_a_workload"], "must return membench.workloads.Workload"),
