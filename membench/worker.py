@@ -20,18 +20,25 @@ from membench.results import SCHEMA_VERSION, write_json
 from membench.spec import RunSpec
 from membench.step import batches, build_state, train_step
 from membench.techniques import instantiate
-from membench.trackers import timing
+from membench.trackers import timeline, timing
 from membench.trackers.memory import make_meter
 from membench.workloads import load_workload
 
 
-def execute(spec: RunSpec, progress: dict) -> dict:
+def execute(spec: RunSpec, progress: dict, out: Path | None = None) -> dict:
+    """Run one spec; `out` (the result file's path) is where the timeline and snapshot files go, next to it."""
     workload = load_workload(spec.workload)
     techniques = instantiate(spec)
     for t in techniques:
         t.validate(spec, workload)
-    meter = make_meter(spec.device, spec.memory_budget, spec.timeline)
+    meter = make_meter(spec.device, spec.memory_budget)
     progress["meter"] = meter
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    if spec.device == "cuda" and out is not None:
+        from membench.trackers import cuda
+
+        cuda.snapshot_on_oom(_stem(out).parent / f"{_stem(out).name}.oom.pickle")
     data = batches(workload, spec)
 
     def step(i: int) -> float:
@@ -59,6 +66,11 @@ def execute(spec: RunSpec, progress: dict) -> dict:
         times, losses = timing.time_steps(step, range(spec.warmup + 1, spec.warmup + 1 + spec.steps))
     memory["build_peak_bytes"] = progress["build_peak_bytes"]
     progress["memory"] = memory
+    recorded = None
+    if spec.timeline and out is not None:
+        progress["phase"] = "timeline"
+        first = spec.warmup + spec.steps + (1 if meter.device == "cpu" else 0)
+        recorded = _record_timeline(meter, step, first, _stem(out))
 
     progress["phase"] = "flops"
     flops = timing.count_flops(lambda: step(-1))
@@ -81,10 +93,29 @@ def execute(spec: RunSpec, progress: dict) -> dict:
     del state, data
     progress["timing"] = summary
     result = {"memory": memory, "timing": summary}
+    if recorded is not None:
+        result["timeline"] = recorded
     if spec.check:
         progress["phase"] = "equivalence"
         result["equivalence"] = equivalence.check(spec, workload)
     return result
+
+
+def _record_timeline(meter, step, first: int, stem: Path) -> dict:
+    """A separate pass of a few untimed steps that records every allocation and free: recording slows steps
+    down, so it runs after the measured and timed steps and never overlaps them. Its failure is reported in
+    the result, not raised: the measurements already taken stand."""
+    try:
+        with meter.recording(stem) as recording:
+            for i in range(first, first + timeline.TIMELINE_STEPS):
+                step(i)
+        return recording.save(stem)
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _stem(out: Path) -> Path:
+    return out.parent / out.name.removesuffix(".json")
 
 
 def _low_precision(techniques) -> bool:
@@ -98,7 +129,7 @@ def run(spec: RunSpec, out: Path) -> dict:
     record = {"schema_version": SCHEMA_VERSION, "name": spec.name, "spec": spec.to_dict(),
               "env": environment.describe(spec.device), "started": started}
     try:
-        record.update(execute(spec, progress))
+        record.update(execute(spec, progress, out))
         record["status"] = "ok"
     except torch.OutOfMemoryError as exc:
         record.update(status="oom", error=f"out of memory during {progress['phase']}: {str(exc).splitlines()[0]}")
@@ -110,6 +141,9 @@ def run(spec: RunSpec, out: Path) -> dict:
                       traceback=traceback.format_exc(limit=8))
         record["memory"] = progress.get("memory")
         record["timing"] = progress.get("timing")
+    oom_snapshot = _stem(out).parent / f"{_stem(out).name}.oom.pickle"
+    if record["status"] == "oom" and oom_snapshot.exists():
+        record["oom_snapshot"] = {"file": oom_snapshot.name, "file_bytes": oom_snapshot.stat().st_size}
     record["wall_s"] = time.time() - started
     write_json(out, record)
     return record
