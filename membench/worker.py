@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
 import time
 import traceback
@@ -38,7 +39,9 @@ def execute(spec: RunSpec, progress: dict, out: Path | None = None) -> dict:
     if spec.device == "cuda" and out is not None:
         from membench.trackers import cuda
 
-        cuda.snapshot_on_oom(_stem(out).parent / f"{_stem(out).name}.oom.pickle")
+        oom_snapshot = _stem(out).parent / f"{_stem(out).name}.oom.pickle"
+        oom_snapshot.unlink(missing_ok=True)  # an earlier run's, not this one's
+        cuda.snapshot_on_oom(oom_snapshot)
     data = batches(workload, spec)
 
     def step(i: int) -> float:
@@ -115,7 +118,10 @@ def _record_timeline(meter, step, first: int, stem: Path) -> dict:
 
 
 def _stem(out: Path) -> Path:
-    return out.parent / out.name.removesuffix(".json")
+    """Where a run's side files go: `<run>.timeline.json` beside `<run>.json` (`<run>.rank<N>...` off rank 0,
+    as every rank of a distributed run records: the steps need all of them)."""
+    rank = int(os.environ.get("RANK", "0"))
+    return out.parent / (out.name.removesuffix(".json") + (f".rank{rank}" if rank else ""))
 
 
 def _low_precision(techniques) -> bool:
