@@ -119,14 +119,14 @@ def timeline_chart(results: list[dict]) -> Figure | None:
         ax.set_visible(False)
     for ax in axes[::cols]:
         ax.set_ylabel(f"live tensors ({unit})")
-    for ax in axes[-cols:]:
-        ax.set_xlabel("training step (recorded pass; shading: forward / backward / optimizer)")
+    fig.supxlabel("training step of the recording pass (shaded: the phase; triangle: the peak)", fontsize=9)
     handles, labels = axes[0].get_legend_handles_labels()
     phase_handles = [Patch(color=PHASE_COLORS[p], label=f"{p} phase")
                      for p in ("forward", "backward", "optimizer")]
-    fig.legend(handles + phase_handles, labels + [h.get_label() for h in phase_handles], loc="lower center",
-               ncol=5, fontsize=7, bbox_to_anchor=(0.5, -0.02 - 0.05 / rows))
+    fig.legend(handles[::-1] + phase_handles, labels[::-1] + [h.get_label() for h in phase_handles],
+               loc="center left", fontsize=7, bbox_to_anchor=(1.0, 0.5))
     fig.suptitle("Memory timeline by category, baseline vs each technique")
+    fig.tight_layout()
     return fig
 
 

@@ -61,9 +61,11 @@ def explain(result: dict, baseline: dict | None) -> list[str]:
     base_mem, base_timing = baseline.get("memory") or {}, baseline.get("timing") or {}
     base_peak = base_mem.get("peak_allocated_bytes")
     lines = []
-    if peak and base_peak:
+    if peak and base_peak and peak == base_peak:
+        lines.append(f"{name} leaves the peak unchanged at {fmt_bytes(peak)} (to the byte).")
+    elif peak and base_peak:
         change = _pct(peak, base_peak)
-        verb = "lowers" if peak < base_peak else "raises" if peak > base_peak else "keeps"
+        verb = "lowers" if peak < base_peak else "raises"
         lines.append(f"{name} {verb} the peak from {fmt_bytes(base_peak)} to {fmt_bytes(peak)} ({change:+.1f}%, "
                      f"{fmt_bytes(abs(peak - base_peak))} {'saved' if peak <= base_peak else 'more'}).")
     lines.extend(_categories(breakdown(result), breakdown(baseline), base_peak))
@@ -105,7 +107,7 @@ def _throughput(timing: dict, base_timing: dict) -> list[str]:
     change = _pct(value, base)
     unit = timing.get("unit", "")
     how = f"costs {-change:.1f}% of throughput" if change < 0 else f"runs {change:.1f}% faster"
-    line = f"It {how} ({value:.1f} vs {base:.1f} {unit})."
+    line = f"It {how} ({value:.3g} vs {base:.3g} {unit})."
     if timing.get("noisy") or base_timing.get("noisy"):
         line += " The step times were noisy (IQR over 10% of the median): treat small differences as noise."
     return [line]
