@@ -70,6 +70,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--torchrun-args", default="",
                    help="extra torchrun arguments for several nodes, e.g. \"--nnodes=2 --node-rank=0 "
                         "--rdzv-endpoint=host0:29500\" (default: --standalone)")
+    p.add_argument("--timeline", action=argparse.BooleanOptionalAction, default=True,
+                   help="after the timed steps, record a categorised memory timeline in a few extra untimed steps "
+                        "(CUDA: also a snapshot for pytorch.org/memory_viz) (default: on)")
 
 
 def _run_options(args) -> dict:
@@ -88,7 +91,7 @@ def cmd_run(args) -> int:
     from membench.report.table import render
 
     specs = plan(args.workload, args.techniques, args.batch_size, args.device, steps=args.steps,
-                 warmup=args.warmup, check=not args.no_check, timeout_s=args.timeout,
+                 warmup=args.warmup, check=not args.no_check, timeout_s=args.timeout, timeline=args.timeline,
                  peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
                  nproc_per_node=args.nproc_per_node, torchrun_args=args.torchrun_args, **_run_options(args))
     out = args.out or default_out_dir(specs[0])
@@ -116,9 +119,28 @@ def cmd_techniques(args) -> int:
 
 def cmd_report(args) -> int:
     from membench.report.table import render
+    from membench.report.write import ordered, write_report
     from membench.results import load_dir
 
-    print(render(load_dir(args.results), fmt=args.format))
+    results = ordered(load_dir(args.results))
+    print(render(results, fmt=args.format))
+    if args.no_files:
+        return 0
+    out = args.out or (args.results if args.results.is_dir() else args.results.parent) / "report"
+    written = write_report(results, out)
+    print(f"\nwrote {', '.join(sorted(written))} to {out}\nopen {written['report.html']}")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from membench.report.compare import render
+    from membench.results import load_dir
+
+    text = render(load_dir(args.old), load_dir(args.new), fmt=args.format)
+    print(text)
+    if args.markdown:
+        args.markdown.write_text(render(load_dir(args.old), load_dir(args.new), fmt="github") + "\n")
+        print(f"\nwrote {args.markdown}")
     return 0
 
 
@@ -138,10 +160,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("techniques", aliases=["list"], help="list the techniques and what each trades")
     p.set_defaults(func=cmd_techniques)
-    p = sub.add_parser("report", help="print the comparison table of a results directory")
+    p = sub.add_parser("report", help="print the comparison table of a results directory and write report.html, "
+                                      "report.md, results.csv and charts")
     p.add_argument("results", type=Path)
     p.add_argument("--format", default="simple", help="a tabulate format: simple, github (markdown), ...")
+    p.add_argument("--out", type=Path, default=None, help="where to write the report (default RESULTS/report)")
+    p.add_argument("--no-files", action="store_true", help="only print the table")
     p.set_defaults(func=cmd_report)
+    p = sub.add_parser("compare", help="two result sets side by side (before/after a change), with deltas")
+    p.add_argument("old", type=Path)
+    p.add_argument("new", type=Path)
+    p.add_argument("--format", default="simple", help="a tabulate format: simple, github (markdown), ...")
+    p.add_argument("--markdown", type=Path, default=None, help="also write the table as markdown to this file")
+    p.set_defaults(func=cmd_compare)
     return parser
 
 

@@ -58,13 +58,20 @@ def load_dir(path: Path) -> list[dict]:
     path = Path(path)
     if not path.exists():
         raise UserError(f"results path {path} does not exist")
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*.json") if not p.name.startswith("."))
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*.json") if _is_result_name(p, path))
     results = [read_result(p) for p in files if p.name != "sweep.json"]
     if not results:
         raise UserError(f"no membench results under {path}")
     for r, p in zip(results, files):
         r.setdefault("_path", str(p))
     return results
+
+
+def _is_result_name(p: Path, root: Path) -> bool:
+    """Result files, not the files beside them: run specs (runs/), archived results (previous/), timelines."""
+    parts = p.relative_to(root).parts
+    return not (p.name.startswith(".") or p.name.endswith((".spec.json", ".timeline.json"))
+                or "runs" in parts[:-1] or "previous" in parts[:-1])
 
 
 def is_finished(path: Path) -> bool:

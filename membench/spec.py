@@ -28,7 +28,7 @@ class RunSpec:
     seed: int = 0
     check: bool = True
     check_steps: int = 2
-    timeline: bool = False
+    timeline: bool = True  # a few extra untimed steps that record a categorised memory timeline
     memory_budget: int | None = None
     peak_flops: float | None = None
     nproc_per_node: int = 1

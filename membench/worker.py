@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
 import time
 import traceback
@@ -20,19 +21,28 @@ from membench.results import SCHEMA_VERSION, write_json
 from membench.spec import RunSpec
 from membench.step import batches, build_state, train_step
 from membench.techniques import instantiate
-from membench.trackers import timing
+from membench.trackers import timeline, timing
 from membench.trackers.memory import make_meter
 from membench.trackers.storage import StorageTracker
 from membench.workloads import load_workload
 
 
-def execute(spec: RunSpec, progress: dict) -> dict:
+def execute(spec: RunSpec, progress: dict, out: Path | None = None) -> dict:
+    """Run one spec; `out` (the result file's path) is where the timeline and snapshot files go, next to it."""
     workload = load_workload(spec.workload)
     techniques = instantiate(spec)
     for t in techniques:
         t.validate(spec, workload)
-    meter = make_meter(spec.device, spec.memory_budget, spec.timeline)
+    meter = make_meter(spec.device, spec.memory_budget)
     progress["meter"] = meter
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    if spec.device == "cuda" and out is not None:
+        from membench.trackers import cuda
+
+        oom_snapshot = _stem(out).parent / f"{_stem(out).name}.oom.pickle"
+        oom_snapshot.unlink(missing_ok=True)  # an earlier run's, not this one's
+        cuda.snapshot_on_oom(oom_snapshot)
     rank, world = distributed.rank_world()
     data = batches(workload, spec, rank, world)
 
@@ -68,6 +78,11 @@ def execute(spec: RunSpec, progress: dict) -> dict:
     memory["build_peak_bytes"] = progress["build_peak_bytes"]
     memory["build_host_peak_bytes"] = progress["build_host_peak_bytes"]
     progress["memory"] = memory
+    recorded = None
+    if spec.timeline and out is not None:
+        progress["phase"] = "timeline"
+        first = spec.warmup + spec.steps + (1 if meter.device == "cpu" else 0)
+        recorded = _record_timeline(meter, step, first, _stem(out))
 
     progress["phase"] = "flops"
     flops = timing.count_flops(lambda: step(-1))
@@ -94,6 +109,8 @@ def execute(spec: RunSpec, progress: dict) -> dict:
     if world > 1 or spec.nproc_per_node > 1 or distributed.launched_by_torchrun():
         result["world_size"] = world
         result["ranks"] = distributed.gather(_rank_summary(rank, memory, summary))
+    if recorded is not None:
+        result["timeline"] = recorded
     if spec.check:
         progress["phase"] = "equivalence"
         result["equivalence"] = equivalence.check(spec, workload)
@@ -104,6 +121,26 @@ def _rank_summary(rank: int, memory: dict, timing_summary: dict) -> dict:
     keys = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_phase", "build_peak_bytes",
             "build_host_peak_bytes", "breakdown_at_peak")
     return {"rank": rank, **{k: memory.get(k) for k in keys}, "median_s": timing_summary["median_s"]}
+
+
+def _record_timeline(meter, step, first: int, stem: Path) -> dict:
+    """A separate pass of a few untimed steps that records every allocation and free: recording slows steps
+    down, so it runs after the measured and timed steps and never overlaps them. Its failure is reported in
+    the result, not raised: the measurements already taken stand."""
+    try:
+        with meter.recording(stem) as recording:
+            for i in range(first, first + timeline.TIMELINE_STEPS):
+                step(i)
+        return recording.save(stem)
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _stem(out: Path) -> Path:
+    """Where a run's side files go: `<run>.timeline.json` beside `<run>.json` (`<run>.rank<N>...` off rank 0,
+    as every rank of a distributed run records: the steps need all of them)."""
+    rank = int(os.environ.get("RANK", "0"))
+    return out.parent / (out.name.removesuffix(".json") + (f".rank{rank}" if rank else ""))
 
 
 def _low_precision(techniques) -> bool:
@@ -122,7 +159,7 @@ def _run(spec: RunSpec, out: Path) -> dict:
     record = {"schema_version": SCHEMA_VERSION, "name": spec.name, "spec": spec.to_dict(),
               "env": environment.describe(spec.device), "started": started}
     try:
-        record.update(execute(spec, progress))
+        record.update(execute(spec, progress, out))
         record["status"] = "ok"
     except torch.OutOfMemoryError as exc:
         record.update(status="oom", error=f"out of memory during {progress['phase']}: {str(exc).splitlines()[0]}")
@@ -134,6 +171,9 @@ def _run(spec: RunSpec, out: Path) -> dict:
                       traceback=traceback.format_exc(limit=8))
         record["memory"] = progress.get("memory")
         record["timing"] = progress.get("timing")
+    oom_snapshot = _stem(out).parent / f"{_stem(out).name}.oom.pickle"
+    if record["status"] == "oom" and oom_snapshot.exists():
+        record["oom_snapshot"] = {"file": oom_snapshot.name, "file_bytes": oom_snapshot.stat().st_size}
     record["wall_s"] = time.time() - started
     if distributed.rank_world()[0] == 0:
         write_json(out, record)

@@ -6,15 +6,54 @@ Both answer the same questions (peak, phase of the peak, memory after a step) so
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from membench.trackers import categories as cat
 from membench.trackers.storage import StorageTracker
+from membench.trackers.timeline import Recording
 
 
-class CpuMeter:
+class _Categorised:
+    """Tells a StorageTracker (when there is one) which tensors are parameters, gradients, optimizer state.
+
+    The hooks go on at build time, before any technique's own hooks (opt-in-bwd frees a gradient in its hook),
+    and do nothing while `tracker` is None (CUDA outside its recording pass).
+    """
+
+    tracker: StorageTracker | None = None
+
+    def attach_model(self, model: nn.Module) -> None:
+        self.model = model
+        self._register_model()
+        for p in model.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._track_grad)
+
+    def _register_model(self) -> None:
+        if self.tracker is not None:
+            self.tracker.track_all(self.model.parameters(), cat.PARAMS)
+            self.tracker.track_all(self.model.buffers(), cat.PARAMS)
+            self.tracker.track_all((p.grad for p in self.model.parameters()), cat.GRADS)
+
+    def _track_grad(self, param) -> None:
+        if self.tracker is not None and param.grad is not None:
+            self.tracker.track(param.grad, cat.GRADS)
+
+    def attach_optimizers(self, optimizers) -> None:
+        self.optimizers = list(optimizers)
+        for opt in optimizers:
+            opt.register_step_post_hook(self._track_state)
+
+    def _track_state(self, optimizer, args=(), kwargs=None) -> None:
+        if self.tracker is not None:
+            for state in optimizer.state.values():
+                self.tracker.track_all(state.values(), cat.OPTIMIZER)
+
+
+class CpuMeter(_Categorised):
     """Exact live tensor bytes on CPU, by category, via StorageTracker. Deterministic: same run, same bytes."""
 
     device = "cpu"
@@ -28,21 +67,17 @@ class CpuMeter:
         with self.tracker:
             yield self
 
-    def attach_model(self, model: nn.Module) -> None:
+    @contextlib.contextmanager
+    def recording(self, stem: Path):
+        """The tracker again, now keeping every event: the recording pass (see worker._record_timeline)."""
         t = self.tracker
-        t.track_all(model.parameters(), cat.PARAMS)
-        t.track_all(model.buffers(), cat.PARAMS)
-        for p in model.parameters():
-            if p.requires_grad:
-                p.register_post_accumulate_grad_hook(lambda p: t.track(p.grad, cat.GRADS))
-
-    def attach_optimizers(self, optimizers) -> None:
-        for opt in optimizers:
-            opt.register_step_post_hook(self._track_state)
-
-    def _track_state(self, optimizer, args, kwargs) -> None:
-        for state in optimizer.state.values():
-            self.tracker.track_all(state.values(), cat.OPTIMIZER)
+        t.events.clear()
+        t.record_timeline = True
+        try:
+            with t:
+                yield Recording(t)
+        finally:
+            t.record_timeline = False
 
     def track_inputs(self, batch) -> None:
         self.tracker.track_all(batch, cat.INPUTS)
@@ -78,7 +113,7 @@ class CpuMeter:
         }
 
 
-class CudaMeter:
+class CudaMeter(_Categorised):
     """The CUDA caching allocator's statistics, read per phase: a phase's peak is the allocator's peak since the
     phase began, so the peak's phase costs no extra synchronisation. What the driver sees (CUDA context, cuBLAS
     workspaces, NCCL buffers) is read with cudaMemGetInfo after the steps."""
@@ -91,16 +126,29 @@ class CudaMeter:
             torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total))
         self.peaks = {"allocated": 0, "reserved": 0, "active": 0}
         self.peak_phase, self.peak_step, self.step = "setup", -1, -1
+        self.tracker = None  # a StorageTracker during the recording pass only
 
     @contextlib.contextmanager
     def active(self):
         yield self
 
-    def attach_model(self, model) -> None:
-        pass
+    @contextlib.contextmanager
+    def recording(self, stem: Path):
+        """The recording pass on CUDA: the allocator's history for memory_viz, and, for categories and phases,
+        the same storage tracker as on CPU with sizes rounded to the allocator's 512-byte blocks."""
+        from membench.trackers import cuda
 
-    def attach_optimizers(self, optimizers) -> None:
-        pass
+        self.tracker = StorageTracker(round_to=512, timeline=True)
+        self._register_model()
+        for opt in getattr(self, "optimizers", ()):
+            self._track_state(opt)
+        recording = Recording(self.tracker)
+        try:
+            with cuda.recorded_history(stem.parent / f"{stem.name}.snapshot.pickle") as info, self.tracker:
+                yield recording
+            recording.files.update(info)
+        finally:
+            self.tracker = None
 
     def track_inputs(self, batch) -> None:
         pass
@@ -109,7 +157,11 @@ class CudaMeter:
     def phase(self, name: str):
         torch.cuda.reset_peak_memory_stats()
         try:
-            yield
+            if self.tracker is not None:
+                with self.tracker.in_phase(name):
+                    yield
+            else:
+                yield
         finally:
             stats = torch.cuda.memory_stats()
             allocated = stats.get("allocated_bytes.all.peak", 0)
@@ -124,6 +176,8 @@ class CudaMeter:
 
     def start_step(self, step: int) -> None:
         self.step = step
+        if self.tracker is not None:
+            self.tracker.step = step
 
     def reset_peak(self) -> None:
         torch.cuda.synchronize()

@@ -1,0 +1,174 @@
+"""The report's charts (matplotlib, Agg, no pyplot state): each saved as PNG and SVG.
+
+- peak memory by technique, stacked by category at the peak, the baseline's peak marked;
+- timelines side by side on one y axis and one step scale: stacked areas by category, phases shaded;
+- memory vs throughput with the Pareto front (nothing else is both smaller and faster).
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+from membench.report.explain import breakdown, find_baseline  # noqa: E402
+from membench.trackers import timeline as tl  # noqa: E402
+from membench.trackers.categories import CATEGORIES  # noqa: E402
+
+COLORS = {"parameters": "#4C72B0", "gradients": "#DD8452", "optimizer_state": "#55A868",
+          "activations": "#C44E52", "temporaries": "#8172B3", "inputs": "#937860", "other": "#9a9a9a"}
+PHASE_COLORS = {"inputs": "#e8e8e8", "forward": "#dbe9f6", "backward": "#fbe3d0", "optimizer": "#dcefdc"}
+UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
+
+
+def unit_for(nbytes: float) -> tuple[str, int]:
+    """The largest binary unit in which the biggest value is at least 1 (labels say which)."""
+    return next(((u, s) for u, s in UNITS if nbytes >= s), UNITS[-1])
+
+
+def save(fig: Figure, out_dir: Path, name: str) -> dict:
+    """Write name.png and name.svg; return their paths and the SVG text (for inlining in HTML)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    png, svg = out_dir / f"{name}.png", out_dir / f"{name}.svg"
+    fig.savefig(png, dpi=110, bbox_inches="tight", metadata={"Software": None})
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    svg.write_text(buf.getvalue())
+    return {"png": png, "svg": svg, "svg_text": buf.getvalue()}
+
+
+def _ok(results: list[dict]) -> list[dict]:
+    return [r for r in results if r.get("status") == "ok" and (r.get("memory") or {}).get("peak_allocated_bytes")]
+
+
+def peak_chart(results: list[dict]) -> Figure | None:
+    runs = _ok(results)
+    if not runs:
+        return None
+    peaks = [r["memory"]["peak_allocated_bytes"] for r in runs]
+    unit, scale = unit_for(max(peaks))
+    fig = Figure(figsize=(max(5.0, 1.1 * len(runs) + 2.5), 4.2))
+    ax = fig.subplots()
+    names = [r["name"] for r in runs]
+    xs = range(len(runs))
+    bottoms = [0.0] * len(runs)
+    for c in CATEGORIES:
+        heights = [((breakdown(r) or {}).get(c, 0)) / scale for r in runs]
+        if any(heights):
+            ax.bar(xs, heights, 0.6, bottom=bottoms, color=COLORS[c], label=c.replace("_", " "))
+            bottoms = [b + h for b, h in zip(bottoms, heights)]
+    # A run without a breakdown (or a CUDA peak above its 512 B-rounded breakdown): the rest, uncategorised.
+    rest = [max(0.0, p / scale - b) if b == 0 else 0.0 for p, b in zip(peaks, bottoms)]
+    if any(rest):
+        ax.bar(xs, rest, 0.6, bottom=bottoms, color="#cccccc", hatch="//", label="not categorised")
+    for x, p in zip(xs, peaks):
+        ax.text(x, p / scale, f"{p / scale:.3g}", ha="center", va="bottom", fontsize=8)
+    base = find_baseline(results)
+    if base:
+        ax.axhline(base["memory"]["peak_allocated_bytes"] / scale, color="black", ls="--", lw=1, label="baseline peak")
+    ax.set_xticks(list(xs), names, rotation=20, ha="right")
+    ax.set_ylabel(f"peak allocated ({unit})")
+    ax.set_title("Peak memory by technique, by category at the peak")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_ylim(0, max(peaks) / scale * 1.12)
+    return fig
+
+
+def load_timeline(result: dict) -> dict | None:
+    info = result.get("timeline") or {}
+    if not info.get("file") or not result.get("_path"):
+        return None
+    path = Path(result["_path"]).parent / info["file"]
+    return tl.load(path) if path.exists() else None
+
+
+def timeline_chart(results: list[dict]) -> Figure | None:
+    """Baseline first, then each technique: same y axis, same step scale, stacked by category."""
+    runs = [(r, t) for r in _ok(results) for t in [load_timeline(r)] if t is not None]
+    runs.sort(key=lambda rt: rt[0]["name"] != "baseline")
+    if not runs:
+        return None
+    top = max(t["peak"]["bytes"] for _, t in runs)
+    unit, scale = unit_for(top)
+    cols = min(len(runs), 4)
+    rows = -(-len(runs) // cols)
+    fig = Figure(figsize=(4.2 * cols, 3.3 * rows + 0.6))
+    axes = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False).ravel()
+    for ax, (result, t) in zip(axes, runs):
+        for span in t["spans"]:
+            ax.axvspan(span["start"], span["end"], color=PHASE_COLORS.get(span["phase"], "#f4f4f4"), lw=0)
+        ys = [[v / scale for v in t["bytes"][c]] for c in CATEGORIES]
+        # Rasterized: thousands of points x 7 categories as SVG paths would make megabytes; axes stay vector.
+        ax.stackplot(t["x"], *ys, colors=[COLORS[c] for c in CATEGORIES], step="post",
+                     labels=[c.replace("_", " ") for c in CATEGORIES], rasterized=True)
+        peak = t["peak"]
+        ax.plot([peak["x"]], [peak["bytes"] / scale], "kv", ms=6)
+        ax.annotate(f"peak {peak['bytes'] / scale:.3g} {unit}\n({peak['phase']})", (peak["x"], peak["bytes"] / scale),
+                    xytext=(4, 4), textcoords="offset points", fontsize=7)
+        for step in range(1, t["steps"]):
+            ax.axvline(step, color="black", lw=0.6, ls=":")
+        ax.set_title(result["name"], fontsize=10)
+        ax.set_xlim(0, t["steps"])
+        ax.set_ylim(0, top / scale * 1.2)
+    for ax in axes[len(runs):]:
+        ax.set_visible(False)
+    for ax in axes[::cols]:
+        ax.set_ylabel(f"live tensors ({unit})")
+    fig.supxlabel("training step of the recording pass (shaded: the phase; triangle: the peak)", fontsize=9)
+    handles, labels = axes[0].get_legend_handles_labels()
+    phase_handles = [Patch(color=PHASE_COLORS[p], label=f"{p} phase")
+                     for p in ("forward", "backward", "optimizer")]
+    fig.legend(handles[::-1] + phase_handles, labels[::-1] + [h.get_label() for h in phase_handles],
+               loc="center left", fontsize=7, bbox_to_anchor=(1.0, 0.5))
+    fig.suptitle("Memory timeline by category, baseline vs each technique")
+    fig.tight_layout()
+    return fig
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats on both memory (lower) and throughput (higher)."""
+    front = []
+    for i, (m, t) in enumerate(points):
+        dominated = any((m2 <= m and t2 >= t) and (m2 < m or t2 > t) for j, (m2, t2) in enumerate(points) if j != i)
+        if not dominated:
+            front.append(i)
+    return sorted(front, key=lambda i: points[i][0])
+
+
+def pareto_chart(results: list[dict]) -> Figure | None:
+    runs = [r for r in _ok(results) if (r.get("timing") or {}).get("throughput")]
+    if not runs:
+        return None
+    points = [(r["memory"]["peak_allocated_bytes"], r["timing"]["throughput"]) for r in runs]
+    unit, scale = unit_for(max(m for m, _ in points))
+    fig = Figure(figsize=(6, 4.2))
+    ax = fig.subplots()
+    front = pareto_front(points)
+    ax.plot([points[i][0] / scale for i in front], [points[i][1] for i in front], "-", color="#55A868", lw=1.5,
+            label="Pareto front", zorder=1)
+    for i, (r, (m, t)) in enumerate(zip(runs, points)):
+        on_front = i in front
+        ax.scatter([m / scale], [t], s=50 if on_front else 30, color="#55A868" if on_front else "#888888",
+                   marker="*" if r["name"] == "baseline" else "o", zorder=2)
+        ax.annotate(r["name"], (m / scale, t), xytext=(5, 4), textcoords="offset points", fontsize=8)
+    ax.set_xlabel(f"peak allocated ({unit})")
+    ax.set_ylabel(f"throughput ({runs[0]['timing'].get('unit', 'samples/s')})")
+    ax.set_title("Memory vs throughput (lower-right is worse, upper-left better)")
+    ax.legend(fontsize=8)
+    ax.margins(0.15)
+    return fig
+
+
+def write_all(results: list[dict], out_dir: Path) -> dict[str, dict]:
+    """Every chart that has data, saved under out_dir; name -> save() output."""
+    charts = {}
+    for name, make in (("peak", peak_chart), ("timelines", timeline_chart), ("pareto", pareto_chart)):
+        fig = make(results)
+        if fig is not None:
+            charts[name] = save(fig, out_dir, name)
+    return charts

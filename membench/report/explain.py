@@ -1,0 +1,130 @@
+"""What each technique did, in plain words, computed from the numbers (never from what it is supposed to do).
+
+The reference tutorial reads its snapshots this way: which category of memory is gone at the peak and how much,
+where the peak moved (forward, backward, optimizer step), what it cost in throughput, whether training is the same.
+"""
+
+from __future__ import annotations
+
+from membench.trackers.categories import CATEGORIES
+from membench.units import fmt_bytes
+
+# A change smaller than this share of the baseline's peak is noise in a sentence (it stays in the tables).
+MENTION_SHARE = 0.01
+
+CATEGORY_WORDS = {"parameters": "parameters", "gradients": "gradients", "optimizer_state": "optimizer state",
+                  "activations": "activations", "temporaries": "temporaries", "inputs": "inputs",
+                  "other": "other tensors"}
+PHASE_WORDS = {"setup": "setup (between steps)", "inputs": "input copy", "forward": "forward",
+               "backward": "backward", "optimizer": "optimizer step"}
+
+
+def breakdown(result: dict) -> dict[str, int] | None:
+    """Bytes by category at the peak: the measured step's (CPU), else the recording pass's (CUDA, 512 B-rounded)."""
+    memory = result.get("memory") or {}
+    if memory.get("breakdown_at_peak"):
+        return memory["breakdown_at_peak"]
+    return (result.get("timeline") or {}).get("breakdown_at_peak")
+
+
+def peak_phase(result: dict) -> str | None:
+    return (result.get("memory") or {}).get("peak_phase")
+
+
+def find_baseline(results: list[dict]) -> dict | None:
+    return next((r for r in results if r.get("name") == "baseline" and r.get("status") == "ok"), None)
+
+
+def _phase(name: str | None) -> str:
+    return PHASE_WORDS.get(name, name or "unknown")
+
+
+def _pct(new: float, old: float) -> float:
+    return (new / old - 1) * 100
+
+
+def explain(result: dict, baseline: dict | None) -> list[str]:
+    """Sentences about one run against the baseline."""
+    name = result.get("name", "?")
+    if result.get("status") != "ok":
+        return [f"{name} did not finish ({result.get('status')}): {result.get('error') or 'no detail'}."]
+    memory, timing = result.get("memory") or {}, result.get("timing") or {}
+    peak = memory.get("peak_allocated_bytes")
+    if baseline is None or result is baseline:
+        lines = [f"The peak is {fmt_bytes(peak)}, in the {_phase(peak_phase(result))} phase."]
+        parts = breakdown(result)
+        if parts and peak:
+            top = sorted(((v, c) for c, v in parts.items() if v > 0), reverse=True)[:4]
+            lines.append("At the peak: " + ", ".join(f"{CATEGORY_WORDS.get(c, c)} {fmt_bytes(v)}" for v, c in top)
+                         + ".")
+        return lines
+    base_mem, base_timing = baseline.get("memory") or {}, baseline.get("timing") or {}
+    base_peak = base_mem.get("peak_allocated_bytes")
+    lines = []
+    if peak and base_peak and peak == base_peak:
+        lines.append(f"{name} leaves the peak unchanged at {fmt_bytes(peak)} (to the byte).")
+    elif peak and base_peak:
+        change = _pct(peak, base_peak)
+        verb = "lowers" if peak < base_peak else "raises"
+        lines.append(f"{name} {verb} the peak from {fmt_bytes(base_peak)} to {fmt_bytes(peak)} ({change:+.1f}%, "
+                     f"{fmt_bytes(abs(peak - base_peak))} {'saved' if peak <= base_peak else 'more'}).")
+    lines.extend(_categories(breakdown(result), breakdown(baseline), base_peak))
+    old_phase, new_phase = peak_phase(baseline), peak_phase(result)
+    if old_phase and new_phase:
+        if old_phase == new_phase:
+            lines.append(f"The peak stays in the {_phase(new_phase)} phase.")
+        else:
+            lines.append(f"The peak moves from the {_phase(old_phase)} phase to the {_phase(new_phase)} phase.")
+    lines.extend(_throughput(timing, base_timing))
+    lines.extend(_equivalence(result.get("equivalence")))
+    return lines
+
+
+def _categories(parts: dict | None, base_parts: dict | None, base_peak: int | None) -> list[str]:
+    if not parts or not base_parts or not base_peak:
+        return ["No breakdown by category for this run (no timeline recorded)."]
+    deltas = [(parts.get(c, 0) - base_parts.get(c, 0), c) for c in CATEGORIES]
+    threshold = MENTION_SHARE * base_peak
+    removed = sorted((d, c) for d, c in deltas if d < -threshold)
+    added = sorted(((d, c) for d, c in deltas if d > threshold), reverse=True)
+    lines = []
+    if removed:
+        lines.append("At its peak it holds less " + ", less ".join(
+            f"{CATEGORY_WORDS[c]} ({fmt_bytes(base_parts.get(c, 0))} to {fmt_bytes(parts.get(c, 0))}, "
+            f"-{fmt_bytes(-d)})" for d, c in removed) + " than the baseline at its peak.")
+    if added:
+        lines.append("It holds more " + ", more ".join(
+            f"{CATEGORY_WORDS[c]} (+{fmt_bytes(d)})" for d, c in added) + ".")
+    if not removed and not added:
+        lines.append("The peak's make-up by category is the same as the baseline's (within 1% of its peak).")
+    return lines
+
+
+def _throughput(timing: dict, base_timing: dict) -> list[str]:
+    value, base = timing.get("throughput"), base_timing.get("throughput")
+    if not value or not base:
+        return []
+    change = _pct(value, base)
+    unit = timing.get("unit", "")
+    how = f"costs {-change:.1f}% of throughput" if change < 0 else f"runs {change:.1f}% faster"
+    line = f"It {how} ({value:.3g} vs {base:.3g} {unit})."
+    if timing.get("noisy") or base_timing.get("noisy"):
+        line += " The step times were noisy (IQR over 10% of the median): treat small differences as noise."
+    return [line]
+
+
+def _equivalence(eq: dict | None) -> list[str]:
+    if not eq or not eq.get("verdict"):
+        return ["Numerical equivalence was not checked."]
+    verdict = eq["verdict"]
+    words = {"bitwise": "It trains bit for bit the same model as the baseline",
+             "equivalent": "It trains the same model as the baseline up to floating-point rounding",
+             "not-equivalent": "It does NOT train the same model as the baseline",
+             "precision": "It changes the numerics on purpose"}.get(verdict, f"Equivalence: {verdict}")
+    detail = eq.get("detail")
+    return [f"{words}{': ' + detail if detail else ''}."]
+
+
+def explain_all(results: list[dict]) -> dict[str, list[str]]:
+    baseline = find_baseline(results)
+    return {r.get("name", "?"): explain(r, baseline) for r in results}

@@ -1,0 +1,146 @@
+"""report.html: one self-contained file. Charts are inline SVG, the CSS is inline, there is no script, no font
+and nothing fetched from the network, so it opens offline and can be mailed or attached to a CI run as is.
+Every piece of text that comes from a result file goes through html.escape.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+from pathlib import Path
+
+from membench.report import explain as ex
+from membench.report.table import rows as table_rows
+from membench.trackers.categories import CATEGORIES
+from membench.units import fmt_bytes
+
+CSS = """
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2em auto;max-width:1200px;color:#222;
+padding:0 1em;line-height:1.45}
+h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
+table{border-collapse:collapse;margin:.6em 0;font-size:.9em}
+th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}th{background:#f3f3f3}
+td:first-child,th:first-child{text-align:left}
+.chart{margin:1em 0;overflow-x:auto}.chart svg{max-width:100%;height:auto}
+.run{border:1px solid #ddd;border-radius:6px;padding:.4em 1em;margin:1em 0}
+.verdict-bitwise,.verdict-equivalent{color:#1a7f37}.verdict-not-equivalent{color:#b42318;font-weight:bold}
+.status-oom,.status-error,.status-timeout{color:#b42318;font-weight:bold}
+.muted{color:#666;font-size:.9em}code{background:#f5f5f5;padding:0 .2em}
+"""
+
+_E = html.escape
+
+
+def inline_svg(svg: str, prefix: str) -> str:
+    """An SVG file's text ready to sit inside HTML: no XML prolog or metadata, and ids made unique per chart
+    (two charts both defining a glyph or clip path of the same id would otherwise clash in one document)."""
+    svg = svg[svg.index("<svg"):]
+    svg = re.sub(r"<metadata>.*?</metadata>", "", svg, flags=re.S)
+    svg = re.sub(r'\bid="([^"]+)"', lambda m: f'id="{prefix}-{m.group(1)}"', svg)
+    svg = re.sub(r'(xlink:href|href)="#([^"]+)"', lambda m: f'{m.group(1)}="#{prefix}-{m.group(2)}"', svg)
+    return re.sub(r"url\(#([^)]+)\)", lambda m: f"url(#{prefix}-{m.group(1)})", svg)
+
+
+def _table(headers: list[str], body: list[list], cls: str = "") -> str:
+    head = "".join(f"<th>{_E(str(h))}</th>" for h in headers)
+    rows = "".join("<tr>" + "".join(f"<td>{_E(str(c))}</td>" for c in row) + "</tr>" for row in body)
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
+
+
+def _link(path: Path, report_dir: Path, label: str) -> str:
+    href = Path(os.path.relpath(path, report_dir)).as_posix()
+    return f'<a href="{_E(href, quote=True)}">{_E(label)}</a>'
+
+
+def _environment(results: list[dict]) -> str:
+    env = next((r.get("env") for r in results if r.get("env", {}).get("torch")), None) or {}
+    fields = [("device", env.get("device")), ("device name", env.get("device_name")), ("torch", env.get("torch")),
+              ("CUDA", env.get("cuda")), ("driver", env.get("driver_version")), ("python", env.get("python")),
+              ("host", env.get("host")), ("platform", env.get("platform")), ("git commit", env.get("git_commit"))]
+    return _table(["", "value"], [[k, v if v is not None else "-"] for k, v in fields])
+
+
+def _files(result: dict, report_dir: Path) -> str:
+    if not result.get("_path"):
+        return ""
+    where = Path(result["_path"]).parent
+    links = []
+    info = result.get("timeline") or {}
+    if info.get("file"):
+        links.append(_link(where / info["file"], report_dir, f"timeline ({fmt_bytes(info.get('file_bytes'))})"))
+    if info.get("snapshot"):
+        links.append(_link(where / info["snapshot"], report_dir,
+                           f"CUDA snapshot ({fmt_bytes(info.get('snapshot_bytes'))}; open it in "
+                           "pytorch.org/memory_viz)"))
+    oom = result.get("oom_snapshot") or {}
+    if oom.get("file"):
+        links.append(_link(where / oom["file"], report_dir, f"snapshot at OOM ({fmt_bytes(oom.get('file_bytes'))})"))
+    if info.get("error"):
+        links.append(f"timeline not recorded: {_E(info['error'])}")
+    return f'<p class="muted">Files: {" · ".join(links)}</p>' if links else ""
+
+
+def _run_section(result: dict, baseline: dict | None, report_dir: Path) -> str:
+    name, status = str(result.get("name", "?")), str(result.get("status", "?"))
+    memory = result.get("memory") or {}
+    parts = [f'<div class="run"><h3>{_E(name)} <span class="status-{_E(status, quote=True)}">{_E(status)}</span></h3>']
+    parts.append("<ul>" + "".join(f"<li>{_E(s)}</li>" for s in ex.explain(result, baseline)) + "</ul>")
+    mine, base = ex.breakdown(result), ex.breakdown(baseline) if baseline else None
+    if mine:
+        body = []
+        for c in CATEGORIES:
+            row = [c.replace("_", " "), fmt_bytes(mine.get(c, 0)), mine.get(c, 0)]
+            if base and result is not baseline:
+                row.append(fmt_bytes(mine.get(c, 0) - base.get(c, 0)) if mine.get(c, 0) != base.get(c, 0) else "0")
+            body.append(row)
+        headers = ["category at the peak", "size", "bytes"] + (["vs baseline"] if base and result is not baseline
+                                                               else [])
+        parts.append(_table(headers, body))
+    phase, step = memory.get("peak_phase"), memory.get("peak_step")
+    if phase:
+        parts.append(f"<p>Peak phase: <b>{_E(str(phase))}</b> (step {_E(str(step))}).</p>")
+    eq = result.get("equivalence") or {}
+    if eq.get("verdict"):
+        v = str(eq["verdict"])
+        parts.append(f'<p>Equivalence: <span class="verdict-{_E(v, quote=True)}">{_E(v)}</span>'
+                     f' — {_E(str(eq.get("detail", "")))}</p>')
+    parts.append(_files(result, report_dir))
+    parts.append("</div>")
+    return "\n".join(parts)
+
+
+def render(results: list[dict], charts: dict[str, dict], report_dir: Path, title: str) -> str:
+    """The whole page as a string; `charts` maps a chart name to charts.save()'s output."""
+    from membench.report.write import BREAKDOWN_HEADERS, breakdown_rows
+
+    baseline = ex.find_baseline(results)
+    headers, body = table_rows(results)
+    captions = {"peak": "Peak memory by technique (stacked by category at the peak; dashed line: the baseline)",
+                "timelines": "Memory timelines on one scale: baseline vs each technique",
+                "pareto": "Memory vs throughput, with the Pareto front"}
+    chart_html = "".join(
+        f'<figure class="chart" id="chart-{name}">{inline_svg(c["svg_text"], f"c{i}")}'
+        f"<figcaption>{_E(captions.get(name, name))}</figcaption></figure>"
+        for i, (name, c) in enumerate(charts.items()))
+    sections = "\n".join(_run_section(r, baseline, report_dir) for r in results)
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{_E(title)}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head>
+<body>
+<h1>{_E(title)}</h1>
+<p class="muted">Peak = the largest amount of live tensor memory during a measured step (GiB = 2<sup>30</sup> bytes).
+Categories and phases come from membench's storage tracker; on CUDA they come from the recording pass,
+rounded to the allocator's 512-byte blocks.</p>
+<h2>Summary</h2>
+{_table(headers, body, "summary")}
+<h2>The peak by category</h2>
+{_table(BREAKDOWN_HEADERS, breakdown_rows(results))}
+<h2>Charts</h2>
+{chart_html or '<p>No chart: no run finished.</p>'}
+<h2>What each technique did</h2>
+{sections}
+<h2>Environment</h2>
+{_environment(results)}
+</body></html>
+"""

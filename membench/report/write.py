@@ -1,0 +1,94 @@
+"""`membench report`: from a results directory to report.md, results.csv, the charts and report.html."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tabulate import tabulate
+
+from membench.errors import UserError
+from membench.report import charts as ch
+from membench.report import explain as ex
+from membench.report import html
+from membench.report.table import render as render_table
+from membench.results import to_frame
+from membench.trackers.categories import CATEGORIES
+from membench.units import fmt_bytes
+
+
+def _sweep_key(result: dict) -> tuple:
+    spec = result.get("spec") or {}
+    return spec.get("workload"), spec.get("batch_size"), (result.get("env") or {}).get("device")
+
+
+def check_one_sweep(results: list[dict]) -> None:
+    """A report compares techniques against one baseline: one workload, batch size and device."""
+    keys = sorted({_sweep_key(r) for r in results}, key=str)
+    if len(keys) > 1:
+        found = "; ".join(f"{w} batch {b} on {d}" for w, b, d in keys)
+        raise UserError(f"these results hold more than one sweep ({found}): point `membench report` at one "
+                        "sweep's directory, e.g. results/<machine>/<workload>-bs<N>")
+
+
+def title_for(results: list[dict]) -> str:
+    workload, batch, device = _sweep_key(results[0])
+    name = (results[0].get("env") or {}).get("device_name") or device
+    return f"membench: {workload}, batch {batch}, on {name}"
+
+
+def ordered(results: list[dict]) -> list[dict]:
+    """The baseline first, then the runs in the order they ran."""
+    return sorted(results, key=lambda r: (r.get("name") != "baseline", r.get("started") or float("inf"),
+                                          str(r.get("name"))))
+
+
+BREAKDOWN_HEADERS = ["run", "peak", "peak phase"] + [c.replace("_", " ") for c in CATEGORIES]
+
+
+def breakdown_rows(results: list[dict]) -> list[list[str]]:
+    """Each run's peak and its make-up by category (human units), the table that explains the peak."""
+    body = []
+    for r in results:
+        memory, parts = r.get("memory") or {}, ex.breakdown(r) or {}
+        body.append([str(r.get("name")), fmt_bytes(memory.get("peak_allocated_bytes")),
+                     str(memory.get("peak_phase") or "-")] + [fmt_bytes(parts[c]) if c in parts else "-"
+                                                              for c in CATEGORIES])
+    return body
+
+
+def markdown(results: list[dict], chart_files: dict[str, dict], title: str) -> str:
+    baseline = ex.find_baseline(results)
+    lines = [f"# {title}", "", render_table(results, fmt="github"), "", "## The peak by category", "",
+             tabulate(breakdown_rows(results), headers=BREAKDOWN_HEADERS, tablefmt="github", disable_numparse=True),
+             ""]
+    for name, files in chart_files.items():
+        lines += [f"![{name}]({files['png'].name})", ""]
+    lines += ["## What each technique did", ""]
+    for r in results:
+        lines += [f"### {r.get('name')}", ""] + [f"- {s}" for s in ex.explain(r, baseline)] + [""]
+        parts = ex.breakdown(r)
+        if parts:
+            rows = [[c.replace("_", " "), fmt_bytes(parts.get(c, 0)), parts.get(c, 0)] for c in CATEGORIES]
+            lines += [tabulate(rows, headers=["category at the peak", "size", "bytes"], tablefmt="github",
+                               disable_numparse=True), ""]
+    return "\n".join(lines)
+
+
+def write_report(results: list[dict], out_dir: Path) -> dict[str, Path]:
+    """Write everything under out_dir; returns name -> path of each file written."""
+    check_one_sweep(results)
+    results = ordered(results)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    title = title_for(results)
+    chart_files = ch.write_all(results, out_dir)
+    written: dict[str, Path] = {}
+    for name, files in chart_files.items():
+        written[f"{name}.png"], written[f"{name}.svg"] = files["png"], files["svg"]
+    written["results.csv"] = out_dir / "results.csv"
+    to_frame(results).to_csv(written["results.csv"], index=False)
+    written["report.md"] = out_dir / "report.md"
+    written["report.md"].write_text(markdown(results, chart_files, title))
+    written["report.html"] = out_dir / "report.html"
+    written["report.html"].write_text(html.render(results, chart_files, out_dir, title), encoding="utf-8")
+    return written

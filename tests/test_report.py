@@ -1,0 +1,174 @@
+"""`membench report` and `membench compare`: the files, a self-contained HTML page, escaping, deltas."""
+
+from __future__ import annotations
+
+import json
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from membench.cli import main
+from membench.errors import UserError
+from membench.report import compare, explain
+from membench.report.write import write_report
+from membench.results import load_dir
+from sweeps import tiny_sweep
+
+HOSTILE = '<script>alert("x")</script><img src=http://evil.example/x.png onerror=alert(1)>'
+
+
+class Refs(HTMLParser):
+    """Every tag, and every URL-carrying attribute, in a page."""
+
+    def __init__(self):
+        super().__init__()
+        self.tags: list[str] = []
+        self.urls: list[tuple[str, str, str]] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        for name, value in attrs:
+            if name in ("src", "href", "xlink:href", "action", "poster", "data") and value is not None:
+                self.urls.append((tag, name, value))
+
+
+def external_refs(page: str) -> list:
+    """What a browser could fetch from elsewhere: any src/href that is not in-page (#), data: or a local link."""
+    refs = Refs()
+    refs.feed(page)
+    bad = [(t, n, v) for t, n, v in refs.urls
+           if not (v.startswith(("#", "data:")) or (t == "a" and n == "href" and ":" not in v.split("/")[0]))]
+    css = re.findall(r"@import|url\((?!#)[^)]*\)", "".join(re.findall(r"<style[^>]*>(.*?)</style>", page, re.S)))
+    return bad + css + [t for t in refs.tags if t in ("script", "link", "iframe", "object", "embed", "base")]
+
+
+@pytest.fixture()
+def sweep(tmp_path) -> Path:
+    return tiny_sweep(tmp_path)
+
+
+def test_report_writes_every_file(sweep, tmp_path):
+    out = tmp_path / "report"
+    written = write_report(load_dir(sweep), out)
+    expected = {"report.html", "report.md", "results.csv"} | {f"{c}.{e}" for c in ("peak", "timelines", "pareto")
+                                                              for e in ("png", "svg")}
+    assert set(written) == expected
+    for name in expected:
+        assert (out / name).stat().st_size > 200, name
+    assert (out / "peak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    csv = pd.read_csv(out / "results.csv")
+    assert list(csv["run"]) == ["baseline", "opt-in-bwd"]
+    base = json.loads((sweep / "baseline.json").read_text())
+    assert csv["peak_allocated_bytes"][0] == base["memory"]["peak_allocated_bytes"]
+    md = (out / "report.md").read_text()
+    assert "| baseline" in md and "![timelines](timelines.png)" in md and "optimizer state" in md
+
+
+def test_html_is_self_contained_and_complete(sweep, tmp_path):
+    write_report(load_dir(sweep), tmp_path / "r")
+    page = (tmp_path / "r" / "report.html").read_text()
+    assert external_refs(page) == []
+    assert page.count("<svg") == 3 and 'id="chart-timelines"' in page
+    # Each technique's breakdown, phase, verdict, and the environment.
+    assert "optimizer step phase to the backward phase" in page
+    assert "bitwise" in page and "Peak phase: <b>optimizer</b>" in page and "torch" in page
+    # Links to the timeline files resolve, relative to the report.
+    links = [v for t, n, v in Refs_of(page) if t == "a"]
+    assert links and all((tmp_path / "r" / link).resolve().exists() for link in links)
+    # Chart ids are unique in the page (each inline SVG gets its own prefix).
+    ids = re.findall(r'\bid="([^"]+)"', page)
+    assert len(ids) == len(set(ids))
+
+
+def Refs_of(page: str):
+    refs = Refs()
+    refs.feed(page)
+    return refs.urls
+
+
+def test_the_external_ref_check_can_fail():
+    assert external_refs('<img src="https://cdn.example/x.png">')
+    assert external_refs('<link rel="stylesheet" href="x.css">')
+    assert external_refs("<style>@import url(https://fonts.example/a.css);</style>")
+    assert external_refs("<script>1</script>")
+    assert not external_refs('<a href="../baseline.timeline.json">t</a><svg><use xlink:href="#c0-x"/></svg>')
+
+
+def test_hostile_text_from_results_is_escaped(sweep, tmp_path):
+    planted = json.loads((sweep / "opt-in-bwd.json").read_text())
+    planted.update(name=HOSTILE, status="error", error=HOSTILE)
+    planted["equivalence"]["detail"] = HOSTILE
+    planted["env"]["device_name"] = HOSTILE
+    (sweep / "planted.json").write_text(json.dumps(planted))
+    write_report(load_dir(sweep), tmp_path / "r")
+    page = (tmp_path / "r" / "report.html").read_text()
+    refs = Refs()
+    refs.feed(page)
+    assert "script" not in refs.tags and "img" not in refs.tags
+    assert "<script" not in page and page.count("&lt;script&gt;") >= 3  # name, error, detail, device name
+    assert external_refs(page) == []
+
+
+def test_explanations_come_from_the_numbers(sweep):
+    results = load_dir(sweep)
+    lines = explain.explain_all(results)
+    text = " ".join(lines["opt-in-bwd"])
+    base, fused = (json.loads((sweep / f"{n}.json").read_text()) for n in ("baseline", "opt-in-bwd"))
+    saved = base["memory"]["peak_allocated_bytes"] - fused["memory"]["peak_allocated_bytes"]
+    from membench.units import fmt_bytes
+
+    assert f"{fmt_bytes(saved)} saved" in text
+    assert "less gradients" in text and "moves from the optimizer step phase to the backward phase" in text
+    assert "bit for bit" in text
+    assert "peak is" in " ".join(lines["baseline"])
+
+
+def test_report_refuses_two_sweeps(sweep, tmp_path):
+    other = json.loads((sweep / "baseline.json").read_text())
+    other["spec"]["batch_size"] = 64
+    (sweep / "other").mkdir()
+    (sweep / "other" / "baseline.json").write_text(json.dumps(other))
+    with pytest.raises(UserError, match="more than one sweep"):
+        write_report(load_dir(sweep), tmp_path / "r")
+
+
+def test_report_cli(sweep, capsys):
+    assert main(["report", str(sweep)]) == 0
+    assert (sweep / "report" / "report.html").exists()
+    assert "report.html" in capsys.readouterr().out
+    assert main(["report", str(sweep / "missing")]) == 2
+
+
+def test_compare_shows_deltas(sweep, tmp_path, capsys):
+    new = tmp_path / "new"
+    new.mkdir()
+    base = json.loads((sweep / "baseline.json").read_text())
+    old_peak = base["memory"]["peak_allocated_bytes"]
+    base["memory"]["peak_allocated_bytes"] = old_peak + old_peak // 10 * 2  # +20% (to integer bytes)
+    base["memory"]["peak_phase"] = "backward"
+    (new / "baseline.json").write_text(json.dumps(base))
+    rows = {r[0]: r for r in compare.rows(load_dir(sweep), load_dir(new))}
+    pct = (old_peak // 10 * 2) / old_peak * 100
+    assert rows["baseline"][5] == f"{pct:+.1f}%"
+    assert rows["baseline"][6] == "optimizer → backward"
+    assert rows["baseline"][9] == "+0.0%"
+    assert rows["opt-in-bwd"][1] == "ok/-" and rows["opt-in-bwd"][3] == "-"
+    md = tmp_path / "cmp.md"
+    assert main(["compare", str(sweep), str(new), "--markdown", str(md)]) == 0
+    assert "optimizer → backward" in capsys.readouterr().out
+    assert md.read_text().startswith("| run")
+
+
+@pytest.mark.slow
+def test_run_then_report_end_to_end(tmp_path, capsys):
+    """The real CLI: runs in subprocesses (leaving runs/*.spec.json and logs beside the results), then the report."""
+    out = tmp_path / "sweep"
+    assert main(["run", "--workload", "vit-tiny", "--batch-size", "1", "--techniques", "opt-in-bwd", "--steps", "1",
+                 "--warmup", "1", "--no-check", "--device", "cpu", "--out", str(out)]) == 0
+    assert (out / "runs" / "baseline.spec.json").exists() and (out / "baseline.timeline.json").exists()
+    assert main(["report", str(out)]) == 0
+    page = (out / "report" / "report.html").read_text()
+    assert page.count("<svg") == 3 and external_refs(page) == []
