@@ -15,7 +15,7 @@ from membench.errors import UserError
 from membench.report import compare, explain
 from membench.report.write import write_report
 from membench.results import load_dir
-from sweeps import tiny_sweep
+from tests.sweeps import tiny_sweep
 
 HOSTILE = '<script>alert("x")</script><img src=http://evil.example/x.png onerror=alert(1)>'
 

@@ -13,7 +13,7 @@ import pytest
 
 from membench.report.write import write_report
 from membench.results import load_dir
-from sweeps import tiny_sweep
+from tests.sweeps import tiny_sweep
 
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None)
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH: apt-get install -y chromium")

@@ -17,7 +17,7 @@ from membench.trackers.categories import CATEGORIES
 from membench.trackers.memory import CpuMeter
 from membench.trackers.storage import StorageTracker
 from membench.workloads import load_workload
-from sweeps import TINY, run_one, tiny_sweep
+from tests.sweeps import TINY, run_one, tiny_sweep
 
 
 class CheckedTracker(StorageTracker):
