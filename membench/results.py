@@ -58,7 +58,10 @@ def load_dir(path: Path) -> list[dict]:
     path = Path(path)
     if not path.exists():
         raise UserError(f"results path {path} does not exist")
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*.json") if not p.name.startswith("."))
+    # runs/ holds each run's spec and log, previous/ the results a re-run replaced: neither is a current result.
+    files = [path] if path.is_file() else sorted(
+        p for p in path.rglob("*.json")
+        if not p.name.startswith(".") and not {"runs", "previous"} & set(p.relative_to(path).parts[:-1]))
     results = [read_result(p) for p in files if p.name != "sweep.json"]
     if not results:
         raise UserError(f"no membench results under {path}")
