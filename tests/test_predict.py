@@ -137,3 +137,13 @@ def test_fsdp_prediction_at_world_size_1_equals_a_real_gloo_run(shard_technique)
     finally:
         dist.destroy_process_group()
     assert predicted["peak_allocated_bytes"] == measured["peak_allocated_bytes"]
+
+
+def test_a_table_mixing_kinds_labels_each_prediction(tmp_path):
+    from membench.report.table import render
+
+    spec = RunSpec("vit-tiny", 2, steps=1, warmup=1, check=False)
+    measured = worker.run(spec, tmp_path / "baseline.json")
+    predicted = predict(dataclasses.replace(spec, techniques=("ckpt",)))
+    text = render([measured, predicted])
+    assert "ckpt (predicted)" in text and "baseline (predicted)" not in text and "peak alloc GiB" in text
