@@ -1,11 +1,38 @@
-"""nox sessions. They use the current interpreter (no per-session virtualenv), so torch is not reinstalled."""
+"""Sessions run with the interpreter nox runs under (venv_backend="none"): nothing is reinstalled (torch is large),
+so CI installs once (`pip install -c constraints.txt -e .[test]`) and then `nox -s tests gate bench`."""
+
+from __future__ import annotations
+
+import sys
 
 import nox
 
-nox.options.default_venv_backend = "none"
+nox.options.sessions = ["tests"]
+PYTHON = sys.executable
 
 
-@nox.session
-def tests(session):
-    """The test suite, as README and .ci/run run it."""
-    session.run("python", "-m", "pytest", "-q", *session.posargs)
+@nox.session(venv_backend="none")
+def tests(session: nox.Session) -> None:
+    """The test suite (CPU; GPU tests skip themselves without CUDA)."""
+    session.run(PYTHON, "-m", "pytest", "-q", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def gate(session: nox.Session) -> None:
+    """The memory regression gate: a small CPU sweep checked against results/ci-baseline (exit 1 on growth)."""
+    session.run("bash", ".ci/memory-gate", *session.posargs, env={"PYTHON": PYTHON})
+
+
+@nox.session(venv_backend="none")
+def bench(session: nox.Session) -> None:
+    """Time one training step per technique and save the run under .benchmarks/ (keyed by machine)."""
+    session.run(PYTHON, "-m", "pytest", "benchmarks", "-q", "--benchmark-autosave", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def bench_compare(session: nox.Session) -> None:
+    """Compare against the last saved run (or the one given: `nox -s bench_compare -- 0001`); fail when a step's
+    minimum time is 15% slower. Only meaningful on the machine the saved run came from."""
+    against = session.posargs[0] if session.posargs else ""
+    session.run(PYTHON, "-m", "pytest", "benchmarks", "-q", f"--benchmark-compare={against}".rstrip("="),
+                "--benchmark-compare-fail=min:15%", *session.posargs[1:])

@@ -151,6 +151,69 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def _predict_specs(args, **options):
+    """The same validation as `run`, for a target device that need not be here (predictions run on cpu)."""
+    import dataclasses
+
+    from membench.api import plan
+
+    target = "cpu" if args.device == "cpu" else "cuda"
+    specs = plan(args.workload, args.techniques, args.batch_size, "cpu", **_run_options(args), **options)
+    return [dataclasses.replace(s, device=target) for s in specs]
+
+
+def cmd_predict(args) -> int:
+    from membench.predict import CANNOT_SEE, default_predict_dir, predict_all
+    from membench.report.table import render
+
+    specs = _predict_specs(args, warmup=args.warmup, nproc_per_node=args.world_size, check=False, steps=args.steps)
+    out = args.out or default_predict_dir(specs[0])
+    results = predict_all(specs, out, on_done=lambda s, r: print(f"predicted {s.name}: {r['status']} "
+                                                                 f"({r['wall_s']:.1f} s)", file=sys.stderr))
+    print(render(results))
+    print(f"\nPREDICTED {specs[0].device} memory (no timing); a prediction cannot see: " + "; ".join(CANNOT_SEE))
+    print(f"predictions: {out}")
+    return 0 if all(r["status"] == "ok" for r in results) else 1
+
+
+def cmd_check(args) -> int:
+    from membench.check import check
+
+    code, report = check(args.baseline, args.current, args.rule, allow_machine_mismatch=args.allow_machine_mismatch,
+                         allow_predicted_vs_measured=args.allow_predicted_vs_measured)
+    print(report)
+    return code
+
+
+def cmd_fit(args) -> int:
+    import torch
+    from tabulate import tabulate
+
+    from membench.fit import confirm_on_gpu, largest_batch
+    from membench.predict import predict_memory
+    from membench.units import fmt_bytes, parse_bytes
+
+    budget = parse_bytes(args.budget)
+    specs = _predict_specs(args, nproc_per_node=args.world_size, check=False)
+    confirm = specs[0].device == "cuda" and torch.cuda.is_available() and not args.no_confirm
+    rows = []
+    for spec in specs:
+        fit = largest_batch(spec, budget, lambda s: predict_memory(s)["peak_allocated_bytes"], args.max_batch)
+        if confirm:
+            fit = confirm_on_gpu(spec, fit, budget, args.out or Path("results") / "fit")
+        over = f"{fit.over_batch}: {fmt_bytes(fit.over_peak)}" if fit.over_batch else "-"
+        rows.append([fit.run, fit.batch, fmt_bytes(fit.peak), over, fit.probes,
+                     "-" if fit.confirmed is None else fit.confirmed, fit.note or "-"])
+    print(tabulate(rows, headers=["run", "max batch (predicted)", "predicted peak", "first batch over: peak",
+                                  "predictions", "max batch (measured)", "note"],
+                   tablefmt="simple", disable_numparse=True))
+    where = "confirmed on this GPU" if confirm else "not confirmed: no CUDA GPU here" if specs[0].device == "cuda" \
+        else "cpu target"
+    print(f"\nbudget {fmt_bytes(budget)} ({budget} B) of PREDICTED {specs[0].device} peak allocated; {where}. "
+          "Leave headroom for what a prediction cannot see (CUDA context, workspaces, fragmentation).")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="membench", description="GPU memory benchmarks for PyTorch training: "
                                      "every memory-saving technique on one workload, side by side.")
@@ -173,6 +236,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default="simple", help="a tabulate format: simple, github (markdown), ...")
     p.add_argument("--markdown", type=Path, default=None, help="also write the table as markdown to this file")
     p.set_defaults(func=cmd_compare)
+
+
+    p = sub.add_parser("predict", help="predict each technique's peak CUDA memory with no GPU (fake tensors)")
+    add_run_options(p)
+    p.add_argument("--world-size", type=_positive_int, default=1,
+                   help="ranks a distributed technique (FSDP) is predicted for, in one process (default 1)")
+    p.set_defaults(func=cmd_predict, device="cuda")
+
+    p = sub.add_parser("check", help="compare results against a baseline: exit 0 ok, 1 regression, 2 usage error")
+    p.add_argument("current", type=Path, help="results directory (or file) to check")
+    p.add_argument("--baseline", type=Path, required=True, help="results directory (or file) to compare against")
+    p.add_argument("--rule", action="append", default=[],
+                   help="metric:N%% or metric:amount, repeatable, e.g. peak_allocated:5%%, peak_allocated:64MiB, "
+                        "step_time:15%%, throughput:10%%")
+    p.add_argument("--allow-machine-mismatch", action="store_true",
+                   help="compare runs from different machines (device, torch or CUDA version) anyway")
+    p.add_argument("--allow-predicted-vs-measured", action="store_true",
+                   help="compare predictions with measurements anyway")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("fit", help="the largest batch per technique under a memory budget, from predictions")
+    add_workload_options(p)
+    p.add_argument("--budget", required=True, help="memory budget, e.g. 24GiB (GiB = 2**30) or 80GB")
+    p.add_argument("--max-batch", type=_positive_int, default=65536, help="stop searching here (default 65536)")
+    p.add_argument("--world-size", type=_positive_int, default=1, help="ranks, for distributed techniques")
+    p.add_argument("--no-confirm", action="store_true", help="on a GPU, do not confirm predictions with real runs")
+    p.add_argument("--out", type=Path, default=None, help="where confirmation runs go (default results/fit)")
+    p.set_defaults(func=cmd_fit)
     return parser
 
 

@@ -19,13 +19,14 @@ def _num(value, fmt: str, scale: float = 1.0, suffix: str = "") -> str:
 
 def rows(results: list[dict]) -> tuple[list[str], list[list[str]]]:
     df = to_frame(results)
-    predicted = bool(df["predicted"].any())
+    predicted = bool(df["predicted"].all())
+    mixed = not predicted and bool(df["predicted"].any())  # never let a prediction pass for a measurement
     headers = ["run", "status", ("predicted" if predicted else "peak") + " alloc GiB", "vs base", "peak phase",
                "reserved GiB", "step ms", "throughput", "vs base", "equivalence"]
     body = []
     for r in df.to_dict("records"):
         body.append([
-            r["run"],
+            r["run"] + (" (predicted)" if mixed and r["predicted"] else ""),
             r["status"],
             _num(r["peak_allocated_bytes"], ".3f", 2**-30),
             _num(r["peak_vs_baseline_pct"], "+.1f", suffix="%"),

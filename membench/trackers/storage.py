@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import sys
 import weakref
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -55,6 +56,14 @@ class StorageTracker(TorchDispatchMode):
         self.events: list[tuple[str, int, tuple[int, ...]]] = []
 
     # --- the dispatch hook ---------------------------------------------------------------------------------
+    def __enter__(self):
+        self._unpatch = _see_fsdp_storage_resizes(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        self._unpatch()
+        return super().__exit__(*exc)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
@@ -65,9 +74,10 @@ class StorageTracker(TorchDispatchMode):
     # --- registering and categorising ----------------------------------------------------------------------
     def track(self, tensor: torch.Tensor, category: str | None = None) -> None:
         """Count a tensor's storage if not yet counted; with a category, (re)classify it."""
-        local = getattr(tensor, "_local_tensor", None)  # a DTensor (FSDP): its memory is its local shard
-        if local is not None:
-            tensor = local
+        if is_traceable_wrapper_subclass(tensor):  # e.g. FSDP's DTensor: the memory is in its local shards
+            inner = (getattr(tensor, name) for name in tensor.__tensor_flatten__()[0])
+            self.track_all(inner, category)
+            return
         if tensor.layout != torch.strided or (self.device_types and tensor.device.type not in self.device_types):
             return
         storage = tensor.untyped_storage()
@@ -85,6 +95,13 @@ class StorageTracker(TorchDispatchMode):
             if size != old_size or (category and category != old_category):
                 self._remove(key)
                 self._add(key, size, category or old_category)
+
+    def resized(self, tensor: torch.Tensor) -> None:
+        """A storage resized in place (FSDP frees and re-allocates unsharded parameters so): a new allocation."""
+        key = self._keys.get(tensor.untyped_storage())
+        if key is not None:
+            self._remove(key)
+            self._add(key, self._rounded(tensor.untyped_storage().nbytes()), PHASE_CATEGORY.get(self.phase, OTHER))
 
     def track_all(self, tensors, category: str) -> None:
         for t in tensors:
@@ -132,3 +149,29 @@ class StorageTracker(TorchDispatchMode):
             self.peak = Peak(self.current, self.phase, self.step, dict(self.by_category))
         if self.record_timeline:
             self.events.append((self.phase, self.step, tuple(self.by_category[c] for c in CATEGORIES)))
+
+
+def _see_fsdp_storage_resizes(tracker: StorageTracker):
+    """FSDP2 frees unsharded parameters with `storage.resize_(0)`, which no dispatch mode sees: wrap its two
+    helpers so the tracker hears of it. Only when FSDP is already imported (importing it costs a second)."""
+    fsdp_param = sys.modules.get("torch.distributed.fsdp._fully_shard._fsdp_param")
+    group = sys.modules.get("torch.distributed.fsdp._fully_shard._fsdp_param_group")
+    if fsdp_param is None:
+        return lambda: None
+    originals = {(m, name): getattr(m, name) for m in (fsdp_param, group) if m is not None
+                 for name in ("alloc_storage", "free_storage") if hasattr(m, name)}
+
+    def wrap(fn):
+        def resize(tensor):
+            fn(tensor)
+            tracker.resized(tensor)
+        return resize
+
+    for (module, name), fn in originals.items():
+        setattr(module, name, wrap(fn))
+
+    def unpatch():
+        for (module, name), fn in originals.items():
+            setattr(module, name, fn)
+
+    return unpatch

@@ -1,0 +1,192 @@
+"""The regression gate: compare results against a stored baseline with rules such as peak_allocated:5%.
+
+Only like is compared with like: a run is paired with the baseline run of the same name and the same workload
+spec, measured on the same machine (device model, torch, CUDA), and predictions only with predictions, unless the
+caller opts in. Exit codes: 0 within the rules, 1 a regression, 2 a usage error (raised as UserError).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from tabulate import tabulate
+
+from membench import environment
+from membench.errors import UserError
+from membench.results import load_dir
+from membench.units import fmt_bytes, parse_bytes
+
+OK, REGRESSION = 0, 1
+
+
+@dataclass(frozen=True)
+class Metric:
+    section: str  # where in a result file
+    field: str
+    kind: str  # "bytes", "seconds" or "number": how an absolute limit is written and a value shown
+    lower_is_better: bool = True
+
+
+METRICS = {
+    "peak_allocated": Metric("memory", "peak_allocated_bytes", "bytes"),
+    "peak_reserved": Metric("memory", "peak_reserved_bytes", "bytes"),
+    "peak_active": Metric("memory", "peak_active_bytes", "bytes"),
+    "driver_used": Metric("memory", "driver_used_bytes", "bytes"),
+    "step_time": Metric("timing", "median_s", "seconds"),
+    "throughput": Metric("timing", "throughput", "number", lower_is_better=False),
+    "samples_per_s": Metric("timing", "samples_per_s", "number", lower_is_better=False),
+    "mfu": Metric("timing", "mfu", "number", lower_is_better=False),
+}
+
+# Spec fields that say how we measured, not what ran: they may differ between a baseline and a check.
+PROCEDURE_FIELDS = {"steps", "warmup", "check", "check_steps", "timeline", "timeout_s", "peak_flops"}
+
+
+@dataclass(frozen=True)
+class Rule:
+    metric: str
+    limit: float  # a fraction (0.05) when relative, else an amount in the metric's unit (bytes, seconds)
+    relative: bool
+    text: str
+
+    def worse_by(self, base: float, current: float) -> tuple[float, float]:
+        """(how much worse, as an amount; as a fraction of the baseline). Negative: better."""
+        delta = current - base if METRICS[self.metric].lower_is_better else base - current
+        return delta, (delta / base if base else (float("inf") if delta > 0 else 0.0))
+
+    def broken(self, base: float, current: float) -> bool:
+        amount, fraction = self.worse_by(base, current)
+        return (fraction if self.relative else amount) > self.limit
+
+
+def parse_rule(text: str) -> Rule:
+    """'peak_allocated:5%', 'peak_allocated:64MiB', 'step_time:20ms', 'throughput:10%'."""
+    name, sep, limit = text.partition(":")
+    name = name.strip()
+    if not sep or name not in METRICS:
+        raise UserError(f"cannot read rule {text!r}: write metric:N% or metric:amount, with metric one of "
+                        f"{', '.join(METRICS)}")
+    limit = limit.strip()
+    if limit.endswith("%"):
+        try:
+            value = float(limit[:-1])
+        except ValueError:
+            raise UserError(f"rule {text!r}: {limit!r} is not a percentage") from None
+        if value < 0:
+            raise UserError(f"rule {text!r}: the limit cannot be negative")
+        return Rule(name, value / 100, True, text)
+    kind = METRICS[name].kind
+    if kind == "bytes":
+        if limit.strip() in ("0", "0B"):
+            return Rule(name, 0, False, text)
+        return Rule(name, parse_bytes(limit), False, text)
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*(ms|s)?", limit)
+    if not m or (kind == "number" and m.group(2)):
+        unit = "a time such as 20ms or 0.5s" if kind == "seconds" else "a plain number"
+        raise UserError(f"rule {text!r}: write the limit as N% or as {unit}")
+    return Rule(name, float(m.group(1)) / (1000 if m.group(2) == "ms" else 1), False, text)
+
+
+def _workload_key(result: dict) -> tuple:
+    spec = result.get("spec") or {}
+    return tuple(sorted((k, str(v)) for k, v in spec.items() if k not in PROCEDURE_FIELDS))
+
+
+def _machine(result: dict) -> str:
+    env = result.get("env") or {}
+    if not {"device", "device_name", "torch"} <= set(env):
+        return f"{env.get('device', '?')} (unknown machine)"
+    return environment.machine_key(env)
+
+
+def _label(result: dict) -> str:
+    spec = result.get("spec") or {}
+    return f"{spec.get('workload')} bs{spec.get('batch_size')}"
+
+
+def _value(result: dict, metric: str):
+    m = METRICS[metric]
+    return (result.get(m.section) or {}).get(m.field)
+
+
+def _show(metric: str, value) -> str:
+    kind = METRICS[metric].kind
+    if value is None:
+        return "-"
+    if kind == "bytes":
+        return f"{fmt_bytes(value)} ({int(value)} B)"
+    return f"{value * 1e3:.2f} ms" if kind == "seconds" else f"{value:.4g}"
+
+
+def _pairs(baseline: list[dict], current: list[dict], allow_machine_mismatch: bool, allow_predicted: bool):
+    by_key = {}
+    for r in baseline:
+        by_key.setdefault((r["name"], _workload_key(r)), []).append(r)
+    pairs, unmatched = [], []
+    for cur in current:
+        candidates = by_key.get((cur["name"], _workload_key(cur)))
+        if not candidates:
+            unmatched.append(cur)
+            continue
+        base = max(candidates, key=lambda r: r.get("started") or 0)  # the newest, if a baseline was re-run
+        if bool(base.get("predicted")) != bool(cur.get("predicted")) and not allow_predicted:
+            kinds = {True: "a prediction", False: "a measurement"}
+            raise UserError(f"run {cur['name']} ({_label(cur)}) is {kinds[bool(cur.get('predicted'))]} and its "
+                            f"baseline {kinds[bool(base.get('predicted'))]}: they are not comparable "
+                            "(pass --allow-predicted-vs-measured to compare anyway)")
+        if _machine(base) != _machine(cur) and not allow_machine_mismatch:
+            raise UserError(f"run {cur['name']} ({_label(cur)}) was measured on {_machine(cur)} but its baseline "
+                            f"on {_machine(base)}: record a baseline on this machine, or pass "
+                            "--allow-machine-mismatch to compare anyway")
+        pairs.append((base, cur))
+    return pairs, unmatched
+
+
+def check(baseline: Path, current: Path, rules: list[str], allow_machine_mismatch: bool = False,
+          allow_predicted_vs_measured: bool = False) -> tuple[int, str]:
+    """Compare; return (exit code, report text). Usage errors raise UserError (exit 2)."""
+    if not rules:
+        raise UserError("no --rule given: write e.g. --rule peak_allocated:5% (metrics: " + ", ".join(METRICS) + ")")
+    parsed = [parse_rule(r) for r in rules]
+    base_results, cur_results = load_dir(baseline), load_dir(current)
+    pairs, unmatched = _pairs(base_results, cur_results, allow_machine_mismatch, allow_predicted_vs_measured)
+    if not pairs:
+        have = sorted({f"{r['name']} ({_label(r)})" for r in base_results})
+        got = sorted({f"{r['name']} ({_label(r)})" for r in cur_results})
+        raise UserError(f"nothing comparable: no run in {current} has the name and workload spec of a run in "
+                        f"{baseline} (baseline: {', '.join(have)}; current: {', '.join(got)})")
+
+    rows, regressions, compared = [], 0, 0
+    for base, cur in pairs:
+        if base["status"] == "ok" and cur["status"] != "ok":
+            regressions += 1
+            rows.append(["REGRESSED", cur["name"], _label(cur), "status", "ok", cur["status"], "-", "must stay ok"])
+            continue
+        for rule in parsed:
+            b, c = _value(base, rule.metric), _value(cur, rule.metric)
+            if b is None or c is None:
+                continue
+            compared += 1
+            broken = rule.broken(b, c)
+            regressions += broken
+            sign = "+" if METRICS[rule.metric].lower_is_better else "-"
+            change = f"{(c - b) / b * 100:+.2f}%" if b else f"{sign}{_show(rule.metric, abs(c - b))}"
+            rows.append(["REGRESSED" if broken else "ok", cur["name"], _label(cur), rule.metric,
+                         _show(rule.metric, b), _show(rule.metric, c), change, rule.text])
+    if not compared and not regressions:
+        metrics = ", ".join(sorted({r.metric for r in parsed}))
+        raise UserError(f"nothing comparable: no paired run has {metrics} in both files "
+                        "(peak_reserved and driver_used exist only for CUDA runs; timing only for measured runs)")
+    rows.sort(key=lambda r: r[0] != "REGRESSED")
+    table = tabulate(rows, headers=["verdict", "run", "workload", "metric", "baseline", "current", "change", "rule"],
+                     tablefmt="simple", disable_numparse=True)
+    lines = [table, ""]
+    for r in unmatched:
+        lines.append(f"note: {r['name']} ({_label(r)}) has no baseline with the same workload spec; not checked")
+    if regressions:
+        lines.append(f"membench check: {regressions} regression(s) against {baseline}")
+        return REGRESSION, "\n".join(lines)
+    lines.append(f"membench check: {len(pairs)} run(s), {compared} comparison(s), all within the rules")
+    return OK, "\n".join(lines)

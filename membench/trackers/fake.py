@@ -1,0 +1,67 @@
+"""Fake tensors and a fake process group: run a real training step with no memory and no GPU behind it.
+
+FakeTensorMode gives every tensor its shape, dtype and storage size but no data, so the storage tracker can count
+the bytes a step would allocate. Only here do we touch torch's private fake-tensor and fake-process-group APIs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class _AnswerScalars(TorchDispatchMode):
+    """A fake tensor has no value, so `.item()` has no answer; give 1 (a loss to print, an Adam step count that
+    keeps `1 - beta ** step` away from zero). Nothing that decides memory depends on it in a training step."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            return 1
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def fake_tensors():
+    """Every tensor made inside is fake, on its real device (we use cpu: fake cuda fails in backward without a
+    GPU and picks other kernels), and real tensors that meet fake ones become fake too."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True), _AnswerScalars():
+        yield
+
+
+def build_on_meta(build) -> nn.Module:
+    """Build with no memory at all (torchvision's ViT init is data-dependent, so it cannot run under fake mode)."""
+    with torch.device("meta"):
+        return build()
+
+
+def materialize(meta_model: nn.Module) -> nn.Module:
+    """Inside fake_tensors(): fake cpu storages of the right sizes for every parameter and buffer."""
+    return meta_model.to_empty(device="cpu")
+
+
+def real_tensors():
+    """Leave fake mode for a moment (a device mesh needs real rank arithmetic); fake tensors stay fake."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int, rank: int = 0):
+    """One process plays `rank` of `world_size`: collectives return at once and move no data, but every buffer
+    they need is allocated as it would be, so per-rank memory (FSDP shards, all-gather buffers) is predicted."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise RuntimeError("a process group is already initialized; predict in a fresh process")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
