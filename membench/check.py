@@ -7,6 +7,8 @@ caller opts in. Exit codes: 0 within the rules, 1 a regression, 2 a usage error 
 
 from __future__ import annotations
 
+import dataclasses
+
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +17,7 @@ from tabulate import tabulate
 
 from membench import environment
 from membench.errors import UserError
+from membench.spec import RunSpec
 from membench.results import load_dir
 from membench.units import fmt_bytes, parse_bytes
 
@@ -90,8 +93,12 @@ def parse_rule(text: str) -> Rule:
 
 
 def _workload_key(result: dict) -> tuple:
-    spec = result.get("spec") or {}
+    # A field a result predates (added to RunSpec later) reads as its default, so old baselines stay comparable.
+    spec = {**_SPEC_DEFAULTS, **(result.get("spec") or {})}
     return tuple(sorted((k, str(v)) for k, v in spec.items() if k not in PROCEDURE_FIELDS))
+
+
+_SPEC_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunSpec) if f.default is not dataclasses.MISSING}
 
 
 def _machine(result: dict) -> str:
