@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.catalogue_helpers import adam_step_bytes, measure, on_cpu_too, registered, spec
+from tests.helpers import adam_step_bytes, measure, on_cpu_too, registered, spec
 from membench.cli import main
 from membench.errors import UserError
 from membench.launcher import environment_for

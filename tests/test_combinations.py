@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from tests.catalogue_helpers import measure, verdict
+from tests.helpers import measure, verdict
 from membench.api import plan
 from membench.cli import main
 from membench.errors import UserError

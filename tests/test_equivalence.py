@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.catalogue_helpers import on_cpu_too, registered, verdict
+from tests.helpers import on_cpu_too, registered, verdict
 from membench.techniques import REGISTRY, Technique
 
 EXACT = [n for n, c in REGISTRY.items() if c.numerics == "exact" and "cpu" in c.devices and not c.distributed

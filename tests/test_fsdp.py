@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.catalogue_helpers import adam_step_bytes, measure
+from tests.helpers import adam_step_bytes, measure
 from membench.cli import main
 from membench.errors import UserError
 from membench.launcher import command_for

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from membench.trackers import categories as cat
-from tests.helpers import measure, spec
+from tests.helpers import spec, track_steps as measure
 
 
 def storage_bytes(tensors) -> int:
