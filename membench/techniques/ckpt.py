@@ -18,9 +18,14 @@ class ActivationCheckpointing(Technique):
 
     def validate(self, spec, workload) -> None:
         if workload.blocks is None:
-            raise UserError(f"technique ckpt needs blocks to checkpoint, and workload {spec.workload!r} "
+            raise UserError(f"technique {self.name} needs blocks to checkpoint, and workload {spec.workload!r} "
                             "declares none (Workload.blocks)")
 
+    def checkpoint_options(self) -> dict:
+        """Extra torch.utils.checkpoint arguments (selective checkpointing passes its policy here)."""
+        return {}
+
     def configure(self, state) -> None:
+        options = self.checkpoint_options()
         for block in state.workload.blocks(state.model):
-            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False, **options)

@@ -1,10 +1,9 @@
 import functools
 
 import torch
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-from membench.errors import UserError
-from membench.techniques.base import Technique
+from membench.techniques.ckpt import ActivationCheckpointing
 
 _aten = torch.ops.aten
 # Expensive to recompute, and their outputs are what the rest of the block is computed from: keep them.
@@ -22,7 +21,7 @@ def _policy(ctx, op, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-class SelectiveCheckpointing(Technique):
+class SelectiveCheckpointing(ActivationCheckpointing):
     """Trades a little compute for part of the activation memory: inside each block, outputs of matmuls and
     attention are kept and everything cheap (norms, activations, dropout, adds) is recomputed in backward
     (torch.utils.checkpoint's selective policy). Memory between the baseline and ckpt, at a fraction of ckpt's
@@ -35,12 +34,5 @@ class SelectiveCheckpointing(Technique):
     conflict_reason = "both checkpoint the same blocks: choose one"
     order = 30
 
-    def validate(self, spec, workload) -> None:
-        if workload.blocks is None:
-            raise UserError(f"technique sac needs blocks to checkpoint, and workload {spec.workload!r} "
-                            "declares none (Workload.blocks)")
-
-    def configure(self, state) -> None:
-        context = functools.partial(create_selective_checkpoint_contexts, _policy)
-        for block in state.workload.blocks(state.model):
-            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False, context_fn=context)
+    def checkpoint_options(self) -> dict:
+        return {"context_fn": functools.partial(create_selective_checkpoint_contexts, _policy)}
