@@ -6,7 +6,6 @@ out-of-memory error becomes status "oom" with what was measured up to then, any 
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import sys
@@ -40,7 +39,7 @@ def execute(spec: RunSpec, progress: dict, out: Path | None = None) -> dict:
     if spec.device == "cuda" and out is not None:
         from membench.trackers import cuda
 
-        oom_snapshot = _stem(out).parent / f"{_stem(out).name}.oom.pickle"
+        oom_snapshot = _oom_snapshot(out)
         oom_snapshot.unlink(missing_ok=True)  # an earlier run's, not this one's
         cuda.snapshot_on_oom(oom_snapshot)
     rank, world = distributed.rank_world()
@@ -136,6 +135,11 @@ def _record_timeline(meter, step, first: int, stem: Path) -> dict:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
+def _oom_snapshot(out: Path) -> Path:
+    stem = _stem(out)
+    return stem.parent / f"{stem.name}.oom.pickle"
+
+
 def _stem(out: Path) -> Path:
     """Where a run's side files go: `<run>.timeline.json` beside `<run>.json` (`<run>.rank<N>...` off rank 0,
     as every rank of a distributed run records: the steps need all of them)."""
@@ -171,7 +175,7 @@ def _run(spec: RunSpec, out: Path) -> dict:
                       traceback=traceback.format_exc(limit=8))
         record["memory"] = progress.get("memory")
         record["timing"] = progress.get("timing")
-    oom_snapshot = _stem(out).parent / f"{_stem(out).name}.oom.pickle"
+    oom_snapshot = _oom_snapshot(out)
     if record["status"] == "oom" and oom_snapshot.exists():
         record["oom_snapshot"] = {"file": oom_snapshot.name, "file_bytes": oom_snapshot.stat().st_size}
     record["wall_s"] = time.time() - started
