@@ -7,8 +7,14 @@ import sys
 
 import nox
 
-nox.options.sessions = ["tests"]
+nox.options.sessions = ["lint", "tests"]
 PYTHON = sys.executable
+
+
+@nox.session(venv_backend="none")
+def lint(session: nox.Session) -> None:
+    """ruff (settings in ruff.toml): style, import order, bug-prone patterns, broad excepts."""
+    session.run(PYTHON, "-m", "ruff", "check", ".", *session.posargs)
 
 
 @nox.session(venv_backend="none")

@@ -1,9 +1,9 @@
 """membench: measure GPU memory-saving techniques on one PyTorch training workload, side by side."""
 
 from membench.errors import UserError
-from membench.spec import RunSpec, SweepSpec
+from membench.spec import Job, LaunchSpec, MeasureSpec, RunSpec
 
-__all__ = ["RunSpec", "SweepSpec", "UserError", "run_sweep"]
+__all__ = ["Job", "LaunchSpec", "MeasureSpec", "RunSpec", "UserError", "run_sweep"]
 __version__ = "0.1.0"
 
 

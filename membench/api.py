@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -12,11 +12,18 @@ from membench import environment
 from membench.errors import UserError
 from membench.launcher import run_all
 from membench.results import to_frame
-from membench.spec import RunSpec, SweepSpec
-from membench.techniques import REGISTRY, instantiate, parse_techniques
+from membench.spec import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_TECHNIQUES,
+    DEFAULT_WORKLOAD,
+    Job,
+    LaunchSpec,
+    MeasureSpec,
+    RunSpec,
+    expand,
+)
+from membench.techniques import parse_techniques, resolve
 from membench.workloads import check_workload_name, load_workload
-
-DEFAULT_TECHNIQUES = "accum,ckpt,opt-in-bwd"
 
 
 def resolve_device(device: str) -> str:
@@ -29,25 +36,45 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def plan(workload: str, techniques: str = DEFAULT_TECHNIQUES, batch_size: int = 8, device: str = "auto",
-         **options) -> list[RunSpec]:
-    """Validate everything and expand into one RunSpec per run (baseline first). Nothing runs yet."""
-    check_workload_name(workload)
-    known = {f.name for f in dataclasses.fields(RunSpec)}
-    unknown = set(options) - known
+def _split_options(options: dict) -> tuple[dict, dict, dict]:
+    """Route keyword options to the spec part that owns them; an unknown one is a usage error."""
+    parts = []
+    for cls in (RunSpec, MeasureSpec, LaunchSpec):
+        names = {f.name for f in dataclasses.fields(cls)} - {"workload", "batch_size", "techniques", "device"}
+        parts.append({k: v for k, v in options.items() if k in names})
+    unknown = set(options) - set().union(*parts)
     if unknown:
-        raise UserError(f"unknown options {sorted(unknown)}; valid: {sorted(known - {'workload', 'techniques'})}")
-    base = RunSpec(workload=workload, batch_size=batch_size, device=resolve_device(device), **options).validated()
-    specs = SweepSpec(base, parse_techniques(techniques)).runs()
-    # --nproc-per-node is for the distributed techniques; the others (and the baseline) are single-device runs,
-    # measured per device at --batch-size: what a rank's numbers compare against.
-    specs = [s if any(REGISTRY[t].distributed for t in s.techniques) else dataclasses.replace(s, nproc_per_node=1)
-             for s in specs]
+        valid = sorted(set().union(*({f.name for f in dataclasses.fields(c)} for c in (RunSpec, MeasureSpec,
+                                                                                     LaunchSpec)))
+                       - {"workload", "techniques"})
+        raise UserError(f"unknown options {sorted(unknown)}; valid: {valid}")
+    return parts[0], parts[1], parts[2]
+
+
+def plan(workload: str = DEFAULT_WORKLOAD, techniques: str = DEFAULT_TECHNIQUES, batch_size: int = DEFAULT_BATCH_SIZE,
+         device: str = "auto", target_device: str | None = None, **options) -> list[Job]:
+    """Validate everything and expand into one Job per run (baseline first). Nothing runs yet.
+
+    target_device: the device the numbers are for, when it is not where they are computed (a prediction for
+    CUDA is computed on CPU): techniques are checked against it.
+    """
+    check_workload_name(workload)
+    run_opts, measure_opts, launch_opts = _split_options(options)
+    device = resolve_device(device) if target_device is None else target_device
+    base = RunSpec(workload=workload, batch_size=batch_size, device=device, **run_opts).validated()
+    measure, launch = MeasureSpec(**measure_opts).validated(), LaunchSpec(**launch_opts).validated()
+    specs = expand(base, parse_techniques(techniques))
     loaded = load_workload(workload)
+    jobs = []
     for spec in specs:
-        for t in instantiate(spec):
-            t.validate(spec, loaded)
-    return specs
+        stack = resolve(spec)
+        # --nproc-per-node is for the distributed techniques; the others (and the baseline) are single-device runs,
+        # measured per device at --batch-size: what a rank's numbers compare against.
+        if not stack.distributed:
+            spec = dataclasses.replace(spec, nproc_per_node=1)
+        stack.validate(spec, loaded)
+        jobs.append(Job(spec, measure, launch))
+    return jobs
 
 
 def default_out_dir(spec: RunSpec, root: Path = Path("results")) -> Path:
@@ -55,14 +82,15 @@ def default_out_dir(spec: RunSpec, root: Path = Path("results")) -> Path:
     return root / key / f"{spec.workload.replace(':', '.')}-bs{spec.batch_size}"
 
 
-def run_sweep(workload: str = "vit-tiny", techniques: str = DEFAULT_TECHNIQUES, batch_size: int = 8,
-              device: str = "auto", out: str | Path | None = None, resume: bool = False,
-              on_start: Callable | None = None, on_done: Callable | None = None, **options):
+def run_sweep(workload: str = DEFAULT_WORKLOAD, techniques: str = DEFAULT_TECHNIQUES,
+              batch_size: int = DEFAULT_BATCH_SIZE, device: str = "auto", out: str | Path | None = None,
+              resume: bool = False, on_start: Callable | None = None, on_done: Callable | None = None, **options):
     """Run the baseline and each technique in its own process; return a DataFrame (one row per run).
 
+    Options are those of `membench run` (steps, warmup, accum_steps, optimizer, lr, seed, check, timeline, ...).
     Example: ``membench.run_sweep("vit-tiny", "accum,ckpt", batch_size=8, steps=3)``.
     """
-    specs = plan(workload, techniques, batch_size, device, **options)
-    out_dir = Path(out) if out else default_out_dir(specs[0])
-    results = run_all(specs, out_dir, resume=resume, on_start=on_start, on_done=on_done)
+    jobs = plan(workload, techniques, batch_size, device, **options)
+    out_dir = Path(out) if out else default_out_dir(jobs[0].run)
+    results = run_all(jobs, out_dir, resume=resume, on_start=on_start, on_done=on_done)
     return to_frame(results)

@@ -8,7 +8,6 @@ caller opts in. Exit codes: 0 within the rules, 1 a regression, 2 a usage error 
 from __future__ import annotations
 
 import dataclasses
-
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +16,7 @@ from tabulate import tabulate
 
 from membench import environment
 from membench.errors import UserError
-from membench.spec import RunSpec
-from membench.results import load_dir
+from membench.results import RunRecord, load_dir
 from membench.units import fmt_bytes, parse_bytes
 
 OK, REGRESSION = 0, 1
@@ -42,10 +40,6 @@ METRICS = {
     "samples_per_s": Metric("timing", "samples_per_s", "number", lower_is_better=False),
     "mfu": Metric("timing", "mfu", "number", lower_is_better=False),
 }
-
-# Spec fields that say how we measured, not what ran: they may differ between a baseline and a check.
-PROCEDURE_FIELDS = {"steps", "warmup", "check", "check_steps", "timeline", "timeout_s", "peak_flops"}
-
 
 @dataclass(frozen=True)
 class Rule:
@@ -92,30 +86,17 @@ def parse_rule(text: str) -> Rule:
     return Rule(name, float(m.group(1)) / (1000 if m.group(2) == "ms" else 1), False, text)
 
 
-def _workload_key(result: dict) -> tuple:
-    # A field a result predates (added to RunSpec later) reads as its default, so old baselines stay comparable.
-    spec = {**_SPEC_DEFAULTS, **(result.get("spec") or {})}
-    return tuple(sorted((k, str(v)) for k, v in spec.items() if k not in PROCEDURE_FIELDS))
+def _machine(result: RunRecord) -> str:
+    env = result.env
+    if env is None or env.device_name is None or env.torch is None:
+        return f"{env.device if env else '?'} (unknown machine)"
+    return environment.machine_key(dataclasses.asdict(env))
 
 
-_SPEC_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunSpec) if f.default is not dataclasses.MISSING}
-
-
-def _machine(result: dict) -> str:
-    env = result.get("env") or {}
-    if not {"device", "device_name", "torch"} <= set(env):
-        return f"{env.get('device', '?')} (unknown machine)"
-    return environment.machine_key(env)
-
-
-def _label(result: dict) -> str:
-    spec = result.get("spec") or {}
-    return f"{spec.get('workload')} bs{spec.get('batch_size')}"
-
-
-def _value(result: dict, metric: str):
+def _value(result: RunRecord, metric: str):
     m = METRICS[metric]
-    return (result.get(m.section) or {}).get(m.field)
+    section = getattr(result, m.section)
+    return getattr(section, m.field) if section is not None else None
 
 
 def _show(metric: str, value) -> str:
@@ -128,23 +109,25 @@ def _show(metric: str, value) -> str:
 
 
 def _pairs(baseline: list[dict], current: list[dict], allow_machine_mismatch: bool, allow_predicted: bool):
-    by_key = {}
+    # Runs pair by what ran (RunSpec: workload, batch, techniques, device, optimizer, ...), never by how it was
+    # measured (steps, warm-up) or launched (timeout): those may differ between a baseline and a check.
+    by_key: dict = {}
     for r in baseline:
-        by_key.setdefault((r["name"], _workload_key(r)), []).append(r)
+        by_key.setdefault(r.spec.run, []).append(r)
     pairs, unmatched = [], []
     for cur in current:
-        candidates = by_key.get((cur["name"], _workload_key(cur)))
+        candidates = by_key.get(cur.spec.run)
         if not candidates:
             unmatched.append(cur)
             continue
-        base = max(candidates, key=lambda r: r.get("started") or 0)  # the newest, if a baseline was re-run
-        if bool(base.get("predicted")) != bool(cur.get("predicted")) and not allow_predicted:
+        base = max(candidates, key=lambda r: r.started or 0)  # the newest, if a baseline was re-run
+        if base.predicted != cur.predicted and not allow_predicted:
             kinds = {True: "a prediction", False: "a measurement"}
-            raise UserError(f"run {cur['name']} ({_label(cur)}) is {kinds[bool(cur.get('predicted'))]} and its "
-                            f"baseline {kinds[bool(base.get('predicted'))]}: they are not comparable "
+            raise UserError(f"run {cur.name} ({cur.label}) is {kinds[cur.predicted]} and its "
+                            f"baseline {kinds[base.predicted]}: they are not comparable "
                             "(pass --allow-predicted-vs-measured to compare anyway)")
         if _machine(base) != _machine(cur) and not allow_machine_mismatch:
-            raise UserError(f"run {cur['name']} ({_label(cur)}) was measured on {_machine(cur)} but its baseline "
+            raise UserError(f"run {cur.name} ({cur.label}) was measured on {_machine(cur)} but its baseline "
                             f"on {_machine(base)}: record a baseline on this machine, or pass "
                             "--allow-machine-mismatch to compare anyway")
         pairs.append((base, cur))
@@ -160,16 +143,16 @@ def check(baseline: Path, current: Path, rules: list[str], allow_machine_mismatc
     base_results, cur_results = load_dir(baseline), load_dir(current)
     pairs, unmatched = _pairs(base_results, cur_results, allow_machine_mismatch, allow_predicted_vs_measured)
     if not pairs:
-        have = sorted({f"{r['name']} ({_label(r)})" for r in base_results})
-        got = sorted({f"{r['name']} ({_label(r)})" for r in cur_results})
+        have = sorted({f"{r.name} ({r.label})" for r in base_results})
+        got = sorted({f"{r.name} ({r.label})" for r in cur_results})
         raise UserError(f"nothing comparable: no run in {current} has the name and workload spec of a run in "
                         f"{baseline} (baseline: {', '.join(have)}; current: {', '.join(got)})")
 
     rows, regressions, compared = [], 0, 0
     for base, cur in pairs:
-        if base["status"] == "ok" and cur["status"] != "ok":
+        if base.status == "ok" and cur.status != "ok":
             regressions += 1
-            rows.append(["REGRESSED", cur["name"], _label(cur), "status", "ok", cur["status"], "-", "must stay ok"])
+            rows.append(["REGRESSED", cur.name, cur.label, "status", "ok", cur.status, "-", "must stay ok"])
             continue
         for rule in parsed:
             b, c = _value(base, rule.metric), _value(cur, rule.metric)
@@ -180,7 +163,7 @@ def check(baseline: Path, current: Path, rules: list[str], allow_machine_mismatc
             regressions += broken
             sign = "+" if METRICS[rule.metric].lower_is_better else "-"
             change = f"{(c - b) / b * 100:+.2f}%" if b else f"{sign}{_show(rule.metric, abs(c - b))}"
-            rows.append(["REGRESSED" if broken else "ok", cur["name"], _label(cur), rule.metric,
+            rows.append(["REGRESSED" if broken else "ok", cur.name, cur.label, rule.metric,
                          _show(rule.metric, b), _show(rule.metric, c), change, rule.text])
     if not compared and not regressions:
         metrics = ", ".join(sorted({r.metric for r in parsed}))
@@ -191,7 +174,7 @@ def check(baseline: Path, current: Path, rules: list[str], allow_machine_mismatc
                      tablefmt="simple", disable_numparse=True)
     lines = [table, ""]
     for r in unmatched:
-        lines.append(f"note: {r['name']} ({_label(r)}) has no baseline with the same workload spec; not checked")
+        lines.append(f"note: {r.name} ({r.label}) has no baseline with the same run spec; not checked")
     if regressions:
         lines.append(f"membench check: {regressions} regression(s) against {baseline}")
         return REGRESSION, "\n".join(lines)

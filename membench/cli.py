@@ -34,13 +34,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def add_workload_options(p: argparse.ArgumentParser) -> None:
-    from membench.api import DEFAULT_TECHNIQUES
+def add_workload_options(p: argparse.ArgumentParser, batch: bool = True) -> None:
+    """What runs: the options every subcommand that builds a training step takes."""
+    from membench.spec import DEFAULT_BATCH_SIZE, DEFAULT_TECHNIQUES, DEFAULT_WORKLOAD
+    from membench.workloads import BUILTIN
 
-    p.add_argument("--workload", default="vit-small",
-                   help="vit-tiny, vit-small, vit_b_16, vit_l_16, gpt-tiny, gpt-mini, gpt-small, gpt-medium, "
-                        "cnn-bn, or package.module:factory (default: vit-small)")
-    p.add_argument("--batch-size", type=_positive_int, default=32, help="samples per optimizer step (default 32)")
+    p.add_argument("--workload", default=DEFAULT_WORKLOAD,
+                   help=f"{', '.join(BUILTIN)}, or package.module:factory (default: {DEFAULT_WORKLOAD})")
+    if batch:
+        p.add_argument("--batch-size", type=_positive_int, default=DEFAULT_BATCH_SIZE,
+                       help=f"samples per optimizer step (default {DEFAULT_BATCH_SIZE})")
     p.add_argument("--techniques", default=DEFAULT_TECHNIQUES,
                    help=f"comma-separated; '+' stacks techniques in one run (default {DEFAULT_TECHNIQUES}); "
                         "the baseline always runs. See `membench techniques`.")
@@ -48,13 +51,21 @@ def add_workload_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
     p.add_argument("--lr", type=_positive_float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
-    p.add_argument("--memory-budget", default=None,
-                   help="e.g. 16GiB: runs above it end as OOM (CUDA: a memory fraction; CPU: the exact tracker)")
+
+
+def add_target_options(p: argparse.ArgumentParser) -> None:
+    """Where the numbers of a prediction are for (computed on this machine's CPU either way)."""
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                   help="the device predicted for (default cuda; cpu: what the exact CPU tracker would measure)")
+    p.add_argument("--world-size", type=_positive_int, default=1,
+                   help="ranks a distributed technique (FSDP) is predicted for, in one process (default 1)")
 
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
     add_workload_options(p)
+    p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
+    p.add_argument("--memory-budget", default=None,
+                   help="e.g. 16GiB: runs above it end as OOM (CUDA: a memory fraction; CPU: the exact tracker)")
     p.add_argument("--steps", type=_positive_int, default=5, help="timed steps after warm-up (default 5)")
     p.add_argument("--warmup", type=_non_negative_int, default=2, help="untimed steps first (default 2)")
     p.add_argument("--no-check", action="store_true", help="skip the numerical-equivalence check")
@@ -71,17 +82,12 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    help="extra torchrun arguments for several nodes, e.g. \"--nnodes=2 --node-rank=0 "
                         "--rdzv-endpoint=host0:29500\" (default: --standalone)")
     p.add_argument("--timeline", action=argparse.BooleanOptionalAction, default=True,
-                   help="after the timed steps, record a categorised memory timeline in a few extra untimed steps "
+                   help="after the measured step, record a categorised memory timeline in a few extra untimed steps "
                         "(CUDA: also a snapshot for pytorch.org/memory_viz) (default: on)")
 
 
-def _run_options(args) -> dict:
-    from membench.units import parse_bytes
-
-    return dict(
-        accum_steps=args.accum_steps, optimizer=args.optimizer, lr=args.lr, seed=args.seed,
-        memory_budget=parse_bytes(args.memory_budget) if args.memory_budget else None,
-    )
+def _model_options(args) -> dict:
+    return dict(accum_steps=args.accum_steps, optimizer=args.optimizer, lr=args.lr, seed=args.seed)
 
 
 def cmd_run(args) -> int:
@@ -89,21 +95,24 @@ def cmd_run(args) -> int:
     from membench.launcher import Interrupted, run_all
     from membench.progress import SweepProgress
     from membench.report.table import render
+    from membench.units import parse_bytes
 
-    specs = plan(args.workload, args.techniques, args.batch_size, args.device, steps=args.steps,
-                 warmup=args.warmup, check=not args.no_check, timeout_s=args.timeout, timeline=args.timeline,
-                 peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
-                 nproc_per_node=args.nproc_per_node, torchrun_args=args.torchrun_args, **_run_options(args))
-    out = args.out or default_out_dir(specs[0])
-    with SweepProgress(specs, out) as progress:
+    jobs = plan(args.workload, args.techniques, args.batch_size, args.device, steps=args.steps,
+                warmup=args.warmup, check=not args.no_check, timeout_s=args.timeout, timeline=args.timeline,
+                peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
+                nproc_per_node=args.nproc_per_node, torchrun_args=args.torchrun_args,
+                memory_budget=parse_bytes(args.memory_budget) if args.memory_budget else None,
+                **_model_options(args))
+    out = args.out or default_out_dir(jobs[0].run)
+    with SweepProgress(jobs, out) as progress:
         try:
-            results = run_all(specs, out, resume=args.resume, on_start=progress.start, on_done=progress.done)
+            results = run_all(jobs, out, resume=args.resume, on_start=progress.start, on_done=progress.done)
         except Interrupted as stop:
             progress.console.print(f"interrupted: {len(stop.results)} finished run(s) kept in {out}")
             return 130
     print(render(results))
     print(f"\nresults: {out}")
-    return 0 if all(r["status"] in ("ok", "oom") for r in results) else 1
+    return 0 if all(r.finished for r in results) else 1
 
 
 def cmd_techniques(args) -> int:
@@ -151,29 +160,31 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _predict_specs(args, **options):
-    """The same validation as `run`, for a target device that need not be here (predictions run on cpu)."""
-    import dataclasses
-
+def _predict_jobs(args, batch_size: int) -> list:
+    """The same validation as `run`, against the device predicted for (predictions are computed on cpu)."""
     from membench.api import plan
 
-    target = "cpu" if args.device == "cpu" else "cuda"
-    specs = plan(args.workload, args.techniques, args.batch_size, "cpu", **_run_options(args), **options)
-    return [dataclasses.replace(s, device=target) for s in specs]
+    return plan(args.workload, args.techniques, batch_size, target_device=args.device,
+                nproc_per_node=args.world_size, check=False, timeline=False, **_model_options(args))
 
 
 def cmd_predict(args) -> int:
     from membench.predict import CANNOT_SEE, default_predict_dir, predict_all
     from membench.report.table import render
 
-    specs = _predict_specs(args, warmup=args.warmup, nproc_per_node=args.world_size, check=False, steps=args.steps)
-    out = args.out or default_predict_dir(specs[0])
-    results = predict_all(specs, out, on_done=lambda s, r: print(f"predicted {s.name}: {r['status']} "
-                                                                 f"({r['wall_s']:.1f} s)", file=sys.stderr))
+    jobs = _predict_jobs(args, args.batch_size)
+    out = args.out or default_predict_dir(jobs[0].run)
+
+    def done(job, record) -> None:
+        print(f"predicted {job.name}: {record.status} ({record.wall_s:.1f} s)", file=sys.stderr)
+        if record.traceback:  # a membench bug, not the user's: show where
+            print(record.traceback, file=sys.stderr)
+
+    results = predict_all(jobs, out, on_done=done)
     print(render(results))
-    print(f"\nPREDICTED {specs[0].device} memory (no timing); a prediction cannot see: " + "; ".join(CANNOT_SEE))
+    print(f"\nPREDICTED {args.device} memory (no timing); a prediction cannot see: " + "; ".join(CANNOT_SEE))
     print(f"predictions: {out}")
-    return 0 if all(r["status"] == "ok" for r in results) else 1
+    return 0 if all(r.status == "ok" for r in results) else 1
 
 
 def cmd_check(args) -> int:
@@ -194,22 +205,22 @@ def cmd_fit(args) -> int:
     from membench.units import fmt_bytes, parse_bytes
 
     budget = parse_bytes(args.budget)
-    specs = _predict_specs(args, nproc_per_node=args.world_size, check=False)
-    confirm = specs[0].device == "cuda" and torch.cuda.is_available() and not args.no_confirm
+    jobs = _predict_jobs(args, 1)
+    confirm = args.device == "cuda" and torch.cuda.is_available() and not args.no_confirm
     rows = []
-    for spec in specs:
-        fit = largest_batch(spec, budget, lambda s: predict_memory(s)["peak_allocated_bytes"], args.max_batch)
+    for job in jobs:
+        fit = largest_batch(job, budget, lambda j: predict_memory(j).peak_allocated_bytes, args.max_batch)
         if confirm:
-            fit = confirm_on_gpu(spec, fit, budget, args.out or Path("results") / "fit")
+            fit = confirm_on_gpu(job, fit, budget, args.out or Path("results") / "fit")
         over = f"{fit.over_batch}: {fmt_bytes(fit.over_peak)}" if fit.over_batch else "-"
         rows.append([fit.run, fit.batch, fmt_bytes(fit.peak), over, fit.probes,
                      "-" if fit.confirmed is None else fit.confirmed, fit.note or "-"])
     print(tabulate(rows, headers=["run", "max batch (predicted)", "predicted peak", "first batch over: peak",
                                   "predictions", "max batch (measured)", "note"],
                    tablefmt="simple", disable_numparse=True))
-    where = "confirmed on this GPU" if confirm else "not confirmed: no CUDA GPU here" if specs[0].device == "cuda" \
+    where = "confirmed on this GPU" if confirm else "not confirmed: no CUDA GPU here" if args.device == "cuda" \
         else "cpu target"
-    print(f"\nbudget {fmt_bytes(budget)} ({budget} B) of PREDICTED {specs[0].device} peak allocated; {where}. "
+    print(f"\nbudget {fmt_bytes(budget)} ({budget} B) of PREDICTED {args.device} peak allocated; {where}. "
           "Leave headroom for what a prediction cannot see (CUDA context, workspaces, fragmentation).")
     return 0
 
@@ -237,12 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--markdown", type=Path, default=None, help="also write the table as markdown to this file")
     p.set_defaults(func=cmd_compare)
 
-
     p = sub.add_parser("predict", help="predict each technique's peak CUDA memory with no GPU (fake tensors)")
-    add_run_options(p)
-    p.add_argument("--world-size", type=_positive_int, default=1,
-                   help="ranks a distributed technique (FSDP) is predicted for, in one process (default 1)")
-    p.set_defaults(func=cmd_predict, device="cuda")
+    add_workload_options(p)
+    add_target_options(p)
+    p.add_argument("--out", type=Path, default=None,
+                   help="where predictions go (default results/predicted/<machine>/<device>-<workload>-bs<N>)")
+    p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("check", help="compare results against a baseline: exit 0 ok, 1 regression, 2 usage error")
     p.add_argument("current", type=Path, help="results directory (or file) to check")
@@ -257,10 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("fit", help="the largest batch per technique under a memory budget, from predictions")
-    add_workload_options(p)
+    add_workload_options(p, batch=False)
+    add_target_options(p)
     p.add_argument("--budget", required=True, help="memory budget, e.g. 24GiB (GiB = 2**30) or 80GB")
     p.add_argument("--max-batch", type=_positive_int, default=65536, help="stop searching here (default 65536)")
-    p.add_argument("--world-size", type=_positive_int, default=1, help="ranks, for distributed techniques")
     p.add_argument("--no-confirm", action="store_true", help="on a GPU, do not confirm predictions with real runs")
     p.add_argument("--out", type=Path, default=None, help="where confirmation runs go (default results/fit)")
     p.set_defaults(func=cmd_fit)

@@ -11,8 +11,11 @@ import itertools
 import torch
 from torch import nn
 
+from membench.results import Equivalence
 from membench.spec import RunSpec
-from membench.step import build_state, batches, train_step
+from membench.step import batches, build_state, train_step
+from membench.techniques import Stack, resolve
+from membench.trackers.private import has_batchnorm
 from membench.workloads import Workload
 
 # Relative to the largest parameter update: rounding differences of fp32 sums over a few steps stay far below.
@@ -32,14 +35,13 @@ def _within(end: list[torch.Tensor], ref_end: list[torch.Tensor], atol: float) -
     return all(bool(((a - b).abs() <= atol + PARAM_ULPS * eps * b.abs()).all()) for a, b in zip(end, ref_end))
 
 
-def _train(spec: RunSpec, workload: Workload, rank: int = 0, world: int = 1, init: list[torch.Tensor] | None = None
-           ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[float]]:
-    from membench.techniques import instantiate
-
-    state = build_state(spec, workload, instantiate(spec), on_model=_loader(init) if init is not None else None)
+def _train(spec: RunSpec, workload: Workload, steps: int, rank: int = 0, world: int = 1,
+           init: list[torch.Tensor] | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor], list[float]]:
+    # A fresh stack: technique instances configure one training state each.
+    state = build_state(spec, workload, resolve(spec).techniques, on_model=_loader(init) if init is not None else None)
     start = [p.detach().float().cpu().clone() for p in _parameters(state.model)]
     data = batches(workload, spec, rank, world)
-    losses = [train_step(state, b) for b in itertools.islice(data, spec.check_steps)]
+    losses = [train_step(state, b) for b in itertools.islice(data, steps)]
     end = [p.detach().float().cpu().clone() for p in _parameters(state.model)]
     del state
     return start, end, losses
@@ -69,28 +71,24 @@ def _loader(init: list[torch.Tensor]):
 
 def _has_batchnorm(workload: Workload) -> bool:
     with torch.device("meta"):
-        model = workload.build_model()
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+        return has_batchnorm(workload.build_model())
 
 
-def check(spec: RunSpec, workload: Workload) -> dict:
+def check(spec: RunSpec, stack: Stack, workload: Workload, check_steps: int = 2) -> Equivalence:
     """Train the baseline and `spec` for check_steps steps from the same seed on the same data; compare.
 
     Under torchrun every rank must call this (sharded parameters are gathered for the comparison); the reference
     is one process training on the ranks' combined batch.
     """
     from membench.distributed import rank_world
-    from membench.techniques import instantiate
 
     rank, world = rank_world()
-    techniques = instantiate(spec)
-    numerics = {t.numerics for t in techniques}
-    if not techniques:
-        return {"verdict": "reference", "detail": "the baseline is the reference"}
-    mode = next((m for m in ("precision", "batch-split", "rounding") if m in numerics), "exact")
+    if not stack.techniques:
+        return Equivalence(verdict="reference", detail="the baseline is the reference")
+    mode = stack.numerics
     if mode in ("rounding", "batch-split"):
         # One step: later steps start from parameters that already differ by rounding and amplify it.
-        spec = dataclasses.replace(spec, check_steps=1)
+        check_steps = 1
     if world > 1 and mode == "exact":
         mode = "batch-split"  # the gradients of N ranks are summed in another order than one batch's
     if mode == "batch-split":
@@ -98,20 +96,19 @@ def check(spec: RunSpec, workload: Workload) -> dict:
         # updates. SGD's update is lr*g, so comparing SGD updates compares the gradients themselves.
         spec = dataclasses.replace(spec, optimizer="sgd")
     reference = dataclasses.replace(spec, techniques=(), batch_size=spec.batch_size * world)
-    start, ref_end, ref_losses = _train(reference, workload)
-    same_init = all(t.same_init for t in techniques)
-    _, end, losses = _train(spec, workload, rank, world, init=None if same_init else start)
+    start, ref_end, ref_losses = _train(reference, workload, check_steps)
+    _, end, losses = _train(spec, workload, check_steps, rank, world, init=None if stack.same_init else start)
 
     if len(end) != len(ref_end) or any(a.shape != b.shape for a, b in zip(end, ref_end)):
-        return {"verdict": "not-equivalent", "mode": mode, "detail": "parameters differ in number or shape"}
+        return Equivalence(verdict="not-equivalent", mode=mode, detail="parameters differ in number or shape")
     max_diff = max(float((a - b).abs().max()) for a, b in zip(end, ref_end))
     max_update = max(float((a - s).abs().max()) for a, s in zip(ref_end, start)) or 1.0
     loss_diff = max(abs(a - b) for a, b in zip(losses, ref_losses))
     result = {
         "mode": mode,
-        "compared": f"parameters after {spec.check_steps} {spec.optimizer} steps"
+        "compared": f"parameters after {check_steps} {spec.optimizer} steps"
                     + (f", {world} ranks against one process at batch {reference.batch_size}" if world > 1 else "")
-                    + ("" if same_init else ", both from the baseline's initial values"),
+                    + ("" if stack.same_init else ", both from the baseline's initial values"),
         "max_abs_param_diff": max_diff,
         "max_param_update": max_update,
         "relative_diff": max_diff / max_update,
@@ -123,7 +120,7 @@ def check(spec: RunSpec, workload: Workload) -> dict:
     if mode == "precision":
         result["verdict"] = "precision"
         result["detail"] = f"changes numerics on purpose: loss differs by up to {loss_diff:.3g} over " \
-                           f"{spec.check_steps} steps"
+                           f"{check_steps} steps"
     elif max_diff == 0:
         result["verdict"], result["detail"] = "bitwise", "parameters identical to the baseline, bit for bit"
     elif _within(end, ref_end, TOLERANCE[mode] * max_update):
@@ -137,4 +134,4 @@ def check(spec: RunSpec, workload: Workload) -> dict:
         result["verdict"] = "not-equivalent"
         result["detail"] = ("the model has BatchNorm: each micro-batch normalises with its own statistics, so "
                             f"accumulation trains a different model ({result['detail']})")
-    return result
+    return Equivalence(**result)

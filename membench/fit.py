@@ -8,13 +8,13 @@ OOM there is a data point (the prediction was optimistic: step down), a success 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from membench.errors import UserError
-from membench.spec import RunSpec
-from membench.techniques import REGISTRY
+from membench.spec import Job
+from membench.techniques import resolve
 from membench.workloads import load_workload
 
 
@@ -33,53 +33,52 @@ class Fit:
     note: str = ""
 
 
-def batch_step(spec: RunSpec) -> int:
+def batch_step(job: Job) -> int:
     """The smallest batch every technique of the stack accepts; all multiples of it are accepted too."""
-    workload = load_workload(spec.workload)
+    workload = load_workload(job.run.workload)
     for b in range(1, 4097):
-        trial = dataclasses.replace(spec, batch_size=b)
+        trial = dataclasses.replace(job.run, batch_size=b)
         try:
-            for name in spec.techniques:
-                REGISTRY[name](trial).validate(trial, workload)
+            resolve(trial, target_device=job.run.device).validate(trial, workload)
         except UserError:
             continue
         return b
-    raise UserError(f"no batch size up to 4096 is valid for {spec.name}")
+    raise UserError(f"no batch size up to 4096 is valid for {job.name}")
 
 
-def largest_batch(spec: RunSpec, budget: int, peak: Callable[[RunSpec], int], max_batch: int = 65536) -> Fit:
-    """Exponential then binary search over multiples of batch_step(spec) for the largest peak(spec) <= budget."""
-    step = batch_step(spec)
+def largest_batch(job: Job, budget: int, peak: Callable[[Job], int], max_batch: int = 65536) -> Fit:
+    """Exponential then binary search over multiples of batch_step(job) for the largest peak(job) <= budget."""
+    step = batch_step(job)
     seen: dict[int, int] = {}
 
     def at(k: int) -> int:
         if k not in seen:
-            seen[k] = peak(dataclasses.replace(spec, batch_size=k * step))
+            seen[k] = peak(job.with_run(batch_size=k * step))
         return seen[k]
 
     if at(1) > budget:
-        return Fit(spec.name, 0, None, step, step, seen[1], len(seen), note="even the smallest batch is over budget")
+        return Fit(job.name, 0, None, step, step, seen[1], len(seen), note="even the smallest batch is over budget")
     lo, hi = 1, 2
     while hi * step <= max_batch and at(hi) <= budget:
         lo, hi = hi, hi * 2
     if hi * step > max_batch:
-        return Fit(spec.name, lo * step, at(lo), step, None, None, len(seen), note=f"--max-batch {max_batch} fits")
+        return Fit(job.name, lo * step, at(lo), step, None, None, len(seen), note=f"--max-batch {max_batch} fits")
     while hi - lo > 1:  # at(lo) fits, at(hi) does not
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if at(mid) <= budget else (lo, mid)
-    return Fit(spec.name, lo * step, at(lo), step, hi * step, at(hi), len(seen))
+    return Fit(job.name, lo * step, at(lo), step, hi * step, at(hi), len(seen))
 
 
-def confirm_on_gpu(spec: RunSpec, fit: Fit, budget: int, out_dir: Path, tries: int = 4) -> Fit:
+def confirm_on_gpu(job: Job, fit: Fit, budget: int, out_dir: Path, tries: int = 4) -> Fit:
     """Run the predicted batch on the GPU under the budget (a memory fraction), each in its own process; walk
     down on OOM, up on success, at most `tries` runs. Not exercised on CPU-only machines: no GPU, no confirmation.
     """
     from membench.launcher import launch
 
     def fits(batch: int) -> bool | None:
-        run = dataclasses.replace(spec, device="cuda", batch_size=batch, memory_budget=budget, check=False,
-                                  steps=2, warmup=1)
-        status = launch(run, out_dir / f"{spec.name}-bs{batch}")["status"]
+        run = job.with_run(device="cuda", batch_size=batch, memory_budget=budget).with_measure(
+            check=False, steps=2, warmup=1, timeline=False)
+        status = launch(run, out_dir / f"{job.name}-bs{batch}").status
         return {"ok": True, "oom": False}.get(status)  # None: it failed for another reason
 
     batch, step = max(fit.batch, fit.step), fit.step

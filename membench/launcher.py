@@ -10,37 +10,36 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-from membench.results import SCHEMA_VERSION, is_finished, read_result, result_path, write_json
-from membench.spec import RunSpec
-from membench.techniques import REGISTRY
+from membench.results import Environment, RunRecord, is_finished, read_result, result_path, write_record
+from membench.spec import Job
+from membench.techniques import Stack, resolve
 
 
 class Interrupted(Exception):
     """Ctrl-C during a sweep: the finished runs are on disk; `results` holds them."""
 
-    def __init__(self, results: list[dict]):
+    def __init__(self, results: list[RunRecord]):
         super().__init__("interrupted")
         self.results = results
 
 
-def command_for(spec: RunSpec, spec_path: Path, out_path: Path) -> list[str]:
-    if spec.nproc_per_node > 1 or any(REGISTRY[t].distributed for t in spec.techniques):
+def command_for(job: Job, stack: Stack, spec_path: Path, out_path: Path) -> list[str]:
+    if job.run.nproc_per_node > 1 or stack.distributed:
         # One machine: torchrun's standalone rendezvous; several: the user's own torchrun arguments.
-        rendezvous = shlex.split(spec.torchrun_args) if spec.torchrun_args else ["--standalone"]
-        return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={spec.nproc_per_node}",
+        rendezvous = shlex.split(job.launch.torchrun_args) if job.launch.torchrun_args else ["--standalone"]
+        return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={job.run.nproc_per_node}",
                 *rendezvous, "-m", "membench.worker", str(spec_path), str(out_path)]
     return [sys.executable, "-m", "membench.worker", str(spec_path), str(out_path)]
 
 
-def environment_for(spec: RunSpec) -> dict[str, str]:
+def environment_for(stack: Stack) -> dict[str, str]:
     env = dict(os.environ)
-    for name in spec.techniques:
-        for key, value in REGISTRY[name].env.items():
-            # Allocator settings are comma-separated lists: add ours to what the user already set.
-            env[key] = f"{env[key]},{value}" if env.get(key) else value
+    for key, value in stack.env.items():
+        # Allocator settings are comma-separated lists: add ours to what the user already set.
+        env[key] = f"{env[key]},{value}" if env.get(key) else value
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
@@ -53,10 +52,10 @@ def _archive(path: Path) -> None:
         shutil.move(str(path), previous / f"{path.stem}.{int(path.stat().st_mtime)}.json")
 
 
-def _failure(spec: RunSpec, status: str, message: str, log: Path) -> dict:
+def _failure(job: Job, status: str, message: str, log: Path) -> RunRecord:
     tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
-    return {"schema_version": SCHEMA_VERSION, "name": spec.name, "status": status, "error": message,
-            "spec": spec.to_dict(), "env": {"device": spec.device}, "log_tail": tail}
+    return RunRecord(name=job.name, status=status, error=message, spec=job, env=Environment(device=job.run.device),
+                     log_tail=tail)
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -67,24 +66,26 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def launch(spec: RunSpec, out_dir: Path) -> dict:
-    """Run one spec in a subprocess (a new process group, so a timeout kills torchrun's children too)."""
-    out_path = result_path(out_dir, spec.name)
+def launch(job: Job, out_dir: Path) -> RunRecord:
+    """Run one job in a subprocess (a new process group, so a timeout kills torchrun's children too)."""
+    stack = resolve(job.run)
+    out_path = result_path(out_dir, job.name)
     runs_dir = out_dir / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
-    spec_path = runs_dir / f"{spec.name}.spec.json"
-    spec_path.write_text(json.dumps(spec.to_dict(), indent=1))
-    log = runs_dir / f"{spec.name}.log"
+    spec_path = runs_dir / f"{job.name}.spec.json"
+    spec_path.write_text(json.dumps(job.to_dict(), indent=1))
+    log = runs_dir / f"{job.name}.log"
     _archive(out_path)
     started = time.time()
+    timeout = job.launch.timeout_s
     with open(log, "w") as log_file:
-        proc = subprocess.Popen(command_for(spec, spec_path, out_path), stdout=log_file, stderr=subprocess.STDOUT,
-                                env=environment_for(spec), start_new_session=True)
+        proc = subprocess.Popen(command_for(job, stack, spec_path, out_path), stdout=log_file,
+                                stderr=subprocess.STDOUT, env=environment_for(stack), start_new_session=True)
         try:
-            rc = proc.wait(timeout=spec.timeout_s)
+            rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             _kill(proc)
-            write_json(out_path, _failure(spec, "timeout", f"no result after {spec.timeout_s:g} s (--timeout)", log))
+            write_record(out_path, _failure(job, "timeout", f"no result after {timeout:g} s (--timeout)", log))
             return read_result(out_path)
         except KeyboardInterrupt:
             _kill(proc)
@@ -94,28 +95,28 @@ def launch(spec: RunSpec, out_dir: Path) -> dict:
     message = f"worker exited with code {rc} before writing a result"
     if rc < 0:
         message += f" (killed by signal {-rc}{'; out of host memory?' if -rc == signal.SIGKILL else ''})"
-    write_json(out_path, _failure(spec, "error", message, log))
+    write_record(out_path, _failure(job, "error", message, log))
     return read_result(out_path)
 
 
-def run_all(specs: list[RunSpec], out_dir: Path, resume: bool = False,
-            on_start: Callable[[RunSpec], None] | None = None,
-            on_done: Callable[[RunSpec, dict, bool], None] | None = None) -> list[dict]:
-    """Run every spec in turn; with resume, keep the results already finished in out_dir."""
+def run_all(jobs: list[Job], out_dir: Path, resume: bool = False,
+            on_start: Callable[[Job], None] | None = None,
+            on_done: Callable[[Job, RunRecord, bool], None] | None = None) -> list[RunRecord]:
+    """Run every job in turn; with resume, keep the results already finished in out_dir."""
     results = []
-    for spec in specs:
-        path = result_path(out_dir, spec.name)
+    for job in jobs:
+        path = result_path(out_dir, job.name)
         if resume and is_finished(path):
             results.append(read_result(path))
             if on_done:
-                on_done(spec, results[-1], True)
+                on_done(job, results[-1], True)
             continue
         try:
             if on_start:
-                on_start(spec)
-            results.append(launch(spec, out_dir))
+                on_start(job)
+            results.append(launch(job, out_dir))
         except KeyboardInterrupt:
             raise Interrupted(results) from None
         if on_done:
-            on_done(spec, results[-1], False)
+            on_done(job, results[-1], False)
     return results

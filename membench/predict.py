@@ -9,16 +9,19 @@ and lists what it cannot see; `membench check` refuses to compare the two kinds 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
+import traceback
 from pathlib import Path
 
 from membench import environment
 from membench.errors import UserError
-from membench.results import SCHEMA_VERSION, result_path, write_json
-from membench.spec import RunSpec
-from membench.step import batches, build_state, train_step
-from membench.techniques import REGISTRY, Technique, check_stack
+from membench.measure import Session
+from membench.results import Environment, Memory, RunRecord, result_path, write_record
+from membench.spec import Job, RunSpec
+from membench.step import batches
+from membench.techniques import Stack, Technique, resolve
 from membench.trackers import fake
 from membench.trackers.memory import CpuMeter
 from membench.workloads import load_workload
@@ -60,88 +63,95 @@ class _WithRealRanks(Technique):
     def __init__(self, inner: Technique):
         super().__init__(inner.spec)
         self.inner = inner
+        self.order = inner.order
 
     def configure(self, state) -> None:
         with fake.real_tensors():
             self.inner.configure(state)
 
 
-def world_size(spec: RunSpec) -> int | None:
+def world_size(spec: RunSpec, stack: Stack) -> int | None:
     """The world size a fake process group must play, or None for a single-process run."""
-    if spec.nproc_per_node > 1 or any(REGISTRY[t].distributed for t in spec.techniques):
+    if spec.nproc_per_node > 1 or stack.distributed:
         return spec.nproc_per_node
     return None
 
 
-def predict_memory(spec: RunSpec, round_to: int | None = None) -> dict:
-    """The memory result of one spec, as a measurement of spec.device would report it (peak, phase, breakdown).
+def predict_memory(job: Job, round_to: int | None = None) -> Memory:
+    """The memory of one run as a measurement on job.run.device would report it (peak, phase, breakdown).
 
-    spec.device is the target: "cuda" rounds to 512-byte blocks and uses CUDA's optimizer defaults; "cpu" predicts
+    The device is the target: "cuda" rounds to 512-byte blocks and uses CUDA's optimizer defaults; "cpu" predicts
     what the exact CPU tracker measures (round_to=1), which is how the predictor is tested against real runs.
+    Measured by the same Session as a real run, on fake tensors.
     """
+    spec = job.run
     cuda = spec.device == "cuda"
     round_to = round_to or (CUDA_BLOCK if cuda else 1)
-    check_stack(spec.techniques, spec.device)
-    run = dataclasses.replace(spec, device="cpu")  # fake tensors live on cpu: fake cuda fails in backward
+    run = dataclasses.replace(spec, device="cpu", memory_budget=None)  # fake tensors live on cpu
+    stack = resolve(run, target_device=spec.device)
+    if not stack.predictable:
+        moved = ", ".join(t.name for t in stack.techniques if not t.predictable)
+        raise CannotPredict(f"{moved} moves tensors between host and device memory, which a prediction on CPU "
+                            "cannot tell apart: measure it on a GPU")
     workload = load_workload(spec.workload)
-    techniques = sorted((REGISTRY[n](run) for n in spec.techniques), key=lambda t: t.order)
-    for t in techniques:
-        t.validate(run, workload)
-    ranks = world_size(spec)
+    stack.validate(run, workload)
+    ranks = world_size(spec, stack)
     if ranks:
         import torch.distributed.fsdp  # noqa: F401 - imported before the tracker starts, so it sees FSDP's frees
 
     # A technique may build its own way (another dtype): let it, but on meta, so nothing is allocated yet.
     meta_build = lambda: fake.build_on_meta(workload.build_model)  # noqa: E731
-    meta_model = next((m for t in techniques if (m := t.build_model(meta_build, "meta")) is not None), None)
+    meta_model = next((m for t in stack.techniques if (m := t.build_model(meta_build, "meta")) is not None), None)
     meta_model = meta_model or meta_build()
-    meter = CpuMeter(round_to=round_to)
-    data = batches(workload, run)
-    warmup = min(spec.warmup, 1)  # after one step the optimizer state exists: the steady state
-    group = fake.fake_process_group(ranks) if ranks else _nothing()
-    with group, fake.fake_tensors(), meter.active():
+    warmup = min(job.measure.warmup, 1)  # after one step the optimizer state exists: the steady state
+    group = fake.fake_process_group(ranks) if ranks else contextlib.nullcontext()
+    with group, fake.fake_tensors():
         prepared = _Prepared(run, fake.materialize(meta_model), cuda)
-        stack = [prepared] + [_WithRealRanks(t) if t.distributed else t for t in techniques]
-        state = build_state(run, workload, stack, on_model=meter.attach_model)
-        meter.attach_optimizers(state.optimizers)
-        for i in range(warmup + 1):
-            if i == warmup:
-                meter.reset_peak()
-            meter.start_step(i)
-            train_step(state, next(data), meter.phase)
-        memory = meter.result()
-    del state, data
-    memory.update(device=spec.device, method=f"prediction: fake tensors, storage tracker, {round_to}-byte blocks",
-                  world_size=ranks or 1)
+        techniques = (prepared, *(_WithRealRanks(t) if t.distributed else t for t in stack.techniques))
+        session = Session(run, dataclasses.replace(stack, techniques=techniques), workload,
+                          CpuMeter(round_to=round_to), batches(workload, run), track_host=False)
+        session.build()
+        session.warm_up(warmup)
+        memory, _, _ = session.measure(1)
+        session.detach()
+    memory.device = spec.device
+    memory.method = f"prediction: fake tensors, storage tracker, {round_to}-byte blocks"
     return memory
 
 
-def predict(spec: RunSpec, round_to: int | None = None) -> dict:
-    """A result record like a worker's, marked as a prediction. Failures become a status, as with real runs."""
+class CannotPredict(Exception):
+    """A run a prediction cannot stand for: its status is error, with this reason (not a bug: no traceback)."""
+
+
+def predict(job: Job, round_to: int | None = None) -> RunRecord:
+    """A result record like a worker's, marked as a prediction. Failures become a status, as with real runs;
+    a failure that is a membench bug keeps its traceback in the record (and `membench predict` prints it)."""
     started = time.time()
-    record = {"schema_version": SCHEMA_VERSION, "name": spec.name, "spec": spec.to_dict(),
-              "env": environment.describe("cpu"), "started": started, "predicted": True,
-              "predicted_for": spec.device, "cannot_see": list(CANNOT_SEE), "timing": None}
+    record = RunRecord(name=job.name, status="ok", spec=job, env=Environment(**environment.describe("cpu")),
+                       started=started, predicted=True, predicted_for=job.run.device, cannot_see=list(CANNOT_SEE))
     try:
-        record["memory"] = predict_memory(spec, round_to)
-        record["status"] = "ok"
+        record.memory = predict_memory(job, round_to)
+        record.world_size = world_size(job.run, resolve(job.run, target_device=job.run.device)) or 1
     except UserError:
         raise
+    except CannotPredict as exc:
+        record.status, record.error = "error", f"cannot predict: {exc}"
     except Exception as exc:  # noqa: BLE001 - a model fake tensors cannot run is this run's status, not a crash
-        record.update(status="error", memory=None,
-                      error=f"cannot predict: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-    record["wall_s"] = time.time() - started
+        record.status = "error"
+        record.error = f"cannot predict: {type(exc).__name__}: {exc}"
+        record.traceback = traceback.format_exc()
+    record.wall_s = time.time() - started
     return record
 
 
-def predict_all(specs: list[RunSpec], out_dir: Path | None, on_done=None) -> list[dict]:
+def predict_all(jobs: list[Job], out_dir: Path | None, on_done=None) -> list[RunRecord]:
     results = []
-    for spec in specs:
-        record = predict(spec)
+    for job in jobs:
+        record = predict(job)
         if out_dir is not None:
-            write_json(result_path(out_dir, spec.name), record)
+            write_record(result_path(out_dir, job.name), record)
         if on_done:
-            on_done(spec, record)
+            on_done(job, record)
         results.append(record)
     return results
 
@@ -150,9 +160,3 @@ def default_predict_dir(spec: RunSpec, root: Path = Path("results")) -> Path:
     """Predictions live in their own tree, never beside measurements."""
     key = environment.machine_key(environment.describe("cpu"))
     return root / "predicted" / key / f"{spec.device}-{spec.workload.replace(':', '.')}-bs{spec.batch_size}"
-
-
-def _nothing():
-    import contextlib
-
-    return contextlib.nullcontext()

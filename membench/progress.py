@@ -5,17 +5,19 @@ from __future__ import annotations
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from membench.results import RunRecord
 from membench.units import fmt_bytes
 
 
 class SweepProgress:
-    def __init__(self, specs, out_dir):
+    def __init__(self, jobs, out_dir):
         self.console = Console(stderr=True)
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                                  MofNCompleteColumn(), TimeElapsedColumn(), console=self.console, transient=True)
-        self.task = self.progress.add_task("sweep", total=len(specs))
-        self.console.print(f"membench: {len(specs)} run(s) of {specs[0].workload} at batch {specs[0].batch_size} "
-                           f"on {specs[0].device} -> {out_dir}")
+        self.task = self.progress.add_task("sweep", total=len(jobs))
+        run = jobs[0].run
+        self.console.print(f"membench: {len(jobs)} run(s) of {run.workload} at batch {run.batch_size} "
+                           f"on {run.device} -> {out_dir}")
 
     def __enter__(self):
         self.progress.__enter__()
@@ -24,20 +26,19 @@ class SweepProgress:
     def __exit__(self, *exc):
         return self.progress.__exit__(*exc)
 
-    def start(self, spec) -> None:
-        self.progress.update(self.task, description=f"running {spec.name}")
+    def start(self, job) -> None:
+        self.progress.update(self.task, description=f"running {job.name}")
 
-    def done(self, spec, result: dict, skipped: bool) -> None:
-        mem = result.get("memory") or {}
-        timing = result.get("timing") or {}
-        line = f"{spec.name}: {result['status']}"
-        if mem.get("peak_allocated_bytes") is not None:
-            line += f", peak {fmt_bytes(mem['peak_allocated_bytes'])} in {mem.get('peak_phase')}"
-        if timing.get("throughput"):
-            line += f", {timing['throughput']:.1f} {timing['unit']}"
-        if timing.get("noisy"):
-            line += f" [noisy timing: IQR {timing['iqr_s'] / timing['median_s']:.0%} of the median]"
-        if result.get("error"):
-            line += f" ({result['error'].splitlines()[0][:160]})"
+    def done(self, job, result: RunRecord, skipped: bool) -> None:
+        mem, timing = result.memory, result.timing
+        line = f"{job.name}: {result.status}"
+        if mem is not None:
+            line += f", peak {fmt_bytes(mem.peak_allocated_bytes)} in {mem.peak_phase}"
+        if timing is not None and timing.throughput:
+            line += f", {timing.throughput:.1f} {timing.unit}"
+            if timing.noisy:
+                line += f" [noisy timing: IQR {timing.iqr_s / timing.median_s:.0%} of the median]"
+        if result.error:
+            line += f" ({result.error.splitlines()[0][:160]})"
         self.console.print(("  (resumed) " if skipped else "  ") + line)
         self.progress.advance(self.task)

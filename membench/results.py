@@ -1,59 +1,375 @@
-"""The result file schema (versioned), atomic writing, and loading a results directory into a DataFrame."""
+"""The result record: typed, versioned, validated on load, written atomically. Loading a results directory.
+
+A result file is one `RunRecord` as JSON. `RunRecord.from_json` is the only reader: it checks every known field's
+type (a malformed or hand-edited file is refused with one line naming the file and the field) and upgrades older
+schema versions. `RunRecord.to_json` is the only writer. Everything else reads attributes, never dict keys.
+Bytes and seconds are stored; units are a display matter.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import tempfile
+import types
+import typing
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Union
 
 from membench.errors import UserError
+from membench.spec import Job
 
-SCHEMA_VERSION = 1
-STATUSES = ("ok", "oom", "error", "timeout")
+SCHEMA_VERSION = 2
+MAX_RESULT_BYTES = 64 * 2**20  # a result file is a few KiB; anything this big is not one
+FINISHED = ("ok", "oom")  # a run that measured something: --resume keeps it
 
 
-def write_json(path: Path, data: dict) -> None:
+@dataclass
+class Environment:
+    """Where a run happened: results are keyed by device model and versions, never mixed across them."""
+
+    device: str
+    device_name: str | None = None
+    device_count: int | None = None
+    driver_version: str | None = None
+    torch: str | None = None
+    cuda: str | None = None
+    python: str | None = None
+    host: str | None = None
+    platform: str | None = None
+    cpu_threads: int | None = None
+    git_commit: str | None = None
+
+
+@dataclass
+class Memory:
+    """Peak memory of the measured step(s), the phase and step it happened in, and its make-up by category."""
+
+    device: str
+    method: str
+    peak_allocated_bytes: int
+    peak_phase: str
+    peak_step: int
+    peak_reserved_bytes: int | None = None  # CUDA only: what the caching allocator held from the driver
+    peak_active_bytes: int | None = None
+    alloc_retries: int | None = None
+    driver_used_bytes: int | None = None  # CUDA only: cudaMemGetInfo, context and library workspaces included
+    device_total_bytes: int | None = None
+    breakdown_at_peak: dict[str, int] | None = None
+    current_bytes: int | None = None  # after the measured step: the steady state
+    current_breakdown: dict[str, int] | None = None
+    build_peak_bytes: int | None = None  # model construction on the device
+    build_host_peak_bytes: int | None = None  # model construction in host memory (exact)
+
+
+@dataclass
+class Timing:
+    """Step times after warm-up (median and spread), throughput, FLOPs and MFU."""
+
+    step_times_s: list[float]
+    median_s: float
+    iqr_s: float
+    min_s: float
+    max_s: float
+    noisy: bool
+    warmup_steps: int | None = None
+    samples_per_s: float | None = None
+    throughput: float | None = None
+    unit: str | None = None
+    flops_per_step: int | None = None
+    achieved_flops: float | None = None
+    peak_flops: float | None = None
+    mfu: float | None = None
+    losses: list[float | None] | None = None
+    build_s: float | None = None
+
+
+@dataclass
+class Equivalence:
+    """Whether the run trains the same model as the baseline, and how that was decided."""
+
+    verdict: str  # reference, bitwise, equivalent, not-equivalent, precision
+    detail: str = ""
+    mode: str | None = None
+    compared: str | None = None
+    max_abs_param_diff: float | None = None
+    max_param_update: float | None = None
+    relative_diff: float | None = None
+    max_abs_loss_diff: float | None = None
+    losses: list[float | None] | None = None
+    reference_losses: list[float | None] | None = None
+
+
+@dataclass
+class TimelineInfo:
+    """The recording pass's files (names relative to the result file) and the timeline's peak."""
+
+    file: str
+    file_bytes: int
+    events: int
+    points: int
+    steps: int
+    round_to: int
+    peak_bytes: int
+    peak_phase: str
+    peak_step: int
+    breakdown_at_peak: dict[str, int]
+    snapshot: str | None = None  # CUDA: the allocator's history, for pytorch.org/memory_viz
+    snapshot_bytes: int | None = None
+    snapshot_max_entries: int | None = None
+    trace_entries: int | None = None
+    trace_truncated: bool | None = None
+    trace_peak_allocated_bytes: int | None = None
+
+
+@dataclass
+class FileRef:
+    file: str
+    file_bytes: int
+
+
+@dataclass
+class RankSummary:
+    """One rank of a distributed run."""
+
+    rank: int
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    peak_phase: str | None = None
+    build_peak_bytes: int | None = None
+    build_host_peak_bytes: int | None = None
+    breakdown_at_peak: dict[str, int] | None = None
+    median_s: float | None = None
+
+
+@dataclass
+class RunRecord:
+    """One run's result file: what ran (spec), where (env), and what was measured or why not (status, error)."""
+
+    name: str
+    status: str  # ok, oom, error, timeout
+    spec: Job
+    env: Environment | None = None
+    schema_version: int = SCHEMA_VERSION
+    started: float | None = None
+    wall_s: float | None = None
+    memory: Memory | None = None
+    timing: Timing | None = None
+    equivalence: Equivalence | None = None
+    timeline: TimelineInfo | None = None
+    world_size: int | None = None
+    ranks: list[RankSummary] | None = None
+    oom_snapshot: FileRef | None = None
+    error: str | None = None
+    traceback: str | None = None
+    log_tail: str | None = None
+    predicted: bool = False
+    predicted_for: str | None = None
+    cannot_see: list[str] | None = None
+    path: Path | None = field(default=None, compare=False)  # where it was loaded from; never written
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED
+
+    @property
+    def peak(self) -> int | None:
+        return self.memory.peak_allocated_bytes if self.memory else None
+
+    @property
+    def sweep_key(self) -> tuple:
+        """Runs that compare with each other: same workload, batch size and device (and kind of number)."""
+        r = self.spec.run
+        return r.workload, r.batch_size, self.env.device if self.env else r.device, self.predicted
+
+    @property
+    def label(self) -> str:
+        return f"{self.spec.run.workload} bs{self.spec.run.batch_size}"
+
+    def to_json(self) -> str:
+        data = {k: v for k, v in _plain(self).items() if k != "path" and not (v is None and k not in _ALWAYS)}
+        return json.dumps(data, indent=1, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, where: str = "result") -> RunRecord:
+        try:
+            data = json.loads(text, parse_constant=lambda c: None)  # NaN/Infinity from older writers: no value
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise UserError(f"{where} is corrupt (not JSON: {exc})") from None
+        return cls.from_dict(data, where)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "result") -> RunRecord:
+        if not isinstance(data, dict) or "schema_version" not in data or "status" not in data:
+            raise UserError(f"{where} is not a membench result (no schema_version/status)")
+        version = data["schema_version"]
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise UserError(f"{where}: field schema_version must be an integer, got {version!r:.40}")
+        if version > SCHEMA_VERSION:
+            raise UserError(f"{where} has schema {version}; this membench reads up to {SCHEMA_VERSION}: "
+                            "upgrade membench")
+        if version < 2:
+            data = _upgrade_v1(data, where)
+        record = build_checked(cls, data, where)
+        record.schema_version = SCHEMA_VERSION
+        return record
+
+
+_ALWAYS = {"memory", "timing"}  # written even when empty, so a reader sees "not measured", not "missing"
+
+
+def _upgrade_v1(data: dict, where: str) -> dict:
+    """Schema 1 kept one flat spec; schema 2 splits it into what runs, how it is measured and how it is launched."""
+    data = dict(data)
+    spec = data.get("spec")
+    if isinstance(spec, dict) and "run" not in spec:
+        data["spec"] = Job.split_flat(spec)
+    if isinstance(data.get("timeline"), dict) and "error" in data["timeline"]:
+        data["timeline"] = None  # schema 1 stored a failed recording pass as a timeline with an error
+    return data
+
+
+# --- typed conversion, one place ----------------------------------------------------------------------------------
+def _plain(value):
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # strict JSON has no NaN or Infinity
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+class _Bad(Exception):
+    """A field of the wrong type: turned into one UserError naming the file and the field."""
+
+    def __init__(self, field: str, expected: str, value):
+        super().__init__(field)
+        self.field, self.expected, self.value = field, expected, value
+
+
+def _convert(tp, value, name: str):
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        options = [o for o in typing.get_args(tp) if o is not type(None)]
+        if value is None and len(options) < len(typing.get_args(tp)):
+            return None
+        for option in options:
+            try:
+                return _convert(option, value, name)
+            except _Bad:
+                continue
+        raise _Bad(name, " or ".join(_type_name(o) for o in typing.get_args(tp)), value)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise _Bad(name, "an object", value)
+        return _build(tp, value, name + ".")
+    if origin in (list, tuple):
+        if not isinstance(value, list):
+            raise _Bad(name, "a list", value)
+        item = typing.get_args(tp)[0]
+        items = [_convert(item, v, f"{name}[{i}]") for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise _Bad(name, "an object", value)
+        item = typing.get_args(tp)[1]
+        return {k: _convert(item, v, f"{name}.{k}") for k, v in value.items()}
+    if origin is typing.Literal:
+        if value in typing.get_args(tp):
+            return value
+        raise _Bad(name, "one of " + ", ".join(map(str, typing.get_args(tp))), value)
+    plain = isinstance(value, bool) if tp is bool else (
+        isinstance(value, int) and not isinstance(value, bool) if tp is int else
+        isinstance(value, (int, float)) and not isinstance(value, bool) if tp is float else
+        isinstance(value, str) if tp in (str, Path) else False)
+    if not plain:
+        raise _Bad(name, _type_name(tp), value)
+    return float(value) if tp is float else Path(value) if tp is Path else value
+
+
+def _show(value) -> str:
+    text = json.dumps(value) if isinstance(value, (str, int, float, bool, type(None))) else type(value).__name__
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _build(cls, data: dict, prefix: str = ""):
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            kwargs[f.name] = _convert(hints[f.name], data[f.name], prefix + f.name)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise _Bad(prefix + f.name, "present", "missing")
+    return cls(**kwargs)
+
+
+def build_checked(cls, data: dict, where: str):
+    """`cls` from plain JSON data, every field's type checked; one UserError naming `where` and the field."""
+    try:
+        return _build(cls, data)
+    except _Bad as bad:
+        if bad.expected == "present":
+            raise UserError(f"{where}: field {bad.field} is missing") from None
+        raise UserError(f"{where}: field {bad.field} must be {bad.expected}, got {_show(bad.value)}") from None
+    except RecursionError:
+        raise UserError(f"{where}: nested too deeply to be a membench result") from None
+
+
+# --- files -------------------------------------------------------------------------------------------------------
+def write_text_atomic(path: Path, text: str) -> None:
     """Write-then-rename: a reader (or a crash) never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, default=_jsonable)
-            f.write("\n")
+            f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; result files are read by others (CI artifacts)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def _jsonable(value):
-    if isinstance(value, (set, tuple)):
-        return list(value)
-    return str(value)
+def write_record(path: Path, record: RunRecord) -> None:
+    write_text_atomic(Path(path), record.to_json())
 
 
 def result_path(out_dir: Path, run_name: str) -> Path:
     return Path(out_dir) / f"{run_name}.json"
 
 
-def read_result(path: Path) -> dict:
+def read_result(path: Path) -> RunRecord:
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        if not path.is_file():
+            raise FileNotFoundError
+        if path.stat().st_size > MAX_RESULT_BYTES:
+            raise UserError(f"results file {path} is too large to be a membench result")
+        text = path.read_text()
     except FileNotFoundError:
         raise UserError(f"results file {path} does not exist") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"results file {path} is corrupt (not JSON: {exc})") from None
-    if not isinstance(data, dict) or "schema_version" not in data or "status" not in data:
-        raise UserError(f"results file {path} is not a membench result (no schema_version/status)")
-    if data["schema_version"] > SCHEMA_VERSION:
-        raise UserError(f"results file {path} has schema {data['schema_version']}; this membench reads up to "
-                        f"{SCHEMA_VERSION}: upgrade membench")
-    return data
+    except UnicodeDecodeError:
+        raise UserError(f"results file {path} is corrupt (not UTF-8 text)") from None
+    except OSError as exc:
+        raise UserError(f"cannot read results file {path}: {exc.strerror}") from None
+    record = RunRecord.from_json(text, f"results file {path}")
+    record.path = path
+    return record
 
 
-def load_dir(path: Path) -> list[dict]:
+def load_dir(path: Path) -> list[RunRecord]:
     """All results under a directory (recursively), or one file."""
     path = Path(path)
     if not path.exists():
@@ -62,8 +378,6 @@ def load_dir(path: Path) -> list[dict]:
     results = [read_result(p) for p in files if p.name != "sweep.json"]
     if not results:
         raise UserError(f"no membench results under {path}")
-    for r, p in zip(results, files):
-        r.setdefault("_path", str(p))
     return results
 
 
@@ -71,43 +385,45 @@ def _is_result_name(p: Path, root: Path) -> bool:
     """Result files, not the files beside them: run specs (runs/), archived results (previous/), timelines."""
     parts = p.relative_to(root).parts
     return not (p.name.startswith(".") or p.name.endswith((".spec.json", ".timeline.json"))
-                or "runs" in parts[:-1] or "previous" in parts[:-1])
+                or "runs" in parts[:-1] or "previous" in parts[:-1] or "report" in parts[:-1])
 
 
 def is_finished(path: Path) -> bool:
     """A run counts as done for --resume when it measured something: ok, or a deterministic OOM."""
     try:
-        return read_result(path)["status"] in ("ok", "oom")
+        return read_result(path).finished
     except UserError:
         return False
 
 
-def to_frame(results: list[dict]):
+def to_frame(results: list[RunRecord]):
     """One row per run: the numbers people compare, in bytes and seconds, plus the change against the baseline."""
     import pandas as pd
 
     rows = []
     for r in results:
-        mem, timing, eq, spec, env = (r.get(k) or {} for k in ("memory", "timing", "equivalence", "spec", "env"))
+        mem, timing, eq = r.memory, r.timing, r.equivalence
         rows.append({
-            "run": r["name"],
-            "status": r["status"],
-            "workload": spec.get("workload"),
-            "batch_size": spec.get("batch_size"),
-            "device": env.get("device"),
-            "device_name": env.get("device_name"),
-            "predicted": bool(r.get("predicted", False)),
-            "peak_allocated_bytes": mem.get("peak_allocated_bytes"),
-            "peak_reserved_bytes": mem.get("peak_reserved_bytes"),
-            "driver_used_bytes": mem.get("driver_used_bytes"),
-            "peak_phase": mem.get("peak_phase"),
-            "median_step_s": timing.get("median_s"),
-            "throughput": timing.get("throughput"),
-            "throughput_unit": timing.get("unit"),
-            "tflops": (timing.get("achieved_flops") or 0) / 1e12 or None,
-            "mfu": timing.get("mfu"),
-            "equivalence": eq.get("verdict"),
-            "error": r.get("error"),
+            "run": r.name,
+            "status": r.status,
+            "workload": r.spec.run.workload,
+            "batch_size": r.spec.run.batch_size,
+            "device": r.env.device if r.env else r.spec.run.device,
+            "device_name": r.env.device_name if r.env else None,
+            "predicted": r.predicted,
+            "peak_allocated_bytes": mem.peak_allocated_bytes if mem else None,
+            "peak_reserved_bytes": mem.peak_reserved_bytes if mem else None,
+            "driver_used_bytes": mem.driver_used_bytes if mem else None,
+            "peak_phase": mem.peak_phase if mem else None,
+            "median_step_s": timing.median_s if timing else None,
+            "iqr_step_s": timing.iqr_s if timing else None,
+            "noisy": timing.noisy if timing else None,
+            "throughput": timing.throughput if timing else None,
+            "throughput_unit": timing.unit if timing else None,
+            "tflops": (timing.achieved_flops or 0) / 1e12 or None if timing else None,
+            "mfu": timing.mfu if timing else None,
+            "equivalence": eq.verdict if eq else None,
+            "error": r.error,
         })
     df = pd.DataFrame(rows)
     base = df[df["run"] == "baseline"]

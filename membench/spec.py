@@ -1,8 +1,17 @@
-"""Typed, frozen descriptions of what to run. Validation happens here, before any process starts."""
+"""Typed, frozen descriptions of a run, split by concern, validated before any process starts.
+
+- `RunSpec`: *what runs* (workload, batch, techniques, device, optimizer, seed, ranks). Two results are
+  comparable when their RunSpecs are equal: `membench check` and `--resume` pair runs by it.
+- `MeasureSpec`: *how it is measured* (steps, warm-up, the equivalence check, the timeline pass).
+- `LaunchSpec`: *how it is launched* (timeout, torchrun arguments).
+A `Job` is the three together: what the worker is given and what a result file records.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import shlex
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -11,83 +20,140 @@ from membench.errors import UserError
 Device = Literal["cpu", "cuda"]
 OPTIMIZERS = ("adam", "sgd")
 
+# The defaults of `membench run` and `membench.run_sweep` (one place, so the CLI and the API agree).
+DEFAULT_WORKLOAD = "vit-small"
+DEFAULT_BATCH_SIZE = 32
+DEFAULT_TECHNIQUES = "accum,ckpt,opt-in-bwd"
+
+
+def _positive_int(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise UserError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+
+
+def _positive_number(name: str, value) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise UserError(f"--{name.replace('_', '-')} must be a finite positive number, got {value!r}")
+
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One training run: a workload, a batch size and a stack of techniques ('()' is the baseline)."""
+    """What runs: one training workload at one batch size under a stack of techniques (() is the baseline)."""
 
     workload: str
     batch_size: int
     techniques: tuple[str, ...] = ()
     device: Device = "cpu"
-    steps: int = 5
-    warmup: int = 2
     accum_steps: int = 4
     optimizer: str = "adam"
     lr: float = 1e-3
     seed: int = 0
-    check: bool = True
-    check_steps: int = 2
-    timeline: bool = True  # a few extra untimed steps that record a categorised memory timeline
-    memory_budget: int | None = None
-    peak_flops: float | None = None
-    nproc_per_node: int = 1
-    torchrun_args: str = ""  # passed to torchrun as is, e.g. "--nnodes=2 --rdzv-endpoint=host:29500"
-    timeout_s: float = 1800.0
+    memory_budget: int | None = None  # a device of this size, simulated (CPU) or enforced (CUDA fraction)
+    nproc_per_node: int = 1  # ranks per node of a distributed run (torchrun)
 
     @property
     def name(self) -> str:
         return "+".join(self.techniques) if self.techniques else "baseline"
 
-    def with_techniques(self, techniques: tuple[str, ...]) -> RunSpec:
-        return dataclasses.replace(self, techniques=tuple(techniques))
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["techniques"] = list(self.techniques)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> RunSpec:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise UserError(f"unknown run spec fields {sorted(unknown)}; valid: {sorted(known)}")
-        d = dict(d)
-        d["techniques"] = tuple(d.get("techniques", ()))
-        return cls(**d).validated()
-
     def validated(self) -> RunSpec:
-        for name in ("batch_size", "steps", "accum_steps", "check_steps", "nproc_per_node"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise UserError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
-        if not isinstance(self.warmup, int) or self.warmup < 0:
-            raise UserError(f"--warmup must be zero or a positive integer, got {self.warmup!r}")
-        if self.lr <= 0:
-            raise UserError(f"--lr must be positive, got {self.lr!r}")
-        if self.timeout_s <= 0:
-            raise UserError(f"--timeout must be positive, got {self.timeout_s!r}")
+        for name in ("batch_size", "accum_steps", "nproc_per_node"):
+            _positive_int(name, getattr(self, name))
+        _positive_number("lr", self.lr)
         if self.optimizer not in OPTIMIZERS:
             raise UserError(f"unknown optimizer {self.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
         if self.device not in ("cpu", "cuda"):
             raise UserError(f"unknown device {self.device!r}; valid: auto, cuda, cpu")
-        if self.memory_budget is not None and self.memory_budget <= 0:
-            raise UserError("--memory-budget must be positive")
+        if self.memory_budget is not None:
+            _positive_int("memory_budget", self.memory_budget)
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise UserError(f"--seed must be an integer, got {self.seed!r}")
         return self
 
 
 @dataclass(frozen=True)
-class SweepSpec:
-    """A baseline plus technique stacks, all on the same workload: what `membench run` expands into."""
+class MeasureSpec:
+    """How a run is measured. None of it changes what the model computes."""
 
-    base: RunSpec
-    stacks: tuple[tuple[str, ...], ...] = field(default_factory=tuple)
+    steps: int = 5  # timed steps, after warm-up
+    warmup: int = 2
+    check: bool = True  # train baseline and technique side by side and compare (equivalence)
+    check_steps: int = 2
+    timeline: bool = True  # a few extra untimed steps that record a categorised memory timeline
+    peak_flops: float | None = None  # the device's peak FLOP/s, for MFU where membench does not know it
 
-    def runs(self) -> list[RunSpec]:
-        """The baseline first (always measured, for comparison), then each stack once, in the order given."""
-        seen: list[tuple[str, ...]] = [()]
-        for stack in self.stacks:
-            if stack not in seen:
-                seen.append(stack)
-        return [self.base.with_techniques(s) for s in seen]
+    def validated(self) -> MeasureSpec:
+        for name in ("steps", "check_steps"):
+            _positive_int(name, getattr(self, name))
+        if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) or self.warmup < 0:
+            raise UserError(f"--warmup must be zero or a positive integer, got {self.warmup!r}")
+        if self.peak_flops is not None:
+            _positive_number("peak_tflops", self.peak_flops)
+        return self
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """How a run is launched: its own process (torchrun for distributed runs), stopped after timeout_s."""
+
+    timeout_s: float = 1800.0
+    torchrun_args: str = ""  # passed to torchrun as is, e.g. "--nnodes=2 --rdzv-endpoint=host:29500"
+
+    def validated(self) -> LaunchSpec:
+        _positive_number("timeout", self.timeout_s)
+        try:
+            shlex.split(self.torchrun_args)
+        except ValueError as exc:
+            raise UserError(f"--torchrun-args {self.torchrun_args!r} cannot be split into arguments: {exc}") from None
+        return self
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run as the worker receives it and a result file records it."""
+
+    run: RunSpec
+    measure: MeasureSpec = field(default_factory=MeasureSpec)
+    launch: LaunchSpec = field(default_factory=LaunchSpec)
+
+    @property
+    def name(self) -> str:
+        return self.run.name
+
+    def with_run(self, **changes) -> Job:
+        return dataclasses.replace(self, run=dataclasses.replace(self.run, **changes))
+
+    def with_measure(self, **changes) -> Job:
+        return dataclasses.replace(self, measure=dataclasses.replace(self.measure, **changes))
+
+    def validated(self) -> Job:
+        self.run.validated(), self.measure.validated(), self.launch.validated()
+        return self
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["run"]["techniques"] = list(self.run.techniques)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "run spec") -> Job:
+        from membench.results import build_checked
+
+        return build_checked(cls, d, where).validated()
+
+    @staticmethod
+    def split_flat(flat: dict) -> dict:
+        """A schema-1 flat spec dict as the three parts (fields a part does not know are dropped)."""
+        parts = {}
+        for name, cls in (("run", RunSpec), ("measure", MeasureSpec), ("launch", LaunchSpec)):
+            known = {f.name for f in dataclasses.fields(cls)}
+            parts[name] = {k: v for k, v in flat.items() if k in known}
+        return parts
+
+
+def expand(base: RunSpec, stacks: tuple[tuple[str, ...], ...]) -> list[RunSpec]:
+    """The baseline first (always measured, for comparison), then each stack once, in the order given."""
+    seen: list[tuple[str, ...]] = [()]
+    for stack in stacks:
+        if stack not in seen:
+            seen.append(stack)
+    return [dataclasses.replace(base, techniques=s) for s in seen]

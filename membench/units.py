@@ -30,3 +30,8 @@ def fmt_bytes(nbytes: float | None) -> str:
         if abs(nbytes) >= size:
             return f"{nbytes / size:.2f} {unit}"
     return f"{int(nbytes)} B"
+
+
+def pct_change(new: float, old: float) -> float:
+    """The change from old to new, in percent of old."""
+    return (new / old - 1) * 100

@@ -1,7 +1,8 @@
-"""One run, in its own process: build, warm up, measure memory, time steps, check equivalence, write the result.
+"""One run, in its own process: build -> memory -> timeline -> timing -> FLOPs -> equivalence -> record.
 
-Run as `python -m membench.worker SPEC.json RESULT.json`. It always tries to leave a result file behind: an
-out-of-memory error becomes status "oom" with what was measured up to then, any other exception "error".
+Run as `python -m membench.worker JOB.json RESULT.json`. It always tries to leave a result file behind: an
+out-of-memory error becomes status "oom" with what was measured up to then, any other exception "error" with
+its traceback (in the record and in the run's log).
 """
 
 from __future__ import annotations
@@ -16,123 +17,117 @@ from pathlib import Path
 import torch
 
 from membench import distributed, environment, equivalence
-from membench.results import SCHEMA_VERSION, write_json
-from membench.spec import RunSpec
-from membench.step import batches, build_state, train_step
-from membench.techniques import instantiate
-from membench.trackers import timeline, timing
+from membench.measure import Build, Session
+from membench.results import (
+    Environment,
+    Equivalence,
+    FileRef,
+    Memory,
+    RankSummary,
+    RunRecord,
+    TimelineInfo,
+    Timing,
+    write_record,
+)
+from membench.spec import Job
+from membench.step import batches
+from membench.techniques import Stack, resolve
+from membench.trackers import timing
 from membench.trackers.memory import make_meter
-from membench.trackers.storage import StorageTracker
-from membench.workloads import load_workload
+from membench.workloads import Workload, load_workload
 
 
-def execute(spec: RunSpec, progress: dict, out: Path | None = None) -> dict:
-    """Run one spec; `out` (the result file's path) is where the timeline and snapshot files go, next to it."""
-    workload = load_workload(spec.workload)
-    techniques = instantiate(spec)
-    for t in techniques:
-        t.validate(spec, workload)
-    meter = make_meter(spec.device, spec.memory_budget)
-    progress["meter"] = meter
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    if spec.device == "cuda" and out is not None:
-        from membench.trackers import cuda
+class Worker:
+    """The stages of one run. Each returns its typed piece; what finished before a failure stays in the record."""
 
-        oom_snapshot = _oom_snapshot(out)
-        oom_snapshot.unlink(missing_ok=True)  # an earlier run's, not this one's
-        cuda.snapshot_on_oom(oom_snapshot)
-    rank, world = distributed.rank_world()
-    data = batches(workload, spec, rank, world)
+    def __init__(self, job: Job, out: Path | None):
+        self.job, self.spec, self.out = job, job.run, out
+        self.session: Session | None = None
+        self.memory: Memory | None = None
+        self.timing: Timing | None = None
+        self.timeline: TimelineInfo | None = None
+        self.build_info: Build | None = None
 
-    def step(i: int) -> float:
-        meter.start_step(i)
-        batch = next(data)
-        meter.track_inputs(batch)
-        return train_step(state, batch, meter.phase)
+    @property
+    def stage(self) -> str:
+        return self.session.stage if self.session else "setup"
 
-    with meter.active():
-        build_start = time.perf_counter()
-        # Construction is its own phase: on CUDA the allocator's peak since it began; host memory is tracked
-        # exactly too (building in fp32 on the host first is what init-on-device avoids).
-        with meter.phase("setup"), StorageTracker(device_types=("cpu",)) as host:
-            state = build_state(spec, workload, techniques, on_model=meter.attach_model)
-        meter.attach_optimizers(state.optimizers)
-        progress["build_s"] = time.perf_counter() - build_start
-        progress["build_peak_bytes"] = meter.result()["peak_allocated_bytes"]
-        progress["build_host_peak_bytes"] = host.peak.bytes
-        progress["phase"] = "warmup"
-        for i in range(spec.warmup):
-            step(i)
-        meter.reset_peak()
-        progress["phase"] = "measure"
+    def execute(self) -> dict:
+        """Run every stage; returns the record's fields (memory, timing, timeline, equivalence, ranks)."""
+        spec, how = self.spec, self.job.measure
+        workload = load_workload(spec.workload)
+        stack = resolve(spec)
+        stack.validate(spec, workload)
+        meter = make_meter(spec.device, spec.memory_budget)
+        if spec.device == "cuda" and self.out is not None:
+            _watch_oom(self.out)
+        rank, world = distributed.rank_world()
+        self.session = session = Session(spec, stack, workload, meter, batches(workload, spec, rank, world))
+        self.build_info = session.build()
+        session.warm_up(how.warmup)
+        times: list[float] = []
+        if meter.device == "cpu":  # the exact tracker slows steps down: one measured step, timed steps apart
+            self.memory = self._with_build(session.measure(1)[0])
+        if how.timeline and self.out is not None:
+            self.timeline = session.record_timeline(_stem(self.out))
+        session.detach()
         if meter.device == "cuda":  # the allocator's counters cost nothing: time and measure the same steps
-            times, losses = timing.time_steps(step, range(spec.warmup, spec.warmup + spec.steps))
-        else:  # the exact tracker slows steps down: one measured step, then timed steps without it
-            step(spec.warmup)
-        memory = meter.result()
-    if meter.device == "cpu":
-        progress["phase"] = "time"
-        times, losses = timing.time_steps(step, range(spec.warmup + 1, spec.warmup + 1 + spec.steps))
-    memory["build_peak_bytes"] = progress["build_peak_bytes"]
-    memory["build_host_peak_bytes"] = progress["build_host_peak_bytes"]
-    progress["memory"] = memory
-    recorded = None
-    if spec.timeline and out is not None:
-        progress["phase"] = "timeline"
-        first = spec.warmup + spec.steps + (1 if meter.device == "cpu" else 0)
-        recorded = _record_timeline(meter, step, first, _stem(out))
+            memory, times, losses = session.measure(how.steps, run_steps=timing.time_steps)
+            self.memory = self._with_build(memory)
+        else:
+            times, losses = timing.time_steps(session.bare_step, session.timed_indices(how.steps))
+        flops = timing.count_flops(lambda: session.bare_step(-1))
+        self.timing = self._timing(times, losses, flops, workload, stack, world)
+        session.state = None  # free the model and optimizer before the equivalence check builds two more
+        fields = {"memory": self.memory, "timing": self.timing, "timeline": self.timeline}
+        if world > 1 or stack.distributed or distributed.launched_by_torchrun():
+            fields["world_size"] = world
+            fields["ranks"] = [RankSummary(**r) for r in distributed.gather(_rank_summary(rank, self.memory,
+                                                                                         self.timing))]
+        if how.check:
+            fields["equivalence"] = self._equivalence(workload, stack)
+        return fields
 
-    progress["phase"] = "flops"
-    flops = timing.count_flops(lambda: step(-1))
-    summary = timing.summarize(times)
-    # Data parallel ranks step together: the run trains world x batch-size samples per step.
-    samples_per_s = spec.batch_size * world / summary["median_s"]
-    device_name = environment.describe(spec.device)["device_name"]
-    peak = spec.peak_flops or timing.peak_flops(device_name, "bf16" if _low_precision(techniques) else "fp32")
-    summary.update({
-        "warmup_steps": spec.warmup,
-        "samples_per_s": samples_per_s,
-        "throughput": samples_per_s * workload.items_per_sample,
-        "unit": f"{workload.unit}/s",
-        "flops_per_step": flops,
-        "achieved_flops": flops / summary["median_s"],
-        "peak_flops": peak,
-        "mfu": flops / summary["median_s"] / peak if peak else None,
-        "losses": losses,
-        "build_s": progress["build_s"],
-    })
-    del state, data
-    progress["timing"] = summary
-    result = {"memory": memory, "timing": summary}
-    if world > 1 or spec.nproc_per_node > 1 or distributed.launched_by_torchrun():
-        result["world_size"] = world
-        result["ranks"] = distributed.gather(_rank_summary(rank, memory, summary))
-    if recorded is not None:
-        result["timeline"] = recorded
-    if spec.check:
-        progress["phase"] = "equivalence"
-        result["equivalence"] = equivalence.check(spec, workload)
-    return result
+    def _with_build(self, memory: Memory) -> Memory:
+        memory.build_peak_bytes = self.build_info.peak_bytes
+        memory.build_host_peak_bytes = self.build_info.host_peak_bytes
+        return memory
+
+    def _timing(self, times, losses, flops: int, workload: Workload, stack: Stack, world: int) -> Timing:
+        summary = timing.summarize(times)
+        # Data parallel ranks step together: the run trains world x batch-size samples per step.
+        samples_per_s = self.spec.batch_size * world / summary.median_s
+        peak = self.job.measure.peak_flops or timing.peak_flops(
+            environment.describe(self.spec.device)["device_name"], "bf16" if stack.low_precision else "fp32")
+        summary.warmup_steps = self.job.measure.warmup
+        summary.samples_per_s = samples_per_s
+        summary.throughput = samples_per_s * workload.items_per_sample
+        summary.unit = f"{workload.unit}/s"
+        summary.flops_per_step = flops
+        summary.achieved_flops = flops / summary.median_s
+        summary.peak_flops = peak
+        summary.mfu = flops / summary.median_s / peak if peak else None
+        summary.losses = losses
+        summary.build_s = self.build_info.seconds
+        return summary
+
+    def _equivalence(self, workload: Workload, stack: Stack) -> Equivalence:
+        return equivalence.check(self.spec, stack, workload, self.job.measure.check_steps)
 
 
-def _rank_summary(rank: int, memory: dict, timing_summary: dict) -> dict:
-    keys = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_phase", "build_peak_bytes",
-            "build_host_peak_bytes", "breakdown_at_peak")
-    return {"rank": rank, **{k: memory.get(k) for k in keys}, "median_s": timing_summary["median_s"]}
+def _rank_summary(rank: int, memory: Memory, timing_summary: Timing) -> dict:
+    return {"rank": rank, "peak_allocated_bytes": memory.peak_allocated_bytes,
+            "peak_reserved_bytes": memory.peak_reserved_bytes, "peak_phase": memory.peak_phase,
+            "build_peak_bytes": memory.build_peak_bytes, "build_host_peak_bytes": memory.build_host_peak_bytes,
+            "breakdown_at_peak": memory.breakdown_at_peak, "median_s": timing_summary.median_s}
 
 
-def _record_timeline(meter, step, first: int, stem: Path) -> dict:
-    """A separate pass of a few untimed steps that records every allocation and free: recording slows steps
-    down, so it runs after the measured and timed steps and never overlaps them. Its failure is reported in
-    the result, not raised: the measurements already taken stand."""
-    try:
-        with meter.recording(stem) as recording:
-            for i in range(first, first + timeline.TIMELINE_STEPS):
-                step(i)
-        return recording.save(stem)
-    except Exception as exc:  # noqa: BLE001 - see the docstring
-        return {"error": f"{type(exc).__name__}: {exc}"}
+def _watch_oom(out: Path) -> None:
+    from membench.trackers import cuda
+
+    oom_snapshot = _oom_snapshot(out)
+    oom_snapshot.unlink(missing_ok=True)  # an earlier run's, not this one's
+    cuda.snapshot_on_oom(oom_snapshot)
 
 
 def _oom_snapshot(out: Path) -> Path:
@@ -147,46 +142,44 @@ def _stem(out: Path) -> Path:
     return out.parent / (out.name.removesuffix(".json") + (f".rank{rank}" if rank else ""))
 
 
-def _low_precision(techniques) -> bool:
-    return any(t.numerics == "precision" for t in techniques)
+def run(job: Job, out: Path) -> RunRecord:
+    """Execute one job and write its result file (rank 0 only, under torchrun); returns the record."""
+    with distributed.process_group(job.run.device):
+        return _run(job, out)
 
 
-def run(spec: RunSpec, out: Path) -> dict:
-    """Execute one spec and write its result file (rank 0 only, under torchrun); returns the result."""
-    with distributed.process_group(spec.device):
-        return _run(spec, out)
-
-
-def _run(spec: RunSpec, out: Path) -> dict:
-    progress: dict = {"phase": "setup"}
+def _run(job: Job, out: Path) -> RunRecord:
     started = time.time()
-    record = {"schema_version": SCHEMA_VERSION, "name": spec.name, "spec": spec.to_dict(),
-              "env": environment.describe(spec.device), "started": started}
+    record = RunRecord(name=job.name, status="ok", spec=job, env=Environment(**environment.describe(job.run.device)),
+                       started=started)
+    worker = Worker(job, out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        record.update(execute(spec, progress, out))
-        record["status"] = "ok"
+        for key, value in worker.execute().items():
+            setattr(record, key, value)
     except torch.OutOfMemoryError as exc:
-        record.update(status="oom", error=f"out of memory during {progress['phase']}: {str(exc).splitlines()[0]}")
-        meter = progress.get("meter")
-        record["memory"] = progress.get("memory") or (meter.result() if meter is not None else None)
-        record["timing"] = progress.get("timing")
-    except Exception as exc:  # noqa: BLE001 - any failure of the user's model becomes this run's status
-        record.update(status="error", error=f"{type(exc).__name__}: {exc}",
-                      traceback=traceback.format_exc(limit=8))
-        record["memory"] = progress.get("memory")
-        record["timing"] = progress.get("timing")
+        record.status = "oom"
+        record.error = f"out of memory during {worker.stage}: {str(exc).splitlines()[0]}"
+        record.memory = worker.memory or (worker.session.meter.result() if worker.session else None)
+        record.timing, record.timeline = worker.timing, worker.timeline
+    except Exception as exc:  # noqa: BLE001 - any failure (the user's model, or a membench bug) is this run's status
+        traceback.print_exc()  # into the run's log, whole
+        record.status = "error"
+        record.error = f"{type(exc).__name__} during {worker.stage}: {exc}"
+        record.traceback = traceback.format_exc(limit=12)
+        record.memory, record.timing, record.timeline = worker.memory, worker.timing, worker.timeline
     oom_snapshot = _oom_snapshot(out)
-    if record["status"] == "oom" and oom_snapshot.exists():
-        record["oom_snapshot"] = {"file": oom_snapshot.name, "file_bytes": oom_snapshot.stat().st_size}
-    record["wall_s"] = time.time() - started
+    if record.status == "oom" and oom_snapshot.exists():
+        record.oom_snapshot = FileRef(file=oom_snapshot.name, file_bytes=oom_snapshot.stat().st_size)
+    record.wall_s = time.time() - started
     if distributed.rank_world()[0] == 0:
-        write_json(out, record)
+        write_record(out, record)
     return record
 
 
 def main(argv: list[str]) -> int:
-    spec = RunSpec.from_dict(json.loads(Path(argv[0]).read_text()))
-    run(spec, Path(argv[1]))
+    job = Job.from_dict(json.loads(Path(argv[0]).read_text()))
+    run(job, Path(argv[1]))
     return 0
 
 

@@ -1,34 +1,57 @@
-"""Helpers shared by tests: in-process runs under the exact CPU tracker, equivalence checks, test-only techniques."""
+"""Helpers shared by tests: in-process runs under the exact CPU tracker, equivalence checks, test-only techniques.
+
+Every memory number here comes from membench.measure.Session, the procedure the worker and the predictor use.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 
 import torch
 
 from membench import equivalence
-from membench.spec import RunSpec
-from membench.step import build_state, train_step
-from membench.techniques import REGISTRY, instantiate
+from membench.measure import Session
+from membench.results import Equivalence, Memory, RunRecord
+from membench.spec import Job, MeasureSpec, RunSpec
+from membench.step import TrainState, batches
+from membench.techniques import REGISTRY, resolve
 from membench.trackers.memory import CpuMeter
-from membench.worker import execute
+from membench.worker import Worker
 from membench.workloads import load_workload
 
 
-def spec(workload: str = "gpt-tiny", techniques: tuple[str, ...] = (), batch_size: int = 4, **options) -> RunSpec:
-    options = {"steps": 1, "warmup": 1, "check": False, "check_steps": 2, **options}
-    return RunSpec(workload=workload, batch_size=batch_size, techniques=tuple(techniques), **options).validated()
+def spec(workload: str = "gpt-tiny", techniques: tuple[str, ...] = (), batch_size: int = 4, **options) -> Job:
+    """A Job for in-process tests: run options go to RunSpec, the others to MeasureSpec."""
+    run_fields = {f.name for f in dataclasses.fields(RunSpec)}
+    run = {k: v for k, v in options.items() if k in run_fields}
+    how = {"steps": 1, "warmup": 1, "check": False, "check_steps": 2,
+           **{k: v for k, v in options.items() if k not in run_fields}}
+    return Job(RunSpec(workload=workload, batch_size=batch_size, techniques=tuple(techniques), **run),
+               MeasureSpec(**how)).validated()
 
 
-def measure(workload: str = "gpt-tiny", techniques: tuple[str, ...] = (), **options) -> dict:
-    """One run in this process with the exact CPU tracker: the worker's result (memory, timing)."""
-    return execute(spec(workload, techniques, **options), {})
+def measure(workload: str = "gpt-tiny", techniques: tuple[str, ...] = (), **options) -> RunRecord:
+    """One run in this process, as the worker runs it (no timeline file, no equivalence check)."""
+    job = spec(workload, techniques, **options)
+    record = RunRecord(name=job.name, status="ok", spec=job)
+    for key, value in Worker(job, None).execute().items():
+        setattr(record, key, value)
+    return record
 
 
-def verdict(workload: str = "gpt-tiny", techniques: tuple[str, ...] = (), **options) -> dict:
-    s = spec(workload, techniques, check=True, **options)
-    return equivalence.check(s, load_workload(s.workload))
+def session_for(run: RunSpec, data=None, meter: CpuMeter | None = None) -> Session:
+    workload = load_workload(run.workload)
+    stack = resolve(run)
+    stack.validate(run, workload)
+    return Session(run, stack, workload, meter or CpuMeter(budget=run.memory_budget),
+                   data if data is not None else batches(workload, run))
+
+
+def verdict(workload: str = "gpt-tiny", techniques: tuple[str, ...] = (), **options) -> Equivalence:
+    job = spec(workload, techniques, check=True, **options)
+    return equivalence.check(job.run, resolve(job.run), load_workload(job.run.workload), job.measure.check_steps)
 
 
 def adam_step_bytes(workload: str = "gpt-tiny") -> int:
@@ -54,25 +77,21 @@ def registered(cls):
         del REGISTRY[cls.name]
 
 
-def track_steps(s: RunSpec, steps: int = 2, warmup: int = 1) -> tuple[dict, CpuMeter, object, tuple]:
-    """Warm up, reset the peak, run `steps` steps on one held batch; returns (memory result, meter, state, batch)."""
-    workload = load_workload(s.workload)
-    techniques = instantiate(s)
-    for t in techniques:
-        t.validate(s, workload)
-    meter = CpuMeter(budget=s.memory_budget)
-    with meter.active():
-        state = build_state(s, workload, techniques, on_model=meter.attach_model)
-        meter.attach_optimizers(state.optimizers)
-        batch = workload.make_batch(s.batch_size, torch.Generator().manual_seed(0))
-        meter.track_inputs(batch)
-        for i in range(warmup):
-            train_step(state, batch, meter.phase)
-        meter.reset_peak()
-        for i in range(steps):
-            train_step(state, batch, meter.phase)
-    return meter.result(), meter, state, batch
+def track_steps(s: Job, steps: int = 2, warmup: int = 1) -> tuple[Memory, CpuMeter, TrainState, tuple]:
+    """Warm up, reset the peak, run `steps` steps on one held batch; returns (memory, meter, state, batch)."""
+    workload = load_workload(s.run.workload)
+    batch = workload.make_batch(s.run.batch_size, torch.Generator().manual_seed(0))
+    meter = CpuMeter(budget=s.run.memory_budget)
+    session = session_for(s.run, data=itertools.repeat(batch), meter=meter)
+    session.build()
+    session.warm_up(warmup)
+    memory, _, _ = session.measure(steps)
+    return memory, meter, session.state, batch
 
 
-def replace(s: RunSpec, **kw) -> RunSpec:
-    return dataclasses.replace(s, **kw).validated()
+def replace(s: Job, **kw) -> Job:
+    run_fields = {f.name for f in dataclasses.fields(RunSpec)}
+    run = {k: v for k, v in kw.items() if k in run_fields}
+    how = {k: v for k, v in kw.items() if k not in run_fields}
+    return dataclasses.replace(s, run=dataclasses.replace(s.run, **run),
+                               measure=dataclasses.replace(s.measure, **how)).validated()

@@ -7,21 +7,21 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from membench.results import load_dir
-from membench.spec import RunSpec
+from membench.results import RunRecord, load_dir
 from membench.worker import run
+from tests.helpers import spec
 
 # vit-tiny at batch 1 is parameter-heavy: parameters + gradients + Adam state outweigh the activations, so the
 # baseline peaks in the optimizer step, as vit_l_16 does in the reference tutorial.
 TINY = dict(workload="vit-tiny", batch_size=1, steps=1, warmup=1)
 
 
-def run_one(out_dir: Path, techniques: tuple[str, ...] = (), **options) -> dict:
-    spec = RunSpec(techniques=techniques, **{**TINY, "check": False, **options}).validated()
-    return run(spec, out_dir / f"{spec.name}.json")
+def run_one(out_dir: Path, techniques: tuple[str, ...] = (), **options) -> RunRecord:
+    job = spec(techniques=techniques, **{**TINY, "check": False, **options})
+    return run(job, out_dir / f"{job.name}.json")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cached_sweep() -> Path:
     out = Path(tempfile.mkdtemp(prefix="membench-sweep-"))
     run_one(out)
@@ -36,5 +36,5 @@ def tiny_sweep(tmp_path: Path) -> Path:
     return dest
 
 
-def load(path: Path) -> list[dict]:
+def load(path: Path) -> list[RunRecord]:
     return load_dir(path)

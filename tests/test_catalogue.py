@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import adam_step_bytes, measure, on_cpu_too, registered, spec
 from membench.cli import main
 from membench.errors import UserError
 from membench.launcher import environment_for
-from membench.techniques import REGISTRY, Technique, check_stack, instantiate
+from membench.techniques import REGISTRY, Technique, check_stack, resolve
+from membench.trackers.memory import CpuMeter
+from tests.helpers import adam_step_bytes, measure, on_cpu_too, registered, session_for, spec
 
 CPU_TECHNIQUES = [n for n, cls in REGISTRY.items() if "cpu" in cls.devices and not cls.distributed
                   and n != "baseline"]
@@ -18,7 +19,7 @@ CUDA_ONLY = [n for n, cls in REGISTRY.items() if cls.devices == ("cuda",)]
 
 
 def breakdown(result: dict) -> dict:
-    return result["memory"]["breakdown_at_peak"]
+    return result.memory.breakdown_at_peak
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def test_techniques_command_lists_everything(capsys):
 @pytest.mark.parametrize("name", CPU_TECHNIQUES)
 def test_every_cpu_technique_runs(name):
     result = measure("gpt-tiny", (name,))
-    assert result["memory"]["peak_allocated_bytes"] > 0 and result["timing"]["median_s"] > 0
+    assert result.memory.peak_allocated_bytes > 0 and result.timing.median_s > 0
 
 
 @pytest.mark.parametrize("name", CUDA_ONLY)
@@ -83,25 +84,25 @@ def test_amp_fp16_scales_the_loss():
     from membench.step import build_state
     from membench.workloads import load_workload
 
-    state = build_state(state_spec, load_workload("gpt-tiny"), instantiate(state_spec))
+    state = build_state(state_spec.run, load_workload("gpt-tiny"), resolve(state_spec.run).techniques)
     assert float(state.scale_loss(torch.ones(()))) == 2.0 ** 16  # GradScaler's initial scale
 
 
 def test_sac_sits_between_baseline_and_ckpt(baseline):
     sac, ckpt = measure("gpt-tiny", ("sac",)), measure("gpt-tiny", ("ckpt",))
     assert breakdown(ckpt)["activations"] < breakdown(sac)["activations"] < breakdown(baseline)["activations"]
-    peak = lambda r: r["memory"]["peak_allocated_bytes"]  # noqa: E731
+    peak = lambda r: r.memory.peak_allocated_bytes  # noqa: E731
     assert peak(ckpt) < peak(sac) < peak(baseline)
 
 
 def test_init_on_device_lowers_the_construction_peak():
-    host_then_cast = measure("gpt-tiny", ("bf16",))["memory"]
-    direct = measure("gpt-tiny", ("init-on-device", "bf16"))["memory"]
+    host_then_cast = measure("gpt-tiny", ("bf16",)).memory
+    direct = measure("gpt-tiny", ("init-on-device", "bf16")).memory
     # Built at bf16 directly: the construction peak is the bf16 parameters and nothing else.
-    assert direct["build_peak_bytes"] == host_then_cast["breakdown_at_peak"]["parameters"]
+    assert direct.build_peak_bytes == host_then_cast.breakdown_at_peak["parameters"]
     # Built in fp32 then cast: all fp32 parameters are alive while the first bf16 copies appear.
-    assert host_then_cast["build_peak_bytes"] > 2 * direct["build_peak_bytes"]
-    assert direct["build_host_peak_bytes"] == direct["build_peak_bytes"]  # on CPU the device is the host
+    assert host_then_cast.build_peak_bytes > 2 * direct.build_peak_bytes
+    assert direct.build_host_peak_bytes == direct.build_peak_bytes  # on CPU the device is the host
 
 
 class ForeachOn(Technique):
@@ -117,40 +118,34 @@ class ForeachOn(Technique):
 def test_foreach_off_removes_the_step_intermediates(baseline):
     # CPU already defaults to foreach=False: foreach-off changes nothing here, to the byte.
     off = measure("gpt-tiny", ("foreach-off",))
-    assert off["memory"]["peak_allocated_bytes"] == baseline["memory"]["peak_allocated_bytes"]
+    assert off.memory.peak_allocated_bytes == baseline.memory.peak_allocated_bytes
     with registered(ForeachOn):
         on = _optimizer_phase_peak("foreach-on")
     assert _optimizer_phase_peak("foreach-off") < on
 
 
+class _OptimizerPhaseMeter(CpuMeter):
+    """Resets the peak as the optimizer step begins: its peak is then the step's own."""
+
+    def phase(self, name):
+        if name == "optimizer":
+            self.reset_peak()
+        return super().phase(name)
+
+
 def _optimizer_phase_peak(technique: str) -> int:
     """Peak live bytes during the optimizer step alone (the step's intermediates come and go there)."""
-    from membench.step import batches, build_state, train_step
-    from membench.trackers.memory import CpuMeter
-    from membench.workloads import load_workload
-
-    s = spec(techniques=(technique,))
-    workload = load_workload(s.workload)
-    meter = CpuMeter()
-    with meter.active():
-        state = build_state(s, workload, instantiate(s), on_model=meter.attach_model)
-        data = batches(workload, s)
-        train_step(state, next(data))  # the first step creates Adam's state; measure the second
-
-        def phase(name):
-            if name == "optimizer":
-                meter.reset_peak()
-            return meter.phase(name)
-
-        train_step(state, next(data), phase)
-    return meter.result()["peak_allocated_bytes"]
+    session = session_for(spec(techniques=(technique,)).run, meter=_OptimizerPhaseMeter())
+    session.build()
+    session.warm_up(1)  # the first step creates Adam's state; measure the second
+    return session.measure(1)[0].peak_allocated_bytes
 
 
 def test_expandable_segments_sets_the_allocator_for_its_process_only(monkeypatch):
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")
-    s = spec(techniques=("expandable-segments",), device="cpu")
-    assert environment_for(s)["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128,expandable_segments:True"
-    assert environment_for(spec())["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
+    s = spec(techniques=("expandable-segments",), device="cuda").run
+    assert environment_for(resolve(s))["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128,expandable_segments:True"
+    assert environment_for(resolve(spec().run))["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
 
 
 def test_offload_techniques_run_their_logic_on_cpu(monkeypatch, baseline):
@@ -159,14 +154,17 @@ def test_offload_techniques_run_their_logic_on_cpu(monkeypatch, baseline):
         opt = measure("gpt-tiny", ("opt-offload",))
         act = measure("gpt-tiny", ("act-offload",))
     # On CPU the host copy of the parameters is extra memory: exactly one more set of parameters.
-    assert opt["memory"]["breakdown_at_peak"]["other"] - breakdown(baseline)["other"] == breakdown(baseline)[
+    assert opt.memory.breakdown_at_peak["other"] - breakdown(baseline)["other"] == breakdown(baseline)[
         "parameters"]
-    assert act["memory"]["peak_allocated_bytes"] > 0
+    # save_on_cpu packs a saved tensor with .cpu(), which returns a CPU tensor itself: on CPU nothing is copied,
+    # so every byte is the baseline's.
+    assert act.memory.peak_allocated_bytes == baseline.memory.peak_allocated_bytes
+    assert act.memory.breakdown_at_peak == baseline.memory.breakdown_at_peak
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", ["opt-offload", "act-offload"])
 def test_offload_lowers_device_peak_on_gpu(name):
-    base = measure("gpt-mini", device="cuda")["memory"]["peak_allocated_bytes"]
-    assert measure("gpt-mini", (name,), device="cuda")["memory"]["peak_allocated_bytes"] < base
+    base = measure("gpt-mini", device="cuda").memory.peak_allocated_bytes
+    assert measure("gpt-mini", (name,), device="cuda").memory.peak_allocated_bytes < base

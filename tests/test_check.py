@@ -3,40 +3,40 @@
 from __future__ import annotations
 
 import copy
-import json
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 
 from membench import cli, environment, worker
-from membench.results import read_result, write_json
-from membench.spec import RunSpec
+from membench.results import RunRecord, read_result, write_record
 from membench.techniques import REGISTRY
 from membench.techniques.ckpt import ActivationCheckpointing
+from tests.helpers import spec
 
 REPO = Path(__file__).resolve().parent.parent
 CI_BASELINE = REPO / "results" / "ci-baseline"
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory) -> dict:
+def measured(tmp_path_factory) -> RunRecord:
     """One real CPU run (vit-tiny, batch 4), in this process: the record every test below varies."""
     out = tmp_path_factory.mktemp("measured") / "baseline.json"
-    return worker.run(RunSpec("vit-tiny", 4, steps=1, warmup=1, check=False), out)
+    return worker.run(spec("vit-tiny", batch_size=4), out)
 
 
-def _write(directory: Path, *records: dict) -> Path:
+def _write(directory: Path, *records: RunRecord) -> Path:
     for r in records:
-        write_json(directory / f"{r['name']}.json", r)
+        write_record(directory / f"{r.name}.json", r)
     return directory
 
 
-def _varied(record: dict, name: str | None = None, **memory) -> dict:
+def _varied(record: RunRecord, name: str | None = None, **memory) -> RunRecord:
     r = copy.deepcopy(record)
     if name:
-        r["name"] = name
-    r["memory"].update(memory)
+        r.name = name
+    r.memory = dataclasses.replace(r.memory, **memory)
     return r
 
 
@@ -55,7 +55,7 @@ def test_identical_results_pass(tmp_path, capsys, measured):
 
 
 def test_one_byte_more_fails_a_strict_rule_and_names_the_run(tmp_path, capsys, measured):
-    peak = measured["memory"]["peak_allocated_bytes"]
+    peak = measured.memory.peak_allocated_bytes
     base = _write(tmp_path / "base", measured)
     cur = _write(tmp_path / "cur", _varied(measured, peak_allocated_bytes=peak + 1))
     code, out, _ = _check(capsys, base, cur, "peak_allocated:0%")
@@ -69,14 +69,14 @@ def test_one_byte_more_fails_a_strict_rule_and_names_the_run(tmp_path, capsys, m
     (0.0, "peak_allocated:0%", 0), (-0.5, "peak_allocated:0%", 0),
 ])
 def test_relative_rules(tmp_path, capsys, measured, grow, rule, expected):
-    peak = measured["memory"]["peak_allocated_bytes"]
+    peak = measured.memory.peak_allocated_bytes
     base = _write(tmp_path / "base", measured)
     cur = _write(tmp_path / "cur", _varied(measured, peak_allocated_bytes=int(peak * (1 + grow))))
     assert _check(capsys, base, cur, rule)[0] == expected
 
 
 def test_absolute_rule_in_bytes(tmp_path, capsys, measured):
-    peak = measured["memory"]["peak_allocated_bytes"]
+    peak = measured.memory.peak_allocated_bytes
     base = _write(tmp_path / "base", measured)
     within = _write(tmp_path / "within", _varied(measured, peak_allocated_bytes=peak + 64 * 2**10))
     over = _write(tmp_path / "over", _varied(measured, peak_allocated_bytes=peak + 64 * 2**10 + 1))
@@ -87,8 +87,8 @@ def test_absolute_rule_in_bytes(tmp_path, capsys, measured):
 def test_throughput_drop_is_the_regression(tmp_path, capsys, measured):
     base = _write(tmp_path / "base", measured)
     faster, slower = copy.deepcopy(measured), copy.deepcopy(measured)
-    faster["timing"]["throughput"] *= 2
-    slower["timing"]["throughput"] *= 0.8
+    faster.timing.throughput *= 2
+    slower.timing.throughput *= 0.8
     assert _check(capsys, base, _write(tmp_path / "faster", faster), "throughput:10%")[0] == 0
     code, out, _ = _check(capsys, base, _write(tmp_path / "slower", slower), "throughput:10%")
     assert code == 1 and "throughput" in out
@@ -96,7 +96,7 @@ def test_throughput_drop_is_the_regression(tmp_path, capsys, measured):
 
 def test_a_run_that_now_fails_is_a_regression(tmp_path, capsys, measured):
     oom = copy.deepcopy(measured)
-    oom["status"] = "oom"
+    oom.status = "oom"
     code, out, _ = _check(capsys, _write(tmp_path / "base", measured), _write(tmp_path / "cur", oom),
                           "peak_allocated:5%")
     assert code == 1 and "oom" in out
@@ -127,7 +127,7 @@ def test_usage_errors_exit_2_with_one_line(tmp_path, capsys, measured, problem, 
         rules = []
     elif problem == "other-workload":
         other = copy.deepcopy(measured)
-        other["spec"]["batch_size"] = 8
+        other.spec = other.spec.with_run(batch_size=8)
         _write(cur, other)
     elif problem == "metric-absent":  # no reserved memory on CPU: nothing to compare is not a pass
         _write(cur, measured)
@@ -139,7 +139,7 @@ def test_usage_errors_exit_2_with_one_line(tmp_path, capsys, measured, problem, 
 
 def test_machine_mismatch_is_refused_unless_allowed(tmp_path, capsys, measured):
     elsewhere = copy.deepcopy(measured)
-    elsewhere["env"]["torch"] = "2.99.0"
+    elsewhere.env.torch = "2.99.0"
     base, cur = _write(tmp_path / "base", measured), _write(tmp_path / "cur", elsewhere)
     code, _, err = _check(capsys, base, cur, "peak_allocated:0%")
     assert code == 2 and "--allow-machine-mismatch" in err and "torch2.99.0" in err
@@ -148,7 +148,7 @@ def test_machine_mismatch_is_refused_unless_allowed(tmp_path, capsys, measured):
 
 def test_predictions_are_not_compared_with_measurements(tmp_path, capsys, measured):
     predicted = copy.deepcopy(measured)
-    predicted["predicted"] = True
+    predicted.predicted = True
     base, cur = _write(tmp_path / "base", measured), _write(tmp_path / "cur", predicted)
     code, _, err = _check(capsys, base, cur, "peak_allocated:0%")
     assert code == 2 and "prediction" in err and "--allow-predicted-vs-measured" in err
@@ -166,15 +166,15 @@ class LeakyCheckpointing(ActivationCheckpointing):
 def _ci_sweep(out: Path) -> Path:
     """The gate's runs for vit-tiny (as .ci/memory-gate makes them), in this process so a test can plant a leak."""
     for name in ("baseline", "ckpt"):
-        spec = RunSpec("vit-tiny", 4, techniques=() if name == "baseline" else (name,), steps=1, warmup=1,
-                       check=False)
-        worker.run(spec, out / "vit-tiny-bs4" / f"{name}.json")
+        job = spec("vit-tiny", () if name == "baseline" else (name,), batch_size=4)
+        worker.run(job, out / "vit-tiny-bs4" / f"{name}.json")
     return out
 
 
 def _same_machine_as_ci_baseline() -> bool:
     record = read_result(CI_BASELINE / "vit-tiny-bs4" / "baseline.json")
-    return environment.machine_key(record["env"]) == environment.machine_key(environment.describe("cpu"))
+    here = environment.machine_key(environment.describe("cpu"))
+    return environment.machine_key(dataclasses.asdict(record.env)) == here
 
 
 @pytest.mark.skipif(not CI_BASELINE.exists(), reason="results/ci-baseline is not committed")
@@ -191,6 +191,6 @@ def test_gate_passes_today_and_catches_a_planted_regression(tmp_path, capsys, mo
     assert code == 1
     regressed = [line for line in out.splitlines() if line.startswith("REGRESSED")]
     assert len(regressed) == 1 and " ckpt " in regressed[0], out
-    base_peak = read_result(CI_BASELINE / "vit-tiny-bs4" / "ckpt.json")["memory"]["peak_allocated_bytes"]
-    leaky_peak = json.loads((leaky / "vit-tiny-bs4" / "ckpt.json").read_text())["memory"]["peak_allocated_bytes"]
+    base_peak = read_result(CI_BASELINE / "vit-tiny-bs4" / "ckpt.json").memory.peak_allocated_bytes
+    leaky_peak = read_result(leaky / "vit-tiny-bs4" / "ckpt.json").memory.peak_allocated_bytes
     assert leaky_peak - base_peak == 16384 * 4  # exactly the leaked buffer

@@ -6,11 +6,11 @@ import itertools
 
 import pytest
 
-from tests.helpers import measure, verdict
 from membench.api import plan
 from membench.cli import main
 from membench.errors import UserError
 from membench.techniques import REGISTRY, check_stack, conflicts_of, parse_techniques
+from tests.helpers import measure, verdict
 
 REFUSED = [
     ("opt-in-bwd", "accum"), ("accum", "opt-in-bwd"), ("fsdp-offload", "opt-offload"), ("amp-bf16", "amp-fp16"),
@@ -52,22 +52,22 @@ def test_every_allowed_pair_on_cpu_is_accepted():
 
 def test_plan_expands_stacks_and_keeps_nproc_for_distributed_stacks_only():
     specs = plan("gpt-tiny", "ckpt+opt-in-bwd+amp-bf16,fsdp", batch_size=2, device="cpu", nproc_per_node=2)
-    assert [s.techniques for s in specs] == [(), ("ckpt", "opt-in-bwd", "amp-bf16"), ("fsdp",)]
-    assert [s.nproc_per_node for s in specs] == [1, 1, 2]
+    assert [s.run.techniques for s in specs] == [(), ("ckpt", "opt-in-bwd", "amp-bf16"), ("fsdp",)]
+    assert [s.run.nproc_per_node for s in specs] == [1, 1, 2]
     assert parse_techniques("accum,ckpt+opt-in-bwd+amp-bf16") == (("accum",), ("ckpt", "opt-in-bwd", "amp-bf16"))
 
 
 @pytest.mark.parametrize("stack", [("ckpt", "opt-in-bwd", "amp-bf16"), ("sac", "foreach-off", "init-on-device"),
                                    ("ckpt", "fused-adam"), ("init-on-device", "bf16", "opt-in-bwd")])
 def test_stacks_run_and_keep_their_numerics(stack):
-    assert measure("gpt-tiny", stack)["memory"]["peak_allocated_bytes"] > 0
+    assert measure("gpt-tiny", stack).memory.peak_allocated_bytes > 0
     expected = {("ckpt", "opt-in-bwd", "amp-bf16"): {"precision"}, ("sac", "foreach-off", "init-on-device"):
                 {"bitwise"}, ("ckpt", "fused-adam"): {"equivalent"},
                 ("init-on-device", "bf16", "opt-in-bwd"): {"precision"}}[stack]
-    assert verdict("gpt-tiny", stack)["verdict"] in expected
+    assert verdict("gpt-tiny", stack).verdict in expected
 
 
 def test_ckpt_and_opt_in_bwd_stack_their_savings():
-    peak = lambda *s: measure("gpt-tiny", s)["memory"]["peak_allocated_bytes"]  # noqa: E731
+    peak = lambda *s: measure("gpt-tiny", s).memory.peak_allocated_bytes  # noqa: E731
     both, ckpt, base = peak("ckpt", "opt-in-bwd"), peak("ckpt"), peak()
     assert both < ckpt < base

@@ -13,10 +13,10 @@ def test_cuda_sweep_records_allocator_and_driver_memory(tmp_path):
                  "--techniques", "accum,ckpt,opt-in-bwd", "--out", str(tmp_path)]) == 0
     for name in ("baseline", "accum", "ckpt", "opt-in-bwd"):
         r = read_result(tmp_path / f"{name}.json")
-        mem = r["memory"]
-        assert r["status"] == "ok" and mem["device"] == "cuda"
-        assert 0 < mem["peak_allocated_bytes"] <= mem["peak_reserved_bytes"] < mem["driver_used_bytes"]
-        assert mem["alloc_retries"] >= 0 and r["env"]["cuda"]
+        mem = r.memory
+        assert r.status == "ok" and mem.device == "cuda"
+        assert 0 < mem.peak_allocated_bytes <= mem.peak_reserved_bytes < mem.driver_used_bytes
+        assert mem.alloc_retries >= 0 and r.env.cuda
 
 
 def test_vit_l_16_opt_in_bwd_lowers_the_tutorial_peak(tmp_path):
@@ -25,5 +25,5 @@ def test_vit_l_16_opt_in_bwd_lowers_the_tutorial_peak(tmp_path):
     assert main(["run", "--device", "cuda", "--workload", "vit_l_16", "--batch-size", "1", "--steps", "3",
                  "--techniques", "opt-in-bwd", "--out", str(tmp_path)]) == 0
     base, fused = read_result(tmp_path / "baseline.json"), read_result(tmp_path / "opt-in-bwd.json")
-    assert base["memory"]["peak_phase"] == "optimizer"
-    assert fused["memory"]["peak_allocated_bytes"] < 0.8 * base["memory"]["peak_allocated_bytes"]
+    assert base.memory.peak_phase == "optimizer"
+    assert fused.memory.peak_allocated_bytes < 0.8 * base.memory.peak_allocated_bytes

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from membench.trackers import categories as cat
-from tests.helpers import spec, track_steps as measure
+from membench import vocab as cat
+from tests.helpers import spec
+from tests.helpers import track_steps as measure
 
 
 def storage_bytes(tensors) -> int:
@@ -32,43 +33,65 @@ def test_steady_state_is_params_plus_adam_state_plus_inputs(workload):
 def test_tracker_is_deterministic():
     first = measure(spec("vit-tiny", batch_size=2))[0]
     second = measure(spec("vit-tiny", batch_size=2))[0]
-    assert first["peak_allocated_bytes"] == second["peak_allocated_bytes"]
-    assert first["breakdown_at_peak"] == second["breakdown_at_peak"]
-
-
-def test_peak_breakdown_sums_to_peak():
-    memory = measure(spec("gpt-tiny", batch_size=2))[0]
-    assert sum(memory["breakdown_at_peak"].values()) == memory["peak_allocated_bytes"]
+    assert first.peak_allocated_bytes == second.peak_allocated_bytes
+    assert first.breakdown_at_peak == second.breakdown_at_peak
 
 
 @pytest.mark.parametrize("technique", ["accum", "ckpt"])
 def test_accum_and_ckpt_lower_an_activation_heavy_peak(technique):
     base = measure(spec("gpt-mini", batch_size=4))[0]
     other = measure(spec("gpt-mini", batch_size=4, techniques=[technique]))[0]
-    assert base["peak_phase"] in ("forward", "backward")  # activation-heavy: the peak is not the optimizer's
-    assert other["peak_allocated_bytes"] < base["peak_allocated_bytes"]
-    assert other["breakdown_at_peak"][cat.ACTIVATIONS] < base["breakdown_at_peak"][cat.ACTIVATIONS]
+    assert base.peak_phase in ("forward", "backward")  # activation-heavy: the peak is not the optimizer's
+    assert other.peak_allocated_bytes < base.peak_allocated_bytes
+    assert other.breakdown_at_peak[cat.ACTIVATIONS] < base.breakdown_at_peak[cat.ACTIVATIONS]
 
 
 def test_opt_in_bwd_lowers_a_parameter_heavy_peak_and_keeps_no_grads():
     base = measure(spec("vit-tiny", batch_size=1))[0]
     memory, meter, state, _ = measure(spec("vit-tiny", batch_size=1, techniques=["opt-in-bwd"]))
     # The tutorial's picture: the baseline peaks in the optimizer step with every gradient alive...
-    assert base["peak_phase"] == "optimizer"
-    assert base["breakdown_at_peak"][cat.GRADS] >= storage_bytes(state.model.parameters())
+    assert base.peak_phase == "optimizer"
+    assert base.breakdown_at_peak[cat.GRADS] >= storage_bytes(state.model.parameters())
     # ...the fused step moves the peak into backward and never holds more than a few gradients at once.
-    assert memory["peak_phase"] == "backward"
-    assert memory["peak_allocated_bytes"] < base["peak_allocated_bytes"]
-    assert memory["breakdown_at_peak"][cat.GRADS] < base["breakdown_at_peak"][cat.GRADS] / 4
+    assert memory.peak_phase == "backward"
+    assert memory.peak_allocated_bytes < base.peak_allocated_bytes
+    assert memory.breakdown_at_peak[cat.GRADS] < base.breakdown_at_peak[cat.GRADS] / 4
     assert all(p.grad is None for p in state.model.parameters())
     assert meter.tracker.by_category[cat.GRADS] == 0
 
 
 def test_budget_raises_out_of_memory_on_cpu():
+    """A budget below what training must hold between steps (parameters + Adam's two moments and step counters,
+    derived from the model, not measured) cannot fit; one far above everything does."""
+    from membench.workloads import load_workload
     from tests.helpers import replace
 
+    params = list(load_workload("vit-tiny").build_model().parameters())
+    must_hold = 3 * storage_bytes(params) + 4 * len(params)
     s = spec("vit-tiny", batch_size=1)
-    peak = measure(s)[0]["peak_allocated_bytes"]
     with pytest.raises(torch.OutOfMemoryError):
-        measure(replace(s, memory_budget=peak - 1))
-    measure(replace(s, memory_budget=peak))  # exactly the peak fits
+        measure(replace(s, memory_budget=must_hold - 1))
+    assert measure(replace(s, memory_budget=2**30))[0].peak_allocated_bytes > must_hold
+
+
+def test_timed_steps_run_with_nothing_of_membench_attached(monkeypatch):
+    """After the measured step the session detaches: the timed steps register no storage with the tracker, and
+    no membench hook stays on the parameters or the optimizer."""
+    import weakref
+
+    from tests.helpers import session_for
+
+    session = session_for(spec("gpt-tiny", batch_size=2).run)
+    session.build()
+    session.warm_up(1)
+    session.measure(1)
+    session.detach()
+    finalizers = []
+    real = weakref.finalize
+    monkeypatch.setattr(weakref, "finalize", lambda *a, **k: finalizers.append(a) or real(*a, **k))
+    for i in session.timed_indices(3):
+        session.bare_step(i)
+    assert finalizers == []
+    params = list(session.state.model.parameters())
+    assert all(not p._post_accumulate_grad_hooks for p in params)  # torch keeps them in this dict (2.14)
+    assert all(not opt._optimizer_step_post_hooks for opt in session.state.optimizers)

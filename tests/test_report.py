@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from html.parser import HTMLParser
 from pathlib import Path
@@ -14,7 +13,7 @@ from membench.cli import main
 from membench.errors import UserError
 from membench.report import compare, explain
 from membench.report.write import write_report
-from membench.results import load_dir
+from membench.results import load_dir, read_result, write_record
 from tests.sweeps import tiny_sweep
 
 HOSTILE = '<script>alert("x")</script><img src=http://evil.example/x.png onerror=alert(1)>'
@@ -61,8 +60,8 @@ def test_report_writes_every_file(sweep, tmp_path):
     assert (out / "peak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     csv = pd.read_csv(out / "results.csv")
     assert list(csv["run"]) == ["baseline", "opt-in-bwd"]
-    base = json.loads((sweep / "baseline.json").read_text())
-    assert csv["peak_allocated_bytes"][0] == base["memory"]["peak_allocated_bytes"]
+    base = read_result(sweep / "baseline.json")
+    assert csv.peak_allocated_bytes[0] == base.memory.peak_allocated_bytes
     md = (out / "report.md").read_text()
     assert "| baseline" in md and "![timelines](timelines.png)" in md and "optimizer state" in md
 
@@ -98,11 +97,11 @@ def test_the_external_ref_check_can_fail():
 
 
 def test_hostile_text_from_results_is_escaped(sweep, tmp_path):
-    planted = json.loads((sweep / "opt-in-bwd.json").read_text())
-    planted.update(name=HOSTILE, status="error", error=HOSTILE)
-    planted["equivalence"]["detail"] = HOSTILE
-    planted["env"]["device_name"] = HOSTILE
-    (sweep / "planted.json").write_text(json.dumps(planted))
+    planted = read_result(sweep / "opt-in-bwd.json")
+    planted.name, planted.status, planted.error = HOSTILE, "error", HOSTILE
+    planted.equivalence.detail = HOSTILE
+    planted.env.device_name = HOSTILE
+    write_record(sweep / "planted.json", planted)
     write_report(load_dir(sweep), tmp_path / "r")
     page = (tmp_path / "r" / "report.html").read_text()
     refs = Refs()
@@ -116,8 +115,8 @@ def test_explanations_come_from_the_numbers(sweep):
     results = load_dir(sweep)
     lines = explain.explain_all(results)
     text = " ".join(lines["opt-in-bwd"])
-    base, fused = (json.loads((sweep / f"{n}.json").read_text()) for n in ("baseline", "opt-in-bwd"))
-    saved = base["memory"]["peak_allocated_bytes"] - fused["memory"]["peak_allocated_bytes"]
+    base, fused = (read_result(sweep / f"{n}.json") for n in ("baseline", "opt-in-bwd"))
+    saved = base.memory.peak_allocated_bytes - fused.memory.peak_allocated_bytes
     from membench.units import fmt_bytes
 
     assert f"{fmt_bytes(saved)} saved" in text
@@ -127,10 +126,10 @@ def test_explanations_come_from_the_numbers(sweep):
 
 
 def test_report_refuses_two_sweeps(sweep, tmp_path):
-    other = json.loads((sweep / "baseline.json").read_text())
-    other["spec"]["batch_size"] = 64
+    other = read_result(sweep / "baseline.json")
+    other.spec = other.spec.with_run(batch_size=64)
     (sweep / "other").mkdir()
-    (sweep / "other" / "baseline.json").write_text(json.dumps(other))
+    write_record(sweep / "other" / "baseline.json", other)
     with pytest.raises(UserError, match="more than one sweep"):
         write_report(load_dir(sweep), tmp_path / "r")
 
@@ -145,11 +144,11 @@ def test_report_cli(sweep, capsys):
 def test_compare_shows_deltas(sweep, tmp_path, capsys):
     new = tmp_path / "new"
     new.mkdir()
-    base = json.loads((sweep / "baseline.json").read_text())
-    old_peak = base["memory"]["peak_allocated_bytes"]
-    base["memory"]["peak_allocated_bytes"] = old_peak + old_peak // 10 * 2  # +20% (to integer bytes)
-    base["memory"]["peak_phase"] = "backward"
-    (new / "baseline.json").write_text(json.dumps(base))
+    base = read_result(sweep / "baseline.json")
+    old_peak = base.memory.peak_allocated_bytes
+    base.memory.peak_allocated_bytes = old_peak + old_peak // 10 * 2  # +20% (to integer bytes)
+    base.memory.peak_phase = "backward"
+    write_record(new / "baseline.json", base)
     rows = {r[0]: r for r in compare.rows(load_dir(sweep), load_dir(new))}
     pct = (old_peak // 10 * 2) / old_peak * 100
     assert rows["baseline"][5] == f"{pct:+.1f}%"

@@ -1,6 +1,5 @@
 """The sweep as a user runs it: one process per run, failures contained, nothing measured ever lost."""
 
-import json
 import os
 import signal
 import subprocess
@@ -26,14 +25,14 @@ def test_sweep_writes_one_result_per_run_with_spec_and_environment(tmp_path, cap
     table = capsys.readouterr().out
     for name in ("baseline", "accum", "ckpt", "opt-in-bwd"):
         r = read_result(tmp_path / f"{name}.json")
-        assert r["schema_version"] == SCHEMA_VERSION and r["status"] == "ok", r.get("error")
-        assert r["spec"]["workload"] == "vit-tiny" and r["spec"]["batch_size"] == 8
-        assert r["env"]["torch"] and r["env"]["device"] == "cpu" and "device_name" in r["env"]
-        assert r["memory"]["peak_allocated_bytes"] > 0
-        assert r["timing"]["median_s"] > 0 and r["timing"]["flops_per_step"] > 0
-        assert len(r["timing"]["step_times_s"]) == 2
+        assert r.schema_version == SCHEMA_VERSION and r.status == "ok", r.error
+        assert r.spec.run.workload == "vit-tiny" and r.spec.run.batch_size == 8
+        assert r.env.torch and r.env.device == "cpu" and r.env.device_name
+        assert r.memory.peak_allocated_bytes > 0
+        assert r.timing.median_s > 0 and r.timing.flops_per_step > 0
+        assert len(r.timing.step_times_s) == 2
         assert name in table
-    verdicts = {n: read_result(tmp_path / f"{n}.json")["equivalence"]["verdict"]
+    verdicts = {n: read_result(tmp_path / f"{n}.json").equivalence.verdict
                 for n in ("baseline", "accum", "ckpt", "opt-in-bwd")}
     assert verdicts == {"baseline": "reference", "accum": "equivalent", "ckpt": "bitwise", "opt-in-bwd": "bitwise"}
 
@@ -44,20 +43,20 @@ def test_oom_in_one_run_keeps_the_others(tmp_path):
                  "--memory-budget", "1.8MB", "--out", str(tmp_path))
     assert rc == 0
     base, accum = read_result(tmp_path / "baseline.json"), read_result(tmp_path / "accum.json")
-    assert base["status"] == "oom" and "out of memory" in base["error"]
-    assert base["memory"]["peak_allocated_bytes"] > 1_800_000
-    assert accum["status"] == "ok" and accum["memory"]["peak_allocated_bytes"] <= 1_800_000
+    assert base.status == "oom" and "out of memory" in base.error
+    assert base.memory.peak_allocated_bytes > 1_800_000
+    assert accum.status == "ok" and accum.memory.peak_allocated_bytes <= 1_800_000
 
 
 def test_crash_and_hang_become_statuses(tmp_path):
     rc = run_cli("--workload", "tests.workloads:broken", "--techniques", "baseline", "--out", str(tmp_path / "a"))
     assert rc == 1
     r = read_result(tmp_path / "a" / "baseline.json")
-    assert r["status"] == "error" and "planted crash" in r["error"]
+    assert r.status == "error" and "planted crash" in r.error
     rc = run_cli("--workload", "tests.workloads:hang", "--techniques", "baseline", "--timeout", "3",
                  "--out", str(tmp_path / "b"))
     assert rc == 1
-    assert read_result(tmp_path / "b" / "baseline.json")["status"] == "timeout"
+    assert read_result(tmp_path / "b" / "baseline.json").status == "timeout"
 
 
 def test_resume_skips_finished_runs_and_reruns_keep_history(tmp_path):
@@ -87,19 +86,19 @@ def test_ctrl_c_keeps_finished_runs(tmp_path):
 
 def test_ctrl_c_after_a_finished_run_leaves_its_result(tmp_path):
     from membench.launcher import Interrupted, run_all
-    from membench.spec import RunSpec
+    from tests.helpers import spec
 
-    specs = [RunSpec("tests.workloads:mlp", 4, (), steps=1, warmup=0, check=False),
-             RunSpec("tests.workloads:mlp", 4, ("ckpt",), steps=1, warmup=0, check=False)]
+    specs = [spec("tests.workloads:mlp", (), batch_size=4, warmup=0),
+             spec("tests.workloads:mlp", ("ckpt",), batch_size=4, warmup=0)]
 
-    def interrupt(spec):
-        if spec.techniques:
+    def interrupt(job):
+        if job.run.techniques:
             raise KeyboardInterrupt
 
     with pytest.raises(Interrupted) as stop:
         run_all(specs, tmp_path, on_start=interrupt)
-    assert [r["name"] for r in stop.value.results] == ["baseline"]
-    assert read_result(tmp_path / "baseline.json")["status"] == "ok"
+    assert [r.name for r in stop.value.results] == ["baseline"]
+    assert read_result(tmp_path / "baseline.json").status == "ok"
 
 
 def test_python_api_returns_a_dataframe(tmp_path):
@@ -107,6 +106,6 @@ def test_python_api_returns_a_dataframe(tmp_path):
                             steps=2, warmup=1)
     assert isinstance(df, pd.DataFrame)
     assert list(df["run"]) == ["baseline", "accum", "opt-in-bwd"]
-    assert (df["status"] == "ok").all()
+    assert (df.status == "ok").all()
     assert df.loc[df["run"] == "baseline", "peak_vs_baseline_pct"].iloc[0] == 0
-    assert json.loads((tmp_path / "accum.json").read_text())["spec"]["accum_steps"] == 4
+    assert read_result(tmp_path / "accum.json").spec.run.accum_steps == 4

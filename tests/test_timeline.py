@@ -3,95 +3,57 @@
 
 from __future__ import annotations
 
-import json
 import pickle
 
 import pytest
 import torch
 
 from membench.cli import build_parser
-from membench.spec import RunSpec
-from membench.step import batches, build_state, train_step
-from membench.trackers import cuda, timeline as tl
-from membench.trackers.categories import CATEGORIES
-from membench.trackers.memory import CpuMeter
-from membench.trackers.storage import StorageTracker
-from membench.workloads import load_workload
-from tests.sweeps import TINY, run_one, tiny_sweep
-
-
-class CheckedTracker(StorageTracker):
-    """Asserts, at every allocation and free, that the categories add up to the live total."""
-
-    checked = 0
-
-    def _changed(self) -> None:
-        super()._changed()
-        assert sum(self.by_category.values()) == self.current == sum(self.events[-1][2])
-        assert self.events[-1][0] == self.phase and self.events[-1][1] == self.step
-        CheckedTracker.checked += 1
-
-
-def test_categories_sum_to_total_at_every_event():
-    spec = RunSpec(techniques=("opt-in-bwd",), **TINY)
-    workload = load_workload(spec.workload)
-    meter = CpuMeter()
-    meter.tracker = CheckedTracker(timeline=True)
-    from membench.techniques import instantiate
-
-    with meter.active():
-        state = build_state(spec, workload, instantiate(spec), on_model=meter.attach_model)
-        meter.attach_optimizers(state.optimizers)
-        data = batches(workload, spec)
-        for i in range(2):
-            meter.start_step(i)
-            train_step(state, next(data), meter.phase)
-    events = meter.tracker.events
-    assert CheckedTracker.checked > 100 and len(events) == CheckedTracker.checked
-    assert all(len(b) == len(CATEGORIES) and min(b) >= 0 for _, _, b in events)
-    assert {p for p, _, _ in events} >= {"forward", "backward"}
+from membench.results import read_result
+from membench.trackers import cuda
+from membench.trackers import timeline as tl
+from tests.sweeps import run_one, tiny_sweep
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     out = tiny_sweep(tmp_path_factory.mktemp("timeline"))
-    return {n: json.loads((out / f"{n}.json").read_text()) for n in ("baseline", "opt-in-bwd")}, out
+    return {n: read_result(out / f"{n}.json") for n in ("baseline", "opt-in-bwd")}, out
 
 
 def test_timeline_peak_equals_result_peak_to_the_byte(sweep):
     results, out = sweep
     for result in results.values():
-        info, memory = result["timeline"], result["memory"]
-        assert "error" not in info
-        timeline = tl.load(out / info["file"])
-        assert info["file_bytes"] == (out / info["file"]).stat().st_size
-        assert info["peak_bytes"] == memory["peak_allocated_bytes"] == max(tl.totals(timeline))
-        assert timeline["peak"]["breakdown"] == memory["breakdown_at_peak"] == info["breakdown_at_peak"]
-        assert timeline["peak"]["phase"] == memory["peak_phase"]
+        info, memory = result.timeline, result.memory
+        timeline = tl.load(out / info.file)
+        assert info.file_bytes == (out / info.file).stat().st_size
+        assert info.peak_bytes == memory.peak_allocated_bytes == max(tl.totals(timeline))
+        assert timeline["peak"]["breakdown"] == memory.breakdown_at_peak == info.breakdown_at_peak
+        assert timeline["peak"]["phase"] == memory.peak_phase
         assert timeline["steps"] == tl.TIMELINE_STEPS and timeline["x"] == sorted(timeline["x"])
 
 
 def test_phases_are_marked_per_step(sweep):
     results, out = sweep
-    spans = tl.load(out / results["baseline"]["timeline"]["file"])["spans"]
+    spans = tl.load(out / results["baseline"].timeline.file)["spans"]
     for step in range(tl.TIMELINE_STEPS):
         phases = [s["phase"] for s in spans if s["step"] == step]
         assert phases == ["forward", "backward", "optimizer"], phases
     # opt-in-bwd steps inside backward: no optimizer phase of its own.
-    spans = tl.load(out / results["opt-in-bwd"]["timeline"]["file"])["spans"]
+    spans = tl.load(out / results["opt-in-bwd"].timeline.file)["spans"]
     assert [s["phase"] for s in spans if s["step"] == 0] == ["forward", "backward"]
 
 
 def test_baseline_peaks_in_optimizer_step_and_opt_in_bwd_does_not(sweep):
     results, _ = sweep
-    base, fused = results["baseline"]["memory"], results["opt-in-bwd"]["memory"]
-    assert base["peak_phase"] == "optimizer"
-    assert fused["peak_phase"] != "optimizer"
-    assert fused["breakdown_at_peak"]["gradients"] < base["breakdown_at_peak"]["gradients"]
-    assert fused["peak_allocated_bytes"] < base["peak_allocated_bytes"]
+    base, fused = results["baseline"].memory, results["opt-in-bwd"].memory
+    assert base.peak_phase == "optimizer"
+    assert fused.peak_phase != "optimizer"
+    assert fused.breakdown_at_peak["gradients"] < base.breakdown_at_peak["gradients"]
+    assert fused.peak_allocated_bytes < base.peak_allocated_bytes
     # Same model, same optimizer: parameters and Adam state are the same bytes in both.
     for c in ("parameters", "optimizer_state"):
-        assert fused["breakdown_at_peak"][c] == base["breakdown_at_peak"][c]
+        assert fused.breakdown_at_peak[c] == base.breakdown_at_peak[c]
 
 
 def test_downsampling_keeps_the_peak_exactly():
@@ -113,7 +75,7 @@ def test_no_timeline_option(tmp_path):
     assert build_parser().parse_args(["run", "--no-timeline"]).timeline is False
     assert build_parser().parse_args(["run"]).timeline is True
     result = run_one(tmp_path, timeline=False)
-    assert result["status"] == "ok" and "timeline" not in result
+    assert result.status == "ok" and result.timeline is None
     assert not list(tmp_path.glob("*.timeline.json"))
 
 
@@ -131,15 +93,14 @@ def test_trace_summary_counts_allocated_bytes():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA snapshots and history)")
 def test_cuda_recording_pass_writes_snapshot_and_categorised_timeline(tmp_path):
     result = run_one(tmp_path, device="cuda")
-    info = result["timeline"]
-    assert "error" not in info, info
-    snap_path = tmp_path / info["snapshot"]
-    assert info["snapshot_bytes"] == snap_path.stat().st_size > 0
+    info = result.timeline
+    snap_path = tmp_path / info.snapshot
+    assert info.snapshot_bytes == snap_path.stat().st_size > 0
     with open(snap_path, "rb") as f:
         snapshot = pickle.load(f)
     assert "segments" in snapshot and snapshot["device_traces"]
-    timeline = tl.load(tmp_path / info["file"])
+    timeline = tl.load(tmp_path / info.file)
     assert timeline["round_to"] == 512 and timeline["peak"]["breakdown"]["parameters"] > 0
     # The tracker (rounded to 512 B) sees tensors, the allocator blocks: same order of magnitude.
     if "trace_peak_allocated_bytes" in info:
-        assert 0.5 < info["peak_bytes"] / info["trace_peak_allocated_bytes"] < 2
+        assert 0.5 < info.peak_bytes / info.trace_peak_allocated_bytes < 2

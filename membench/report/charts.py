@@ -17,8 +17,9 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from membench.report.explain import breakdown, find_baseline  # noqa: E402
+from membench.results import RunRecord  # noqa: E402
 from membench.trackers import timeline as tl  # noqa: E402
-from membench.trackers.categories import CATEGORIES  # noqa: E402
+from membench.vocab import CATEGORIES  # noqa: E402
 
 COLORS = {"parameters": "#4C72B0", "gradients": "#DD8452", "optimizer_state": "#55A868",
           "activations": "#C44E52", "temporaries": "#8172B3", "inputs": "#937860", "other": "#9a9a9a"}
@@ -42,19 +43,19 @@ def save(fig: Figure, out_dir: Path, name: str) -> dict:
     return {"png": png, "svg": svg, "svg_text": buf.getvalue()}
 
 
-def _ok(results: list[dict]) -> list[dict]:
-    return [r for r in results if r.get("status") == "ok" and (r.get("memory") or {}).get("peak_allocated_bytes")]
+def _ok(results: list[RunRecord]) -> list[RunRecord]:
+    return [r for r in results if r.status == "ok" and r.peak]
 
 
-def peak_chart(results: list[dict]) -> Figure | None:
+def peak_chart(results: list[RunRecord]) -> Figure | None:
     runs = _ok(results)
     if not runs:
         return None
-    peaks = [r["memory"]["peak_allocated_bytes"] for r in runs]
+    peaks = [r.peak for r in runs]
     unit, scale = unit_for(max(peaks))
     fig = Figure(figsize=(max(5.0, 1.1 * len(runs) + 2.5), 4.2))
     ax = fig.subplots()
-    names = [r["name"] for r in runs]
+    names = [r.name for r in runs]
     xs = range(len(runs))
     bottoms = [0.0] * len(runs)
     for c in CATEGORIES:
@@ -70,7 +71,7 @@ def peak_chart(results: list[dict]) -> Figure | None:
         ax.text(x, p / scale, f"{p / scale:.3g}", ha="center", va="bottom", fontsize=8)
     base = find_baseline(results)
     if base:
-        ax.axhline(base["memory"]["peak_allocated_bytes"] / scale, color="black", ls="--", lw=1, label="baseline peak")
+        ax.axhline(base.peak / scale, color="black", ls="--", lw=1, label="baseline peak")
     ax.set_xticks(list(xs), names, rotation=20, ha="right")
     ax.set_ylabel(f"peak allocated ({unit})")
     ax.set_title("Peak memory by technique, by category at the peak")
@@ -79,18 +80,18 @@ def peak_chart(results: list[dict]) -> Figure | None:
     return fig
 
 
-def load_timeline(result: dict) -> dict | None:
-    info = result.get("timeline") or {}
-    if not info.get("file") or not result.get("_path"):
+def load_timeline(result: RunRecord) -> dict | None:
+    info = result.timeline
+    if info is None or result.path is None:
         return None
-    path = Path(result["_path"]).parent / info["file"]
+    path = result.path.parent / info.file
     return tl.load(path) if path.exists() else None
 
 
-def timeline_chart(results: list[dict]) -> Figure | None:
+def timeline_chart(results: list[RunRecord]) -> Figure | None:
     """Baseline first, then each technique: same y axis, same step scale, stacked by category."""
     runs = [(r, t) for r in _ok(results) for t in [load_timeline(r)] if t is not None]
-    runs.sort(key=lambda rt: rt[0]["name"] != "baseline")
+    runs.sort(key=lambda rt: rt[0].name != "baseline")
     if not runs:
         return None
     top = max(t["peak"]["bytes"] for _, t in runs)
@@ -112,7 +113,7 @@ def timeline_chart(results: list[dict]) -> Figure | None:
                     xytext=(4, 4), textcoords="offset points", fontsize=7)
         for step in range(1, t["steps"]):
             ax.axvline(step, color="black", lw=0.6, ls=":")
-        ax.set_title(result["name"], fontsize=10)
+        ax.set_title(result.name, fontsize=10)
         ax.set_xlim(0, t["steps"])
         ax.set_ylim(0, top / scale * 1.2)
     for ax in axes[len(runs):]:
@@ -140,11 +141,11 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     return sorted(front, key=lambda i: points[i][0])
 
 
-def pareto_chart(results: list[dict]) -> Figure | None:
-    runs = [r for r in _ok(results) if (r.get("timing") or {}).get("throughput")]
+def pareto_chart(results: list[RunRecord]) -> Figure | None:
+    runs = [r for r in _ok(results) if r.timing and r.timing.throughput]
     if not runs:
         return None
-    points = [(r["memory"]["peak_allocated_bytes"], r["timing"]["throughput"]) for r in runs]
+    points = [(r.peak, r.timing.throughput) for r in runs]
     unit, scale = unit_for(max(m for m, _ in points))
     fig = Figure(figsize=(6, 4.2))
     ax = fig.subplots()
@@ -154,17 +155,17 @@ def pareto_chart(results: list[dict]) -> Figure | None:
     for i, (r, (m, t)) in enumerate(zip(runs, points)):
         on_front = i in front
         ax.scatter([m / scale], [t], s=50 if on_front else 30, color="#55A868" if on_front else "#888888",
-                   marker="*" if r["name"] == "baseline" else "o", zorder=2)
-        ax.annotate(r["name"], (m / scale, t), xytext=(5, 4), textcoords="offset points", fontsize=8)
+                   marker="*" if r.name == "baseline" else "o", zorder=2)
+        ax.annotate(r.name, (m / scale, t), xytext=(5, 4), textcoords="offset points", fontsize=8)
     ax.set_xlabel(f"peak allocated ({unit})")
-    ax.set_ylabel(f"throughput ({runs[0]['timing'].get('unit', 'samples/s')})")
+    ax.set_ylabel(f"throughput ({runs[0].timing.unit or 'samples/s'})")
     ax.set_title("Memory vs throughput (lower-right is worse, upper-left better)")
     ax.legend(fontsize=8)
     ax.margins(0.15)
     return fig
 
 
-def write_all(results: list[dict], out_dir: Path) -> dict[str, dict]:
+def write_all(results: list[RunRecord], out_dir: Path) -> dict[str, dict]:
     """Every chart that has data, saved under out_dir; name -> save() output."""
     charts = {}
     for name, make in (("peak", peak_chart), ("timelines", timeline_chart), ("pareto", pareto_chart)):

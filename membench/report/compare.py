@@ -2,26 +2,27 @@
 
 from __future__ import annotations
 
-from tabulate import tabulate
-
-from membench.units import gib
+from membench.report.table import tabulated
+from membench.results import RunRecord
+from membench.units import gib, pct_change
 
 HEADERS = ["run", "status old/new", "peak GiB old", "peak GiB new", "Δ peak", "Δ peak %", "peak phase old → new",
            "throughput old", "throughput new", "Δ throughput %"]
 
 
 def _pct(new, old) -> str:
-    return f"{(new / old - 1) * 100:+.1f}%" if new is not None and old else "-"
+    return f"{pct_change(new, old):+.1f}%" if new is not None and old else "-"
 
 
-def _get(result: dict | None, section: str, key: str):
-    return ((result or {}).get(section) or {}).get(key)
+def _get(result: RunRecord | None, section: str, key: str):
+    part = getattr(result, section) if result is not None else None
+    return getattr(part, key) if part is not None else None
 
 
-def rows(old: list[dict], new: list[dict]) -> list[list[str]]:
+def rows(old: list[RunRecord], new: list[RunRecord]) -> list[list[str]]:
     """One row per run name in either set (old order first); a run in only one set shows '-' for the other."""
-    by_old = {r["name"]: r for r in old}
-    by_new = {r["name"]: r for r in new}
+    by_old = {r.name: r for r in old}
+    by_new = {r.name: r for r in new}
     names = list(by_old) + [n for n in by_new if n not in by_old]
     body = []
     for name in names:
@@ -32,7 +33,7 @@ def rows(old: list[dict], new: list[dict]) -> list[list[str]]:
         delta = f"{(pb - pa) / 2**30:+.4f}" if pa is not None and pb is not None else "-"
         body.append([
             name,
-            f"{(a or {}).get('status', '-')}/{(b or {}).get('status', '-')}",
+            f"{a.status if a else '-'}/{b.status if b else '-'}",
             gib(pa), gib(pb), delta, _pct(pb, pa),
             f"{_get(a, 'memory', 'peak_phase') or '-'} → {_get(b, 'memory', 'peak_phase') or '-'}",
             f"{ta:.1f} {unit}" if ta else "-", f"{tb:.1f} {unit}" if tb else "-", _pct(tb, ta),
@@ -40,5 +41,5 @@ def rows(old: list[dict], new: list[dict]) -> list[list[str]]:
     return body
 
 
-def render(old: list[dict], new: list[dict], fmt: str = "simple") -> str:
-    return tabulate(rows(old, new), headers=HEADERS, tablefmt=fmt, disable_numparse=True)
+def render(old: list[RunRecord], new: list[RunRecord], fmt: str = "simple") -> str:
+    return tabulated(HEADERS, rows(old, new), fmt)

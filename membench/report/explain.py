@@ -6,8 +6,9 @@ where the peak moved (forward, backward, optimizer step), what it cost in throug
 
 from __future__ import annotations
 
-from membench.trackers.categories import CATEGORIES
-from membench.units import fmt_bytes
+from membench.results import Equivalence, RunRecord, Timing
+from membench.units import fmt_bytes, pct_change
+from membench.vocab import CATEGORIES
 
 # A change smaller than this share of the baseline's peak is noise in a sentence (it stays in the tables).
 MENTION_SHARE = 0.01
@@ -19,37 +20,31 @@ PHASE_WORDS = {"setup": "setup (between steps)", "inputs": "input copy", "forwar
                "backward": "backward", "optimizer": "optimizer step"}
 
 
-def breakdown(result: dict) -> dict[str, int] | None:
+def breakdown(result: RunRecord) -> dict[str, int] | None:
     """Bytes by category at the peak: the measured step's (CPU), else the recording pass's (CUDA, 512 B-rounded)."""
-    memory = result.get("memory") or {}
-    if memory.get("breakdown_at_peak"):
-        return memory["breakdown_at_peak"]
-    return (result.get("timeline") or {}).get("breakdown_at_peak")
+    if result.memory and result.memory.breakdown_at_peak:
+        return result.memory.breakdown_at_peak
+    return result.timeline.breakdown_at_peak if result.timeline else None
 
 
-def peak_phase(result: dict) -> str | None:
-    return (result.get("memory") or {}).get("peak_phase")
+def peak_phase(result: RunRecord) -> str | None:
+    return result.memory.peak_phase if result.memory else None
 
 
-def find_baseline(results: list[dict]) -> dict | None:
-    return next((r for r in results if r.get("name") == "baseline" and r.get("status") == "ok"), None)
+def find_baseline(results: list[RunRecord]) -> RunRecord | None:
+    return next((r for r in results if r.name == "baseline" and r.status == "ok"), None)
 
 
 def _phase(name: str | None) -> str:
     return PHASE_WORDS.get(name, name or "unknown")
 
 
-def _pct(new: float, old: float) -> float:
-    return (new / old - 1) * 100
-
-
-def explain(result: dict, baseline: dict | None) -> list[str]:
+def explain(result: RunRecord, baseline: RunRecord | None) -> list[str]:
     """Sentences about one run against the baseline."""
-    name = result.get("name", "?")
-    if result.get("status") != "ok":
-        return [f"{name} did not finish ({result.get('status')}): {result.get('error') or 'no detail'}."]
-    memory, timing = result.get("memory") or {}, result.get("timing") or {}
-    peak = memory.get("peak_allocated_bytes")
+    name = result.name
+    if result.status != "ok":
+        return [f"{name} did not finish ({result.status}): {result.error or 'no detail'}."]
+    peak = result.peak
     if baseline is None or result is baseline:
         lines = [f"The peak is {fmt_bytes(peak)}, in the {_phase(peak_phase(result))} phase."]
         parts = breakdown(result)
@@ -58,13 +53,12 @@ def explain(result: dict, baseline: dict | None) -> list[str]:
             lines.append("At the peak: " + ", ".join(f"{CATEGORY_WORDS.get(c, c)} {fmt_bytes(v)}" for v, c in top)
                          + ".")
         return lines
-    base_mem, base_timing = baseline.get("memory") or {}, baseline.get("timing") or {}
-    base_peak = base_mem.get("peak_allocated_bytes")
+    base_peak = baseline.peak
     lines = []
     if peak and base_peak and peak == base_peak:
         lines.append(f"{name} leaves the peak unchanged at {fmt_bytes(peak)} (to the byte).")
     elif peak and base_peak:
-        change = _pct(peak, base_peak)
+        change = pct_change(peak, base_peak)
         verb = "lowers" if peak < base_peak else "raises"
         lines.append(f"{name} {verb} the peak from {fmt_bytes(base_peak)} to {fmt_bytes(peak)} ({change:+.1f}%, "
                      f"{fmt_bytes(abs(peak - base_peak))} {'saved' if peak <= base_peak else 'more'}).")
@@ -75,8 +69,8 @@ def explain(result: dict, baseline: dict | None) -> list[str]:
             lines.append(f"The peak stays in the {_phase(new_phase)} phase.")
         else:
             lines.append(f"The peak moves from the {_phase(old_phase)} phase to the {_phase(new_phase)} phase.")
-    lines.extend(_throughput(timing, base_timing))
-    lines.extend(_equivalence(result.get("equivalence")))
+    lines.extend(_throughput(result.timing, baseline.timing))
+    lines.extend(_equivalence(result.equivalence))
     return lines
 
 
@@ -100,31 +94,31 @@ def _categories(parts: dict | None, base_parts: dict | None, base_peak: int | No
     return lines
 
 
-def _throughput(timing: dict, base_timing: dict) -> list[str]:
-    value, base = timing.get("throughput"), base_timing.get("throughput")
+def _throughput(timing: Timing | None, base_timing: Timing | None) -> list[str]:
+    value, base = timing and timing.throughput, base_timing and base_timing.throughput
     if not value or not base:
         return []
-    change = _pct(value, base)
-    unit = timing.get("unit", "")
+    change = pct_change(value, base)
+    unit = timing.unit or ""
     how = f"costs {-change:.1f}% of throughput" if change < 0 else f"runs {change:.1f}% faster"
     line = f"It {how} ({value:.3g} vs {base:.3g} {unit})."
-    if timing.get("noisy") or base_timing.get("noisy"):
+    if timing.noisy or base_timing.noisy:
         line += " The step times were noisy (IQR over 10% of the median): treat small differences as noise."
     return [line]
 
 
-def _equivalence(eq: dict | None) -> list[str]:
-    if not eq or not eq.get("verdict"):
+def _equivalence(eq: Equivalence | None) -> list[str]:
+    if eq is None:
         return ["Numerical equivalence was not checked."]
-    verdict = eq["verdict"]
+    verdict = eq.verdict
     words = {"bitwise": "It trains bit for bit the same model as the baseline",
              "equivalent": "It trains the same model as the baseline up to floating-point rounding",
              "not-equivalent": "It does NOT train the same model as the baseline",
              "precision": "It changes the numerics on purpose"}.get(verdict, f"Equivalence: {verdict}")
-    detail = eq.get("detail")
+    detail = eq.detail
     return [f"{words}{': ' + detail if detail else ''}."]
 
 
-def explain_all(results: list[dict]) -> dict[str, list[str]]:
+def explain_all(results: list[RunRecord]) -> dict[str, list[str]]:
     baseline = find_baseline(results)
-    return {r.get("name", "?"): explain(r, baseline) for r in results}
+    return {r.name: explain(r, baseline) for r in results}

@@ -11,9 +11,11 @@ import re
 from pathlib import Path
 
 from membench.report import explain as ex
+from membench.report.table import BREAKDOWN_HEADERS, breakdown_rows
 from membench.report.table import rows as table_rows
-from membench.trackers.categories import CATEGORIES
+from membench.results import Environment, RunRecord
 from membench.units import fmt_bytes
+from membench.vocab import CATEGORIES
 
 CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2em auto;max-width:1200px;color:#222;
@@ -53,37 +55,34 @@ def _link(path: Path, report_dir: Path, label: str) -> str:
     return f'<a href="{_E(href, quote=True)}">{_E(label)}</a>'
 
 
-def _environment(results: list[dict]) -> str:
-    env = next((r.get("env") for r in results if r.get("env", {}).get("torch")), None) or {}
-    fields = [("device", env.get("device")), ("device name", env.get("device_name")), ("torch", env.get("torch")),
-              ("CUDA", env.get("cuda")), ("driver", env.get("driver_version")), ("python", env.get("python")),
-              ("host", env.get("host")), ("platform", env.get("platform")), ("git commit", env.get("git_commit"))]
+def _environment(results: list[RunRecord]) -> str:
+    env = next((r.env for r in results if r.env and r.env.torch), None) or Environment(device="-")
+    fields = [("device", env.device), ("device name", env.device_name), ("torch", env.torch),
+              ("CUDA", env.cuda), ("driver", env.driver_version), ("python", env.python),
+              ("host", env.host), ("platform", env.platform), ("git commit", env.git_commit)]
     return _table(["", "value"], [[k, v if v is not None else "-"] for k, v in fields])
 
 
-def _files(result: dict, report_dir: Path) -> str:
-    if not result.get("_path"):
+def _files(result: RunRecord, report_dir: Path) -> str:
+    if result.path is None:
         return ""
-    where = Path(result["_path"]).parent
+    where = result.path.parent
     links = []
-    info = result.get("timeline") or {}
-    if info.get("file"):
-        links.append(_link(where / info["file"], report_dir, f"timeline ({fmt_bytes(info.get('file_bytes'))})"))
-    if info.get("snapshot"):
-        links.append(_link(where / info["snapshot"], report_dir,
-                           f"CUDA snapshot ({fmt_bytes(info.get('snapshot_bytes'))}; open it in "
-                           "pytorch.org/memory_viz)"))
-    oom = result.get("oom_snapshot") or {}
-    if oom.get("file"):
-        links.append(_link(where / oom["file"], report_dir, f"snapshot at OOM ({fmt_bytes(oom.get('file_bytes'))})"))
-    if info.get("error"):
-        links.append(f"timeline not recorded: {_E(info['error'])}")
+    info = result.timeline
+    if info is not None:
+        links.append(_link(where / info.file, report_dir, f"timeline ({fmt_bytes(info.file_bytes)})"))
+        if info.snapshot:
+            links.append(_link(where / info.snapshot, report_dir,
+                               f"CUDA snapshot ({fmt_bytes(info.snapshot_bytes)}; open it in pytorch.org/memory_viz)"))
+    if result.oom_snapshot is not None:
+        oom = result.oom_snapshot
+        links.append(_link(where / oom.file, report_dir, f"snapshot at OOM ({fmt_bytes(oom.file_bytes)})"))
     return f'<p class="muted">Files: {" · ".join(links)}</p>' if links else ""
 
 
-def _run_section(result: dict, baseline: dict | None, report_dir: Path) -> str:
-    name, status = str(result.get("name", "?")), str(result.get("status", "?"))
-    memory = result.get("memory") or {}
+def _run_section(result: RunRecord, baseline: RunRecord | None, report_dir: Path) -> str:
+    name, status = result.name, result.status
+    memory = result.memory
     parts = [f'<div class="run"><h3>{_E(name)} <span class="status-{_E(status, quote=True)}">{_E(status)}</span></h3>']
     parts.append("<ul>" + "".join(f"<li>{_E(s)}</li>" for s in ex.explain(result, baseline)) + "</ul>")
     mine, base = ex.breakdown(result), ex.breakdown(baseline) if baseline else None
@@ -97,23 +96,20 @@ def _run_section(result: dict, baseline: dict | None, report_dir: Path) -> str:
         headers = ["category at the peak", "size", "bytes"] + (["vs baseline"] if base and result is not baseline
                                                                else [])
         parts.append(_table(headers, body))
-    phase, step = memory.get("peak_phase"), memory.get("peak_step")
-    if phase:
-        parts.append(f"<p>Peak phase: <b>{_E(str(phase))}</b> (step {_E(str(step))}).</p>")
-    eq = result.get("equivalence") or {}
-    if eq.get("verdict"):
-        v = str(eq["verdict"])
+    if memory is not None:
+        parts.append(f"<p>Peak phase: <b>{_E(memory.peak_phase)}</b> (step {memory.peak_step}).</p>")
+    eq = result.equivalence
+    if eq is not None:
+        v = eq.verdict
         parts.append(f'<p>Equivalence: <span class="verdict-{_E(v, quote=True)}">{_E(v)}</span>'
-                     f' — {_E(str(eq.get("detail", "")))}</p>')
+                     f' — {_E(eq.detail)}</p>')
     parts.append(_files(result, report_dir))
     parts.append("</div>")
     return "\n".join(parts)
 
 
-def render(results: list[dict], charts: dict[str, dict], report_dir: Path, title: str) -> str:
+def render(results: list[RunRecord], charts: dict[str, dict], report_dir: Path, title: str) -> str:
     """The whole page as a string; `charts` maps a chart name to charts.save()'s output."""
-    from membench.report.write import BREAKDOWN_HEADERS, breakdown_rows
-
     baseline = ex.find_baseline(results)
     headers, body = table_rows(results)
     captions = {"peak": "Peak memory by technique (stacked by category at the peak; dashed line: the baseline)",

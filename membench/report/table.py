@@ -6,7 +6,10 @@ import math
 
 from tabulate import tabulate
 
-from membench.results import to_frame
+from membench.report.explain import breakdown
+from membench.results import RunRecord, to_frame
+from membench.units import fmt_bytes
+from membench.vocab import CATEGORIES
 
 
 def _missing(value) -> bool:
@@ -17,7 +20,7 @@ def _num(value, fmt: str, scale: float = 1.0, suffix: str = "") -> str:
     return "-" if _missing(value) else format(value * scale, fmt) + suffix
 
 
-def rows(results: list[dict]) -> tuple[list[str], list[list[str]]]:
+def rows(results: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
     df = to_frame(results)
     predicted = bool(df["predicted"].all())
     mixed = not predicted and bool(df["predicted"].any())  # never let a prediction pass for a measurement
@@ -40,6 +43,23 @@ def rows(results: list[dict]) -> tuple[list[str], list[list[str]]]:
     return headers, body
 
 
-def render(results: list[dict], fmt: str = "simple") -> str:
-    headers, body = rows(results)
+def tabulated(headers: list[str], body: list[list[str]], fmt: str = "simple") -> str:
+    """A table as text; cells are already formatted (numbers as strings: tabulate must not re-read them)."""
     return tabulate(body, headers=headers, tablefmt=fmt, disable_numparse=True)
+
+
+def render(results: list[RunRecord], fmt: str = "simple") -> str:
+    return tabulated(*rows(results), fmt)
+
+
+BREAKDOWN_HEADERS = ["run", "peak", "peak phase"] + [c.replace("_", " ") for c in CATEGORIES]
+
+
+def breakdown_rows(results: list[RunRecord]) -> list[list[str]]:
+    """Each run's peak and its make-up by category (human units), the table that explains the peak."""
+    body = []
+    for r in results:
+        parts = breakdown(r) or {}
+        body.append([r.name, fmt_bytes(r.peak), (r.memory.peak_phase if r.memory else None) or "-"]
+                    + [fmt_bytes(parts[c]) if c in parts else "-" for c in CATEGORIES])
+    return body

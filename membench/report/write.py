@@ -10,53 +10,34 @@ from membench.errors import UserError
 from membench.report import charts as ch
 from membench.report import explain as ex
 from membench.report import html
+from membench.report.table import BREAKDOWN_HEADERS, breakdown_rows
 from membench.report.table import render as render_table
-from membench.results import to_frame
-from membench.trackers.categories import CATEGORIES
+from membench.results import RunRecord, to_frame
 from membench.units import fmt_bytes
+from membench.vocab import CATEGORIES
 
 
-def _sweep_key(result: dict) -> tuple:
-    spec = result.get("spec") or {}
-    return spec.get("workload"), spec.get("batch_size"), (result.get("env") or {}).get("device")
-
-
-def check_one_sweep(results: list[dict]) -> None:
+def check_one_sweep(results: list[RunRecord]) -> None:
     """A report compares techniques against one baseline: one workload, batch size and device."""
-    keys = sorted({_sweep_key(r) for r in results}, key=str)
+    keys = sorted({r.sweep_key[:3] for r in results}, key=str)
     if len(keys) > 1:
         found = "; ".join(f"{w} batch {b} on {d}" for w, b, d in keys)
         raise UserError(f"these results hold more than one sweep ({found}): point `membench report` at one "
                         "sweep's directory, e.g. results/<machine>/<workload>-bs<N>")
 
 
-def title_for(results: list[dict]) -> str:
-    workload, batch, device = _sweep_key(results[0])
-    name = (results[0].get("env") or {}).get("device_name") or device
+def title_for(results: list[RunRecord]) -> str:
+    workload, batch, device, _ = results[0].sweep_key
+    name = (results[0].env.device_name if results[0].env else None) or device
     return f"membench: {workload}, batch {batch}, on {name}"
 
 
 def ordered(results: list[dict]) -> list[dict]:
     """The baseline first, then the runs in the order they ran."""
-    return sorted(results, key=lambda r: (r.get("name") != "baseline", r.get("started") or float("inf"),
-                                          str(r.get("name"))))
+    return sorted(results, key=lambda r: (r.name != "baseline", r.started or float("inf"), r.name))
 
 
-BREAKDOWN_HEADERS = ["run", "peak", "peak phase"] + [c.replace("_", " ") for c in CATEGORIES]
-
-
-def breakdown_rows(results: list[dict]) -> list[list[str]]:
-    """Each run's peak and its make-up by category (human units), the table that explains the peak."""
-    body = []
-    for r in results:
-        memory, parts = r.get("memory") or {}, ex.breakdown(r) or {}
-        body.append([str(r.get("name")), fmt_bytes(memory.get("peak_allocated_bytes")),
-                     str(memory.get("peak_phase") or "-")] + [fmt_bytes(parts[c]) if c in parts else "-"
-                                                              for c in CATEGORIES])
-    return body
-
-
-def markdown(results: list[dict], chart_files: dict[str, dict], title: str) -> str:
+def markdown(results: list[RunRecord], chart_files: dict[str, dict], title: str) -> str:
     baseline = ex.find_baseline(results)
     lines = [f"# {title}", "", render_table(results, fmt="github"), "", "## The peak by category", "",
              tabulate(breakdown_rows(results), headers=BREAKDOWN_HEADERS, tablefmt="github", disable_numparse=True),
@@ -65,7 +46,7 @@ def markdown(results: list[dict], chart_files: dict[str, dict], title: str) -> s
         lines += [f"![{name}]({files['png'].name})", ""]
     lines += ["## What each technique did", ""]
     for r in results:
-        lines += [f"### {r.get('name')}", ""] + [f"- {s}" for s in ex.explain(r, baseline)] + [""]
+        lines += [f"### {r.name}", ""] + [f"- {s}" for s in ex.explain(r, baseline)] + [""]
         parts = ex.breakdown(r)
         if parts:
             rows = [[c.replace("_", " "), fmt_bytes(parts.get(c, 0)), parts.get(c, 0)] for c in CATEGORIES]
@@ -74,7 +55,7 @@ def markdown(results: list[dict], chart_files: dict[str, dict], title: str) -> s
     return "\n".join(lines)
 
 
-def write_report(results: list[dict], out_dir: Path) -> dict[str, Path]:
+def write_report(results: list[RunRecord], out_dir: Path) -> dict[str, Path]:
     """Write everything under out_dir; returns name -> path of each file written."""
     check_one_sweep(results)
     results = ordered(results)

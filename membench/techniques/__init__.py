@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
+
 from membench.errors import UserError
 from membench.techniques.accum import GradientAccumulation
 from membench.techniques.act_offload import ActivationOffload
@@ -66,9 +70,55 @@ def check_stack(stack: tuple[str, ...], device: str) -> None:
             raise UserError(f"technique {name} cannot run on {device}; it runs on: {', '.join(cls.devices)}")
 
 
-def instantiate(spec) -> list[Technique]:
-    check_stack(spec.techniques, spec.device)
-    return sorted((REGISTRY[n](spec) for n in spec.techniques), key=lambda t: t.order)
+NUMERICS_ORDER = ("precision", "batch-split", "rounding", "exact")  # the loosest technique decides the stack's
+
+
+@dataclass(frozen=True)
+class Stack:
+    """A resolved technique stack: the instances in configure order and what the stack as a whole implies.
+
+    Resolved once per run (`resolve`); nothing else looks technique names up in the registry.
+    """
+
+    names: tuple[str, ...]
+    techniques: tuple[Technique, ...]
+    distributed: bool  # launched through torchrun
+    numerics: str  # exact, rounding, batch-split or precision: how closely it must match the baseline
+    param_dtype: torch.dtype | None  # the dtype the parameters train in (None: fp32)
+    same_init: bool  # False: initial values may differ from the baseline's draw
+    predictable: bool  # whether a prediction on CPU can tell its device memory from its host memory
+    env: dict[str, str]  # environment variables for the run's own process
+
+    @property
+    def low_precision(self) -> bool:
+        return self.numerics == "precision"
+
+    def validate(self, spec, workload) -> None:
+        for t in self.techniques:
+            t.validate(spec, workload)
+
+
+def resolve(spec, target_device: str | None = None) -> Stack:
+    """Check the stack (conflicts, requirements, the device it targets) and instantiate it in configure order.
+
+    target_device: the device the numbers are for, when it differs from where the stack runs (a prediction
+    for CUDA runs on CPU).
+    """
+    check_stack(spec.techniques, target_device or spec.device)
+    classes = [REGISTRY[n] for n in spec.techniques]
+    dtypes = [c.param_dtype for c in classes if c.param_dtype is not None]
+    numerics = {c.numerics for c in classes}
+    env: dict[str, str] = {}
+    for c in classes:
+        for key, value in c.env.items():
+            env[key] = f"{env[key]},{value}" if key in env else value
+    param_dtype = dtypes[0] if dtypes else None
+    techniques = tuple(sorted((c(spec, param_dtype) for c in classes), key=lambda t: t.order))
+    return Stack(names=tuple(spec.techniques), techniques=techniques,
+                 distributed=any(c.distributed for c in classes),
+                 numerics=next((m for m in NUMERICS_ORDER if m in numerics), "exact"),
+                 param_dtype=param_dtype, same_init=all(c.same_init for c in classes),
+                 predictable=all(c.predictable for c in classes), env=env)
 
 
 def conflicts_of(name: str) -> tuple[str, ...]:
@@ -77,4 +127,4 @@ def conflicts_of(name: str) -> tuple[str, ...]:
                  if n in REGISTRY[name].conflicts or name in cls.conflicts)
 
 
-__all__ = ["REGISTRY", "Technique", "parse_techniques", "check_stack", "instantiate", "conflicts_of"]
+__all__ = ["REGISTRY", "Technique", "parse_techniques", "check_stack", "resolve", "Stack", "conflicts_of"]

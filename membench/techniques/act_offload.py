@@ -14,6 +14,7 @@ class ActivationOffload(Technique):
     name = "act-offload"
     summary = "keep saved activations in host memory (save_on_cpu): less device memory, PCIe traffic each step"
     devices = ("cuda",)
+    predictable = False  # on CPU, host and device memory are one
     order = 45
 
     def configure(self, state) -> None:

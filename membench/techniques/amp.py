@@ -4,8 +4,6 @@ import torch
 
 from membench.techniques.base import Technique
 
-PRECISIONS = ("amp-bf16", "amp-fp16", "bf16")  # one numeric format per run
-
 
 class AmpBf16(Technique):
     """Trades precision for activation memory and speed: autocast runs matmuls and attention in bf16, so

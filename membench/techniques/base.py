@@ -6,7 +6,8 @@ techniques ("ckpt+opt-in-bwd") configure the same `TrainState` one after another
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import nn
@@ -31,6 +32,7 @@ class Technique:
     same_init: False if the initial values may differ from the baseline's draw (the equivalence check then
     starts both runs from the baseline's initial values).
     env: environment variables for the run's own process only.
+    predictable: False if it moves memory between host and device, which a prediction on CPU cannot tell apart.
     order: when `configure` runs relative to the others in a stack (small first).
     """
 
@@ -46,9 +48,11 @@ class Technique:
     order: ClassVar[int] = 50
     param_dtype: ClassVar[torch.dtype | None] = None
     same_init: ClassVar[bool] = True
+    predictable: ClassVar[bool] = True
 
-    def __init__(self, spec: RunSpec):
+    def __init__(self, spec: RunSpec, stack_param_dtype: torch.dtype | None = None):
         self.spec = spec
+        self.stack_param_dtype = stack_param_dtype  # the dtype the whole stack trains in (None: fp32)
 
     def validate(self, spec: RunSpec, workload: Workload) -> None:
         """Raise UserError if this technique cannot run with this spec or workload."""

@@ -5,11 +5,9 @@ import torch.distributed as dist
 
 from membench.errors import UserError
 from membench.techniques.base import Technique
+from membench.trackers.private import fsdp_api
 
-try:
-    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
-except ImportError:  # torch < 2.6 kept FSDP2 under a private name
-    from torch.distributed._composable.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+CPUOffloadPolicy, OffloadPolicy, fully_shard = fsdp_api()
 
 
 class Fsdp(Technique):
@@ -55,6 +53,7 @@ class FsdpOffload(Fsdp):
     conflicts = ("fsdp", "opt-offload")
     conflict_reason = "fsdp-offload already keeps the optimizer state in host memory"
     devices = ("cuda",)
+    predictable = False  # on CPU, host and device memory are one
 
     def offload_policy(self):
         return CPUOffloadPolicy(pin_memory=torch.cuda.is_available())

@@ -28,7 +28,4 @@ class InitOnDevice(Technique):
             torch.set_default_dtype(previous)
 
     def target_dtype(self) -> torch.dtype:
-        from membench.techniques import REGISTRY
-
-        dtypes = [REGISTRY[n].param_dtype for n in self.spec.techniques if REGISTRY[n].param_dtype is not None]
-        return dtypes[0] if dtypes else torch.float32
+        return self.stack_param_dtype or torch.float32

@@ -15,6 +15,7 @@ class OptimizerOffload(Technique):
     name = "opt-offload"
     summary = "optimizer state and step in host memory: no Adam state on the device, slow host step"
     devices = ("cuda",)
+    predictable = False  # on CPU, host and device memory are one
     conflicts = ("fsdp-offload", "opt-in-bwd", "fsdp")
     conflict_reason = "with FSDP use fsdp-offload; opt-in-bwd steps on the device inside backward"
     order = 70

@@ -1,20 +1,12 @@
 import functools
 
-import torch
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from membench.techniques.ckpt import ActivationCheckpointing
+from membench.trackers.private import attention_and_matmul_ops
 
-_aten = torch.ops.aten
 # Expensive to recompute, and their outputs are what the rest of the block is computed from: keep them.
-SAVED_OPS = {op for op in (
-    _aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default,
-    getattr(_aten, "_scaled_dot_product_flash_attention", None),
-    getattr(_aten, "_scaled_dot_product_efficient_attention", None),
-    getattr(_aten, "_scaled_dot_product_cudnn_attention", None),
-    getattr(_aten, "_scaled_dot_product_flash_attention_for_cpu", None),
-) if op is not None}
-SAVED_OPS = {getattr(op, "default", op) for op in SAVED_OPS}
+SAVED_OPS = attention_and_matmul_ops()
 
 
 def _policy(ctx, op, *args, **kwargs):

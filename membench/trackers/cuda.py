@@ -10,20 +10,20 @@ from __future__ import annotations
 
 import contextlib
 import pickle
+import sys
+import traceback
 from pathlib import Path
 
 import torch
 
+from membench.trackers import private
+
 MAX_ENTRIES = 100_000  # alloc/free events kept (a ring buffer); ~ tens of MB of pickle with stack traces
-
-
-def available() -> bool:
-    return torch.cuda.is_available()
 
 
 def save_snapshot(path: Path) -> int:
     """Pickle the allocator's state (and history, if recorded) the way memory_viz reads it; returns its size."""
-    snapshot = torch.cuda.memory._snapshot()
+    snapshot = private.memory_snapshot()
     with open(path, "wb") as f:
         pickle.dump(snapshot, f, protocol=4)
     return path.stat().st_size
@@ -60,17 +60,17 @@ def recorded_history(path: Path, max_entries: int = MAX_ENTRIES):
     info: dict = {}
     torch.cuda.synchronize()
     start = torch.cuda.memory_allocated()
-    torch.cuda.memory._record_memory_history(max_entries=max_entries)
+    private.record_memory_history(max_entries=max_entries)
     try:
         yield info
         torch.cuda.synchronize()
-        snapshot = torch.cuda.memory._snapshot()
+        snapshot = private.memory_snapshot()
         with open(path, "wb") as f:
             pickle.dump(snapshot, f, protocol=4)
         info.update({"snapshot": path.name, "snapshot_bytes": path.stat().st_size, "snapshot_max_entries": max_entries,
                      **trace_summary(snapshot, torch.cuda.current_device(), start, max_entries)})
     finally:
-        torch.cuda.memory._record_memory_history(enabled=None)
+        private.record_memory_history(enabled=None)
 
 
 def snapshot_on_oom(path: Path) -> None:
@@ -80,7 +80,8 @@ def snapshot_on_oom(path: Path) -> None:
     def observer(device, alloc, device_allocated, device_free):
         try:
             save_snapshot(path)
-        except Exception:  # noqa: BLE001 - never turn an OOM into a different error
-            pass
+        except Exception:  # noqa: BLE001 - never turn an OOM into a different error; but say why it is missing
+            print(f"membench: could not save the snapshot at OOM to {path}:", file=sys.stderr)
+            traceback.print_exc()
 
-    torch._C._cuda_attach_out_of_memory_observer(observer)
+    private.attach_out_of_memory_observer(observer)

@@ -10,15 +10,16 @@ import contextlib
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from membench.trackers import private
 
 
-class _AnswerScalars(TorchDispatchMode):
+class _AnswerScalars(private.TorchDispatchMode):
     """A fake tensor has no value, so `.item()` has no answer; give 1 (a loss to print, an Adam step count that
     keeps `1 - beta ** step` away from zero). Nothing that decides memory depends on it in a training step."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:
+        if func is private.LOCAL_SCALAR_DENSE:
             return 1
         return func(*args, **(kwargs or {}))
 
@@ -27,9 +28,7 @@ class _AnswerScalars(TorchDispatchMode):
 def fake_tensors():
     """Every tensor made inside is fake, on its real device (we use cpu: fake cuda fails in backward without a
     GPU and picks other kernels), and real tensors that meet fake ones become fake too."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with FakeTensorMode(allow_non_fake_inputs=True), _AnswerScalars():
+    with private.fake_tensor_mode(allow_non_fake_inputs=True), _AnswerScalars():
         yield
 
 
@@ -46,9 +45,7 @@ def materialize(meta_model: nn.Module) -> nn.Module:
 
 def real_tensors():
     """Leave fake mode for a moment (a device mesh needs real rank arithmetic); fake tensors stay fake."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    return unset_fake_temporarily()
+    return private.unset_fake_temporarily()
 
 
 @contextlib.contextmanager
@@ -56,11 +53,10 @@ def fake_process_group(world_size: int, rank: int = 0):
     """One process plays `rank` of `world_size`: collectives return at once and move no data, but every buffer
     they need is allocated as it would be, so per-rank memory (FSDP shards, all-gather buffers) is predicted."""
     import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if dist.is_initialized():
         raise RuntimeError("a process group is already initialized; predict in a fresh process")
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    dist.init_process_group("fake", store=private.fake_store(), rank=rank, world_size=world_size)
     try:
         yield
     finally:

@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from membench.trackers import categories as cat
+from membench import vocab as cat
+from membench.results import Memory
 from membench.trackers.storage import StorageTracker
 from membench.trackers.timeline import Recording
 
@@ -20,17 +21,19 @@ class _Categorised:
     """Tells a StorageTracker (when there is one) which tensors are parameters, gradients, optimizer state.
 
     The hooks go on at build time, before any technique's own hooks (opt-in-bwd frees a gradient in its hook),
-    and do nothing while `tracker` is None (CUDA outside its recording pass).
+    do nothing while `tracker` is None (CUDA outside its recording pass), and all come off at `detach`, so the
+    timed steps run with nothing of membench attached.
     """
 
     tracker: StorageTracker | None = None
 
     def attach_model(self, model: nn.Module) -> None:
         self.model = model
+        self._handles = getattr(self, "_handles", [])
         self._register_model()
         for p in model.parameters():
             if p.requires_grad:
-                p.register_post_accumulate_grad_hook(self._track_grad)
+                self._handles.append(p.register_post_accumulate_grad_hook(self._track_grad))
 
     def _register_model(self) -> None:
         if self.tracker is not None:
@@ -45,12 +48,19 @@ class _Categorised:
     def attach_optimizers(self, optimizers) -> None:
         self.optimizers = list(optimizers)
         for opt in optimizers:
-            opt.register_step_post_hook(self._track_state)
+            self._handles.append(opt.register_step_post_hook(self._track_state))
 
     def _track_state(self, optimizer, args=(), kwargs=None) -> None:
         if self.tracker is not None:
             for state in optimizer.state.values():
                 self.tracker.track_all(state.values(), cat.OPTIMIZER)
+
+    def detach(self) -> None:
+        """Remove every hook membench put on the model and optimizers."""
+        for handle in getattr(self, "_handles", []):
+            handle.remove()
+        self._handles = []
+        self.detached = True
 
 
 class CpuMeter(_Categorised):
@@ -60,7 +70,6 @@ class CpuMeter(_Categorised):
 
     def __init__(self, budget: int | None = None, timeline: bool = False, round_to: int = 1):
         self.tracker = StorageTracker(round_to=round_to, budget=budget, timeline=timeline)
-        self.step_marks: list[tuple[int, int]] = []  # (event index, step) where each step starts
 
     @contextlib.contextmanager
     def active(self):
@@ -87,7 +96,6 @@ class CpuMeter(_Categorised):
 
     def start_step(self, step: int) -> None:
         self.tracker.step = step
-        self.step_marks.append((len(self.tracker.events), step))
 
     def reset_peak(self) -> None:
         self.tracker.reset_peak()
@@ -95,22 +103,13 @@ class CpuMeter(_Categorised):
     def current(self) -> int:
         return self.tracker.current
 
-    def result(self) -> dict:
+    def result(self) -> Memory:
         peak = self.tracker.peak
-        return {
-            "device": "cpu",
-            "method": "storage-tracker",
-            "peak_allocated_bytes": peak.bytes,
-            "peak_reserved_bytes": None,
-            "peak_active_bytes": peak.bytes,
-            "alloc_retries": None,
-            "driver_used_bytes": None,
-            "peak_phase": peak.phase,
-            "peak_step": peak.step,
-            "breakdown_at_peak": peak.breakdown,
-            "current_bytes": self.tracker.current,
-            "current_breakdown": dict(self.tracker.by_category),
-        }
+        rounding = self.tracker.round_to
+        method = "storage-tracker" + (f", {rounding}-byte blocks" if rounding > 1 else "")
+        return Memory(device="cpu", method=method, peak_allocated_bytes=peak.bytes, peak_active_bytes=peak.bytes,
+                      peak_phase=peak.phase, peak_step=peak.step, breakdown_at_peak=dict(peak.breakdown),
+                      current_bytes=self.tracker.current, current_breakdown=dict(self.tracker.by_category))
 
 
 class CudaMeter(_Categorised):
@@ -120,7 +119,7 @@ class CudaMeter(_Categorised):
 
     device = "cuda"
 
-    def __init__(self, budget: int | None = None, timeline: bool = False):
+    def __init__(self, budget: int | None = None):
         if budget is not None:
             total = torch.cuda.get_device_properties(0).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total))
@@ -190,26 +189,16 @@ class CudaMeter(_Categorised):
     def current(self) -> int:
         return torch.cuda.memory_allocated()
 
-    def result(self) -> dict:
+    def result(self) -> Memory:
         torch.cuda.synchronize()
         free, total = torch.cuda.mem_get_info()
         stats = torch.cuda.memory_stats()
-        return {
-            "device": "cuda",
-            "method": "cuda-caching-allocator",
-            "peak_allocated_bytes": self.peaks["allocated"],
-            "peak_reserved_bytes": self.peaks["reserved"],
-            "peak_active_bytes": self.peaks["active"],
-            "alloc_retries": stats.get("num_alloc_retries", 0) - getattr(self, "retries_before", 0),
-            "driver_used_bytes": total - free,
-            "device_total_bytes": total,
-            "peak_phase": self.peak_phase,
-            "peak_step": self.peak_step,
-            "breakdown_at_peak": None,
-            "current_bytes": torch.cuda.memory_allocated(),
-            "current_breakdown": None,
-        }
+        return Memory(device="cuda", method="cuda-caching-allocator", peak_allocated_bytes=self.peaks["allocated"],
+                      peak_reserved_bytes=self.peaks["reserved"], peak_active_bytes=self.peaks["active"],
+                      alloc_retries=stats.get("num_alloc_retries", 0) - getattr(self, "retries_before", 0),
+                      driver_used_bytes=total - free, device_total_bytes=total, peak_phase=self.peak_phase,
+                      peak_step=self.peak_step, current_bytes=torch.cuda.memory_allocated())
 
 
-def make_meter(device: str, budget: int | None = None, timeline: bool = False):
-    return CudaMeter(budget, timeline) if device == "cuda" else CpuMeter(budget, timeline)
+def make_meter(device: str, budget: int | None = None):
+    return CudaMeter(budget) if device == "cuda" else CpuMeter(budget)

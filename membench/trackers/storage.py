@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import sys
 import weakref
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
-from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from membench.trackers.categories import CATEGORIES, OTHER, PHASE_CATEGORY
+from membench.trackers.private import (
+    TorchDispatchMode,
+    fsdp_storage_modules,
+    is_traceable_wrapper_subclass,
+    tree_flatten,
+)
+from membench.vocab import CATEGORIES, OTHER, PHASE_CATEGORY
 
 
 @dataclass
@@ -154,11 +157,10 @@ class StorageTracker(TorchDispatchMode):
 def _see_fsdp_storage_resizes(tracker: StorageTracker):
     """FSDP2 frees unsharded parameters with `storage.resize_(0)`, which no dispatch mode sees: wrap its two
     helpers so the tracker hears of it. Only when FSDP is already imported (importing it costs a second)."""
-    fsdp_param = sys.modules.get("torch.distributed.fsdp._fully_shard._fsdp_param")
-    group = sys.modules.get("torch.distributed.fsdp._fully_shard._fsdp_param_group")
-    if fsdp_param is None:
+    modules = fsdp_storage_modules()
+    if not modules:
         return lambda: None
-    originals = {(m, name): getattr(m, name) for m in (fsdp_param, group) if m is not None
+    originals = {(m, name): getattr(m, name) for m in modules
                  for name in ("alloc_storage", "free_storage") if hasattr(m, name)}
 
     def wrap(fn):

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from membench.trackers.categories import CATEGORIES
 from membench.trackers.storage import StorageTracker
+from membench.vocab import CATEGORIES
 
 FORMAT_VERSION = 1
 MAX_POINTS = 2000

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from torch.utils.flop_counter import FlopCounterMode
+
+from membench.results import Timing
 
 # Dense peak FLOP/s by device name fragment and compute dtype, from the vendors' data sheets.
 # fp32 means true fp32 (PyTorch's default matmul precision "highest", no TF32).
@@ -28,19 +31,13 @@ def time_steps(step: Callable[[int], float], indices) -> tuple[list[float], list
     return times, losses
 
 
-def summarize(times: list[float]) -> dict:
+def summarize(times: list[float]) -> Timing:
     q = statistics.quantiles(times, n=4) if len(times) >= 2 else [times[0]] * 3
     median = statistics.median(times)
     iqr = q[2] - q[0]
-    return {
-        "step_times_s": times,
-        "median_s": median,
-        "iqr_s": iqr,
-        "min_s": min(times),
-        "max_s": max(times),
-        # torch.utils.benchmark's rule of thumb: spread over 10% of the median means a noisy measurement.
-        "noisy": median > 0 and iqr / median > 0.10,
-    }
+    # torch.utils.benchmark's rule of thumb: spread over 10% of the median means a noisy measurement.
+    return Timing(step_times_s=list(times), median_s=median, iqr_s=iqr, min_s=min(times), max_s=max(times),
+                  noisy=median > 0 and iqr / median > 0.10)
 
 
 def count_flops(step: Callable[[], object]) -> int:
@@ -50,7 +47,9 @@ def count_flops(step: Callable[[], object]) -> int:
 
 
 def peak_flops(device_name: str, dtype: str) -> float | None:
-    for fragment, table in PEAK_FLOPS.items():
-        if fragment in device_name:
+    """The peak for a device name such as "NVIDIA H100 80GB HBM3": a model name matches as a whole word, so
+    "L4" is not "L40" or "L40S"."""
+    for model, table in PEAK_FLOPS.items():
+        if re.search(rf"(?<![A-Za-z0-9]){re.escape(model)}(?![A-Za-z0-9])", device_name):
             return table.get(dtype)
     return None

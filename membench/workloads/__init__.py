@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-from typing import Callable
+from collections.abc import Callable
 
 from membench.errors import UserError
 from membench.workloads.base import Batch, Workload

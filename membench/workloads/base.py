@@ -8,8 +8,8 @@ that: a micro-batch's loss is scaled by 1/N).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -35,7 +35,6 @@ class Workload:
     blocks: Callable[[nn.Module], Sequence[nn.Module]] | None = None
     items_per_sample: int = 1
     unit: str = "samples"
-    description: str = ""
 
 
 def classification_loss(model: nn.Module, batch: Batch) -> torch.Tensor:

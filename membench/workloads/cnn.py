@@ -16,5 +16,4 @@ def _build() -> nn.Module:
 
 
 def cnn_bn() -> Workload:
-    return Workload(build_model=_build, make_batch=image_batch(16, 10), loss_fn=classification_loss,
-                    description="small conv net with BatchNorm, 16px images")
+    return Workload(build_model=_build, make_batch=image_batch(16, 10), loss_fn=classification_loss)

@@ -86,5 +86,4 @@ def gpt(name: str) -> Workload:
         blocks=lambda model: list(model.blocks),
         items_per_sample=cfg.seq_len,
         unit="tokens",
-        description=f"GPT decoder {name}: {cfg.layers} layers, dim {cfg.dim}, vocab {cfg.vocab}, {cfg.seq_len} tokens",
     )

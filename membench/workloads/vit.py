@@ -30,5 +30,4 @@ def vit(name: str) -> Workload:
         make_batch=image_batch(image_size, classes),
         loss_fn=classification_loss,
         blocks=lambda model: list(model.encoder.layers),
-        description=f"torchvision VisionTransformer {name}: {cfg[2]} layers, hidden {cfg[4]}, {image_size}px images",
     )

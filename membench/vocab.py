@@ -1,4 +1,7 @@
-"""What a byte of memory is for. Every tracked byte has exactly one category."""
+"""The vocabulary of results: what a byte of memory is for (categories) and when it was allocated (phases).
+
+Every tracked byte has exactly one category. Trackers write these names; reports read them.
+"""
 
 PARAMS = "parameters"  # parameters and buffers
 GRADS = "gradients"
@@ -10,7 +13,6 @@ OTHER = "other"
 
 CATEGORIES = (PARAMS, GRADS, OPTIMIZER, ACTIVATIONS, TEMPORARIES, INPUTS, OTHER)
 
-# The phases of one training step, in order; allocations are categorised by the phase they happen in.
-PHASES = ("setup", "inputs", "forward", "backward", "optimizer")
+# The phases of one training step, in order, and the category of what is allocated in each.
 PHASE_CATEGORY = {"setup": OTHER, "inputs": INPUTS, "forward": ACTIVATIONS, "backward": TEMPORARIES,
                   "optimizer": TEMPORARIES}

@@ -1,0 +1,89 @@
+"""Every private (underscore) torch API membench uses, in one place, with the torch versions it was checked on.
+
+A torch upgrade that moves one of these breaks here, not in a dozen modules. "Checked" means this project's test
+suite ran green against it: torch 2.14.1 (CI, CPU). The GPU machines run torch 2.11; the CUDA entries below have
+not yet run on a GPU (no GPU has been lent to this project's sessions so far).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch import nn
+
+# --- dispatch and pytrees: the storage tracker (trackers/storage.py), fake scalars (trackers/fake.py) ------------
+# checked: 2.14.1
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass  # noqa: E402,F401
+from torch.utils._pytree import tree_flatten  # noqa: E402,F401
+
+# The op behind Tensor.item(): a fake tensor has no value to give. checked: 2.14.1
+LOCAL_SCALAR_DENSE = torch.ops.aten._local_scalar_dense.default
+
+# --- BatchNorm's base class, to tell a model that normalises over the batch (equivalence) ------------------------
+# checked: 2.14.1 (nn.modules.batchnorm._BatchNorm, a base of BatchNorm1d/2d/3d, SyncBatchNorm and the lazy ones)
+BATCHNORM_BASE = nn.modules.batchnorm._BatchNorm
+
+
+def has_batchnorm(model: nn.Module) -> bool:
+    return any(isinstance(m, BATCHNORM_BASE) for m in model.modules())
+
+
+# --- selective activation checkpointing: the ops whose outputs are kept (techniques/sac.py) ----------------------
+# Private attention kernels exist only on some builds: each is looked up by name. checked: 2.14.1
+def attention_and_matmul_ops() -> set:
+    aten = torch.ops.aten
+    names = ("mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+             "_scaled_dot_product_flash_attention_for_cpu")
+    return {getattr(aten, n).default for n in names if hasattr(aten, n)}
+
+
+# --- FSDP2 (techniques/fsdp.py, the storage tracker) -------------------------------------------------------------
+def fsdp_api():
+    """(CPUOffloadPolicy, OffloadPolicy, fully_shard). Public since torch 2.6; before, under a private name."""
+    try:
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+    except ImportError:  # torch < 2.6
+        from torch.distributed._composable.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+    return CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+
+def fsdp_storage_modules() -> list:
+    """FSDP2's modules whose alloc_storage/free_storage resize unsharded parameters in place (no dispatch mode sees
+    a storage resize). Only when FSDP is already imported: importing it costs a second. checked: 2.14.1"""
+    names = ("torch.distributed.fsdp._fully_shard._fsdp_param", "torch.distributed.fsdp._fully_shard._fsdp_param_group")
+    return [sys.modules[n] for n in names if n in sys.modules]
+
+
+# --- fake tensors and a fake process group: prediction without memory or GPU (trackers/fake.py) ------------------
+def fake_tensor_mode(**kwargs):
+    from torch._subclasses.fake_tensor import FakeTensorMode  # checked: 2.14.1
+
+    return FakeTensorMode(**kwargs)
+
+
+def unset_fake_temporarily():
+    from torch._subclasses.fake_tensor import unset_fake_temporarily as unset  # checked: 2.14.1
+
+    return unset()
+
+
+def fake_store():
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # checked: 2.14.1 (registers backend "fake")
+
+    return FakeStore()
+
+
+# --- the CUDA caching allocator's history and OOM observer (trackers/cuda.py) -------------------------------------
+# torch.cuda.memory._record_memory_history / _snapshot: what pytorch.org/memory_viz reads. Not yet run on a GPU.
+def record_memory_history(**kwargs) -> None:
+    torch.cuda.memory._record_memory_history(**kwargs)
+
+
+def memory_snapshot() -> dict:
+    return torch.cuda.memory._snapshot()
+
+
+def attach_out_of_memory_observer(observer) -> None:
+    torch._C._cuda_attach_out_of_memory_observer(observer)
