@@ -135,3 +135,121 @@ def compare(actual: Actual, simulated: Replay) -> Comparison:
         first = min(len(a), len(s))
     exact = first is None and actual.peak_reserved_bytes == simulated.peak_reserved_bytes and not simulated.oom
     return Comparison(matched, len(a), first, exact)
+
+
+def _difference(actual: Actual, simulated: Replay, limit: int = 20) -> list[dict]:
+    """The segment allocations that differ, position by position (at most `limit`)."""
+    a, s = actual.segment_allocations, simulated.segment_allocations
+    out = []
+    for i in range(max(len(a), len(s))):
+        x = a[i] if i < len(a) else None
+        y = s[i] if i < len(s) else None
+        if x != y:
+            out.append({"index": i,
+                        "actual": None if x is None else {"at_alloc": x[0], "size_bytes": x[1]},
+                        "simulated": None if y is None else {"at_alloc": y[0], "size_bytes": y[1]}})
+            if len(out) == limit:
+                break
+    return out
+
+
+def _row(result: Replay, baseline: Replay | None = None) -> dict:
+    row = {"settings": result.settings.label(), "peak_reserved_bytes": result.peak_reserved_bytes,
+           "peak_allocated_bytes": result.peak_allocated_bytes,
+           "fragmentation_at_peak_bytes": result.fragmentation_at_peak_bytes,
+           "segment_allocations": len(result.segment_allocations), "segment_frees": result.segment_frees,
+           "oom": result.oom, "num_alloc_retries": result.num_alloc_retries, "seconds": round(result.seconds, 4)}
+    if baseline is not None:
+        row["saved_bytes"] = baseline.peak_reserved_bytes - result.peak_reserved_bytes
+    return row
+
+
+def report(path, alloc_confs: list[str] = (), capacity: int | None = None, device: int | None = None) -> dict:
+    """`membench replay`'s answer as one JSON-ready dict (bytes throughout). Raises UserError on bad input."""
+    from membench.allocator.settings import parse_alloc_conf
+    from membench.allocator.snapshot import initial_state, load_snapshot
+
+    what_ifs = [parse_alloc_conf(text) for text in alloc_confs]  # bad settings fail before the file is read
+    started = time.perf_counter()
+    trace = initial_state(load_snapshot(path), device)
+    actual = actual_of(trace)
+    simulated = replay(trace, capacity=capacity)
+    comparison = compare(actual, simulated)
+    sim = _row(simulated)
+    sim.update(segment_allocations_matched=comparison.matched, exact=comparison.exact,
+               allocations_at_recorded_address=simulated.same_address, allocations=simulated.allocs_replayed,
+               segment_allocation_differences=_difference(actual, simulated))
+    out = {
+        "file": str(path), "device": trace.device, "events": len(trace.events),
+        "recorded_settings": trace.settings.label(), "capacity_bytes": capacity,
+        "initial_segments": len(trace.segments), "inferred_block_sizes": trace.guessed_sizes,
+        "actual": {"peak_reserved_bytes": actual.peak_reserved_bytes,
+                   "initial_reserved_bytes": actual.initial_reserved_bytes,
+                   "segment_allocations": len(actual.segment_allocations), "segment_frees": actual.segment_frees,
+                   "allocs": actual.allocs, "frees": actual.frees},
+        "simulated": sim,
+        "what_if": [_row(replay(trace, settings, capacity), simulated) for settings in what_ifs],
+    }
+    out["seconds"] = round(time.perf_counter() - started, 4)
+    return out
+
+
+def format_report(r: dict) -> str:
+    from tabulate import tabulate
+
+    from membench.units import fmt_bytes
+
+    def size(n):
+        return f"{fmt_bytes(n)} ({n} B)"
+
+    a, s = r["actual"], r["simulated"]
+    lines = [f"{r['file']}: device {r['device']}, {r['events']} events ({a['allocs']} alloc, {a['frees']} "
+             f"free_completed, {a['segment_allocations']} segment_alloc, {a['segment_frees']} segment_free), "
+             f"recorded with {r['recorded_settings']} allocator settings",
+             f"state at the first event rebuilt from the final one: {r['initial_segments']} segments, "
+             f"{fmt_bytes(a['initial_reserved_bytes'])} reserved"
+             + (f"; {r['inferred_block_sizes']} block sizes inferred" if r["inferred_block_sizes"] else ""), ""]
+    matched = f"{s['segment_allocations']} ({s['segment_allocations_matched']} of {a['segment_allocations']} " \
+              "the same size at the same allocation)"
+    rows = [["peak reserved", size(a["peak_reserved_bytes"]), size(s["peak_reserved_bytes"])],
+            ["segment allocations", a["segment_allocations"], matched],
+            ["segments freed", a["segment_frees"], s["segment_frees"]],
+            ["peak allocated", "-", size(s["peak_allocated_bytes"])],
+            ["reserved - allocated at the peak", "-", size(s["fragmentation_at_peak_bytes"])],
+            ["allocations at the recorded address", "-", f"{s['allocations_at_recorded_address']} of {a['allocs']}"]]
+    if r["capacity_bytes"] is not None:
+        rows.append(["out of memory under the capacity", "-", "yes" if s["oom"] else "no"])
+    lines.append(tabulate(rows, headers=["", "actual (recorded)", f"simulated ({s['settings']} settings)"],
+                          tablefmt="simple", disable_numparse=True))
+    if s["exact"]:
+        lines.append("\nexact: the same segment allocations in the same order, and the same peak reserved to the byte")
+    else:
+        lines.append(f"\nNOT exact: peak reserved differs by {s['peak_reserved_bytes'] - a['peak_reserved_bytes']} B; "
+                     "segment allocations that differ (index: actual -> simulated, as (alloc event, size)):")
+        for d in s["segment_allocation_differences"]:
+            fmt = lambda x: "none" if x is None else f"(alloc {x['at_alloc']}, {fmt_bytes(x['size_bytes'])})"
+            lines.append(f"  {d['index']}: {fmt(d['actual'])} -> {fmt(d['simulated'])}")
+    if r["what_if"]:
+        base = s["peak_reserved_bytes"]
+        rows = [[f"as recorded ({s['settings']})", size(base), fmt_bytes(s["fragmentation_at_peak_bytes"]), "-",
+                 s["segment_allocations"]]]
+        for w in r["what_if"]:
+            saved = w["saved_bytes"]
+            if w["oom"]:
+                change = "OOM"
+            else:
+                change = f"{'saves' if saved >= 0 else 'costs'} {fmt_bytes(abs(saved))}"
+                change += f" ({abs(saved) / base:.1%})" if base else ""
+            rows.append([w["settings"], size(w["peak_reserved_bytes"]), fmt_bytes(w["fragmentation_at_peak_bytes"]),
+                         change, w["segment_allocations"]])
+        headers = ["settings", "peak reserved (simulated)", "reserved - allocated at peak", "vs as recorded",
+                   "segment allocations"]
+        if r["capacity_bytes"] is not None:
+            headers.append("alloc retries")
+            rows[0].append(s["num_alloc_retries"])
+            for row, w in zip(rows[1:], r["what_if"]):
+                row.append(w["num_alloc_retries"])
+        lines += ["", "what if, on this exact trace (GiB = 2**30):",
+                  tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)]
+    lines.append(f"\n({r['seconds']:.2f} s)")
+    return "\n".join(lines)
