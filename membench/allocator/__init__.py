@@ -13,11 +13,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Hashable, Iterable
 
-from membench.allocator.settings import AllocatorSettings, parse_alloc_conf
+from membench.allocator.settings import AllocatorSettings, parse_alloc_conf, settings_from_env
 from membench.allocator.simulator import CachingAllocator, OutOfMemory, get_allocation_size, round_size
 
 __all__ = ["AllocatorSettings", "CachingAllocator", "OutOfMemory", "SimulationResult", "get_allocation_size",
-           "parse_alloc_conf", "round_size", "simulate"]
+           "parse_alloc_conf", "round_size", "settings_from_env", "simulate"]
 
 
 @dataclasses.dataclass

@@ -224,8 +224,14 @@ def format_report(r: dict) -> str:
     if s["exact"]:
         lines.append("\nexact: the same segment allocations in the same order, and the same peak reserved to the byte")
     else:
-        lines.append(f"\nNOT exact: peak reserved differs by {s['peak_reserved_bytes'] - a['peak_reserved_bytes']} B; "
-                     "segment allocations that differ (index: actual -> simulated, as (alloc event, size)):")
+        lines.append(f"\nNOT exact: simulated peak reserved minus actual: "
+                     f"{s['peak_reserved_bytes'] - a['peak_reserved_bytes']} B"
+                     + (" (the simulation ran out of memory under the capacity)" if s["oom"] else ""))
+        if s["segment_allocation_differences"]:
+            lines.append("segment allocations that differ (index: actual -> simulated, as (alloc event, size)):")
+        else:
+            lines.append("the segment allocations are the same; segments freed differ "
+                         f"({a['segment_frees']} actual, {s['segment_frees']} simulated)")
         for d in s["segment_allocation_differences"]:
             fmt = lambda x: "none" if x is None else f"(alloc {x['at_alloc']}, {fmt_bytes(x['size_bytes'])})"
             lines.append(f"  {d['index']}: {fmt(d['actual'])} -> {fmt(d['simulated'])}")

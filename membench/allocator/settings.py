@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Mapping
 
 from membench.errors import UserError
 
@@ -187,3 +188,12 @@ def settings_from_snapshot(recorded: dict | None) -> AllocatorSettings:
         max_split_size=None if not isinstance(split, int) or split < 0 or split >= 2**63 else split,
         garbage_collection_threshold=float(gc), roundup_power2_divisions=divisions,
         expandable_segments=bool(recorded.get("expandable_segments", False)))
+
+
+def settings_from_env(env: Mapping[str, str]) -> AllocatorSettings:
+    """The settings a process started with this environment runs with: its PYTORCH_CUDA_ALLOC_CONF, or default.
+
+    For a membench run that is launcher.environment_for(spec): the user's own setting plus the techniques'
+    (the expandable-segments technique adds expandable_segments:True; a later key wins, as in PyTorch).
+    """
+    return parse_alloc_conf(env.get("PYTORCH_CUDA_ALLOC_CONF", ""))

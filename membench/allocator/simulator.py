@@ -226,8 +226,7 @@ class CachingAllocator:
         blocks. Returns the allocated blocks, in the order given.
         """
         pool = self.small if is_small else self.large
-        out, cursor, prev = [], address, None
-        pieces = []
+        cursor, prev, pieces = address, None, []
         for ptr, block_size, requested in sorted(allocated):
             if ptr < cursor or ptr + block_size > address + size:
                 raise ValueError(f"block {ptr:#x}+{block_size} does not fit segment {address:#x}+{size}")
@@ -248,13 +247,12 @@ class CachingAllocator:
                 block.allocated, block.requested = True, requested
                 self.allocated += block_size
                 by_ptr[ptr] = block
-        out = [by_ptr[ptr] for ptr, _, _ in allocated]
         self.reserved += size
         self.live_segments[address] = size
         self._next_address = max(self._next_address, -(-(address + size) // ROUND_LARGE) * ROUND_LARGE)
         self.peak_reserved = max(self.peak_reserved, self.reserved)
         self.peak_allocated = max(self.peak_allocated, self.allocated)
-        return out
+        return [by_ptr[ptr] for ptr, _, _ in allocated]
 
     # --- finding and splitting blocks --------------------------------------------------------------------------
     def _get_free_block(self, pool: Pool, stream: int, size: int) -> Block | None:

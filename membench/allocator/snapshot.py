@@ -109,6 +109,14 @@ def initial_state(snapshot: dict, device: int | None = None) -> Trace:
     of its segment) when those are 1 MiB or less in the large pool: the allocator never leaves a free block that
     small there (it splits off only remainders above 1 MiB), so they were part of the block.
     """
+    try:
+        return _rebuild(snapshot, device)
+    except (KeyError, TypeError, AttributeError) as exc:  # a dict without the fields a snapshot has
+        raise UserError(f"the snapshot's segments or events are malformed ({type(exc).__name__}: {exc}); expected "
+                        "the layout of torch.cuda.memory._snapshot()") from None
+
+
+def _rebuild(snapshot: dict, device: int | None) -> Trace:
     device = pick_device(snapshot, device)
     settings = settings_from_snapshot(snapshot.get("allocator_settings"))
     events = [_check_event(e) for e in snapshot["device_traces"][device]]
