@@ -1,9 +1,11 @@
 """Replay real CUDA memory snapshots through membench's caching-allocator simulator and say how close it is.
 
-    python benchmarks/validate_allocator.py [FOLDER]
+    python benchmarks/validate_allocator.py [FOLDER_OR_FILE ...]
 
-FOLDER (default: ../shared/cuda-snapshots beside the repository) holds snapshots recorded on GPUs by public projects;
-it is development data, not shipped. For each snapshot: the state at its first event is rebuilt backwards from the
+The default folder, ../shared/cuda-snapshots beside the repository, holds snapshots recorded on GPUs by public
+projects; it is development data, not shipped. On a GPU, `membench run --device cuda` leaves a
+`<run>.snapshot.pickle` beside each result: `python benchmarks/validate_allocator.py results/` checks those (folders
+are searched recursively; snapshots that cannot be replayed, such as OOM snapshots without a trace, are listed apart). For each snapshot: the state at its first event is rebuilt backwards from the
 final one, its alloc / free_completed / segment_free events are replayed with default settings, and the recorded
 segment allocations and peak reserved are compared with the simulated ones. Exact = every segment allocation the same
 size, caused by the same allocation, in the same order, and the peak reserved equal to the byte.
@@ -25,15 +27,20 @@ from tabulate import tabulate  # noqa: E402
 
 from membench.allocator.replay import actual_of, compare, replay  # noqa: E402
 from membench.allocator.snapshot import initial_state, load_snapshot  # noqa: E402
+from membench.errors import UserError  # noqa: E402
 
 DEFAULT_FOLDER = Path(__file__).resolve().parents[1].parent / "shared" / "cuda-snapshots"
 
 
-def validate(folder: Path) -> tuple[list[list], bool]:
-    rows, all_exact = [], True
-    for path in sorted(folder.glob("*.pickle")):
+def validate(paths: list[Path]) -> tuple[list[list], list[str], bool]:
+    rows, skipped, all_exact = [], [], True
+    for path in paths:
         started = time.perf_counter()
-        trace = initial_state(load_snapshot(path))
+        try:
+            trace = initial_state(load_snapshot(path))
+        except UserError as exc:
+            skipped.append(f"{path.name}: {exc}")
+            continue
         actual = actual_of(trace)
         recorded = replay(trace)
         laid_out = replay(trace, recorded_addresses=False)
@@ -45,24 +52,29 @@ def validate(folder: Path) -> tuple[list[list], bool]:
                      "yes" if first.exact else "NO",
                      laid_out.peak_reserved_bytes, f"{second.matched}/{second.total}",
                      "yes" if second.exact else "NO", f"{seconds:.3f}"])
-    return rows, all_exact
+    return rows, skipped, all_exact
 
 
 def main(argv: list[str]) -> int:
-    folder = Path(argv[0]) if argv else DEFAULT_FOLDER
-    if not folder.is_dir():
-        print(f"skipped: no snapshot folder at {folder} (development data, not shipped with membench)")
+    given = [Path(a) for a in argv] or [DEFAULT_FOLDER]
+    missing = [p for p in given if not p.exists()]
+    if missing:
+        print(f"skipped: no snapshots at {', '.join(map(str, missing))} (development data, not shipped with membench)")
         return 0
+    paths = [q for p in given for q in (sorted(p.rglob("*.pickle")) if p.is_dir() else [p])]
     started = time.perf_counter()
-    rows, all_exact = validate(folder)
+    rows, skipped, all_exact = validate(paths)
+    if rows:
+        headers = ["file", "events", "actual peak reserved (B)", "simulated (B)", "segment allocs matched",
+                   "allocs at recorded address", "exact", "simulated, own addresses (B)", "matched", "exact",
+                   "time (s)"]
+        print(tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True))
+        print(f"\n{sum(r[6] == 'yes' and r[9] == 'yes' for r in rows)} of {len(rows)} snapshots exact; "
+              f"{time.perf_counter() - started:.2f} s for all (loading, rebuilding and both replays)")
+    for line in skipped:
+        print(f"not replayed: {line}")
     if not rows:
-        print(f"skipped: no *.pickle in {folder}")
-        return 0
-    headers = ["file", "events", "actual peak reserved (B)", "simulated (B)", "segment allocs matched",
-               "allocs at recorded address", "exact", "simulated, own addresses (B)", "matched", "exact", "time (s)"]
-    print(tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True))
-    print(f"\n{sum(r[6] == 'yes' and r[9] == 'yes' for r in rows)} of {len(rows)} snapshots exact; "
-          f"{time.perf_counter() - started:.2f} s for all (loading, rebuilding and both replays)")
+        print(f"no replayable snapshot among {len(paths)} file(s) in {', '.join(map(str, given))}")
     return 0 if all_exact else 1
 
 

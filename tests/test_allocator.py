@@ -448,3 +448,9 @@ def test_validation_on_real_snapshots_is_exact():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "NO" not in proc.stdout.replace("NOT", "")
+
+
+def test_validation_script_skips_without_the_data(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "validate_allocator.py"), str(tmp_path / "no")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith("skipped: no snapshots at")
