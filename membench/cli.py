@@ -221,7 +221,7 @@ def cmd_replay(args) -> int:
     from membench.units import parse_bytes
 
     capacity = parse_bytes(args.capacity) if args.capacity else None
-    result = report(args.snapshot, args.alloc_conf, capacity)
+    result = report(args.snapshot, args.alloc_conf, capacity, memory_fraction=args.memory_fraction)
     print(json.dumps(result, indent=2) if args.json else format_report(result))
     return 0
 
@@ -286,6 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--capacity", default=None,
                    help="device memory for the simulation, e.g. 80GiB (GiB = 2**30): beyond it cudaMalloc fails, "
                         "cached segments are released and retried, then OOM (default: unlimited)")
+    p.add_argument("--memory-fraction", type=_positive_float, default=None,
+                   help="as torch.cuda.set_per_process_memory_fraction: reserve at most this share of --capacity; "
+                        "garbage_collection_threshold acts only under a fraction, as in PyTorch")
     p.add_argument("--json", action="store_true", help="print one JSON object (bytes) instead of tables")
     p.set_defaults(func=cmd_replay)
     return parser

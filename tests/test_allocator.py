@@ -176,18 +176,33 @@ def test_garbage_collection_frees_the_oldest_cached_segments_above_the_threshold
     # only B is at least that old -> released (30 >= the 10 MiB over). Then a new 34 MiB segment: 30 + 34.
     events = [("alloc", "A", 30 * MiB), ("alloc", "B", 30 * MiB), ("free", "B"), ("free", "A"),
               ("alloc", "A2", 30 * MiB), ("free", "A2"), ("alloc", "C", 34 * MiB)]
-    result = simulate(events, "garbage_collection_threshold:0.5", capacity=100 * MiB)
+    gc = dict(capacity=100 * MiB, memory_fraction=1.0)
+    result = simulate(events, "garbage_collection_threshold:0.5", **gc)
     assert result.segments == [30 * MiB, 30 * MiB, 34 * MiB] and result.segments_released == 1
     assert result.final_reserved_bytes == 64 * MiB
     # Blocks as old as the average are collected too: A and B both freed at tick 2, C at tick 3: ages 1 and 1,
     # average 1 -> both go, and the collection does not stop at the 10 MiB it needed.
     same_age = [("alloc", "A", 30 * MiB), ("alloc", "B", 30 * MiB), ("free", "A"), ("free", "B"),
                 ("alloc", "C", 34 * MiB)]
-    result = simulate(same_age, "garbage_collection_threshold:0.5", capacity=100 * MiB)
+    result = simulate(same_age, "garbage_collection_threshold:0.5", **gc)
     assert result.segments_released == 2 and result.final_reserved_bytes == 34 * MiB
-    # Without it (or without a capacity, as PyTorch collects only under a memory fraction) nothing is freed.
-    assert simulate(events, capacity=100 * MiB).final_reserved_bytes == 94 * MiB
-    assert simulate(events, "garbage_collection_threshold:0.5").final_reserved_bytes == 94 * MiB
+    # Without it nothing is freed; nor without a memory fraction: PyTorch collects only under one
+    # (torch.cuda.set_per_process_memory_fraction), whatever the device's size.
+    assert simulate(events, **gc).final_reserved_bytes == 94 * MiB
+    assert simulate(events, "garbage_collection_threshold:0.5", capacity=100 * MiB).final_reserved_bytes == 94 * MiB
+    # The threshold is a share of the allowed memory: fraction 0.8 of 100 MiB allows 80, collect above 40 MiB.
+    # Then at C: reserved 60 > 40 (target 20): B (age 2 >= 1.5) goes, 30 MiB; 30 + 34 = 64 <= 80 fits.
+    frac = simulate(events, "garbage_collection_threshold:0.5", capacity=100 * MiB, memory_fraction=0.8)
+    assert frac.final_reserved_bytes == 64 * MiB
+
+
+def test_memory_fraction_limits_reserved_memory():
+    # 0.5 of 100 MiB: 50 MiB allowed. 30 MiB fits; another 30 MiB would make 60: nothing cached to release: OOM.
+    result = simulate([("alloc", "a", 30 * MiB), ("alloc", "b", 30 * MiB)], capacity=100 * MiB, memory_fraction=0.5)
+    assert result.oom and result.oom_at_event == 1 and result.peak_reserved_bytes == 30 * MiB
+    assert not simulate([("alloc", "a", 30 * MiB), ("alloc", "b", 30 * MiB)], capacity=100 * MiB).oom
+    with pytest.raises(ValueError, match="needs a capacity"):
+        simulate([], memory_fraction=0.5)
 
 
 def test_expandable_segments_grow_one_segment_by_pages():
@@ -397,6 +412,14 @@ def test_replay_cli_not_a_snapshot_is_one_line_and_exit_2(tmp_path, content, mes
     proc = run_cli(path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr
+
+
+def test_replay_cli_memory_fraction_needs_a_capacity(snapshot_file):
+    proc = run_cli(snapshot_file, "--memory-fraction", "0.5")
+    assert proc.returncode == 2 and "needs --capacity" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    proc = run_cli(snapshot_file, "--memory-fraction", "0.5", "--capacity", "64MiB", "--json")
+    # 0.5 of 64 MiB allows 32 MiB, exactly the trace's peak (20 + 12 MiB): it still fits
+    assert proc.returncode == 0 and not json.loads(proc.stdout)["simulated"]["oom"]
 
 
 def test_replay_cli_bad_settings_and_missing_file(snapshot_file, tmp_path):

@@ -31,7 +31,7 @@ class SimulationResult:
     segments: list[int]  # sizes of the segments allocated (cudaMalloc, or pages mapped when expandable), in order
     segments_released: int  # segments freed (empty_cache, OOM retries, garbage collection) or ranges unmapped
     num_alloc_retries: int  # times the cache was emptied to retry a failed cudaMalloc (needs a capacity)
-    oom: bool  # an allocation did not fit under the capacity: the simulation stopped there
+    oom: bool  # an allocation did not fit under the capacity or fraction: the simulation stopped there
     oom_at_event: int | None  # index in `events` of the allocation that failed
     final_reserved_bytes: int
     final_allocated_bytes: int
@@ -43,7 +43,7 @@ class SimulationResult:
 
 
 def simulate(events: Iterable[tuple], settings: AllocatorSettings | str | None = None,
-             capacity: int | None = None) -> SimulationResult:
+             capacity: int | None = None, memory_fraction: float | None = None) -> SimulationResult:
     """Run an allocation trace through the caching allocator simulator.
 
     events: in program order, each one of
@@ -53,15 +53,17 @@ def simulate(events: Iterable[tuple], settings: AllocatorSettings | str | None =
         ("empty_cache",)            torch.cuda.empty_cache()
     settings: AllocatorSettings, or PYTORCH_CUDA_ALLOC_CONF text such as "expandable_segments:True"
               (default: PyTorch's defaults).
-    capacity: bytes the device may reserve (its memory, or a memory fraction of it); None = unlimited. With it,
-              a cudaMalloc that would exceed it fails and the allocator's release-and-retry path runs, then OOM;
-              garbage_collection_threshold only acts with a capacity (as in PyTorch, with a memory fraction).
+    capacity: the device's memory in bytes; None = unlimited. With it, a cudaMalloc that would exceed it fails,
+              the allocator's release-and-retry path runs, and then the allocation is an OOM.
+    memory_fraction: torch.cuda.set_per_process_memory_fraction's value (needs a capacity): the allocator keeps
+              reserved memory within fraction x capacity; garbage_collection_threshold acts only with it, as in
+              PyTorch.
 
     Raises ValueError for a malformed event, a free of an unknown key or an alloc of a key in use.
     """
     if not isinstance(settings, AllocatorSettings):
         settings = parse_alloc_conf(settings)
-    alloc = CachingAllocator(settings, capacity)
+    alloc = CachingAllocator(settings, capacity, memory_fraction=memory_fraction)
     live: dict[Hashable, object] = {}
     oom_at = None
     for index, event in enumerate(events):

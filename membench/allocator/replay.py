@@ -64,7 +64,7 @@ def actual_of(trace: Trace) -> Actual:
 
 
 def replay(trace: Trace, settings: AllocatorSettings | None = None, capacity: int | None = None,
-           recorded_addresses: bool = True) -> Replay:
+           recorded_addresses: bool = True, memory_fraction: float | None = None) -> Replay:
     """Run the trace's allocations and frees through the simulator, from the state rebuilt at its first event.
 
     A run of consecutive segment_free events is one torch.cuda.empty_cache() (or the release of cached segments
@@ -85,7 +85,8 @@ def replay(trace: Trace, settings: AllocatorSettings | None = None, capacity: in
         return alloc._bump_address(size)
 
     started = time.perf_counter()
-    alloc = CachingAllocator(settings, capacity, segment_address=recorded_address if recorded_addresses else None)
+    alloc = CachingAllocator(settings, capacity, segment_address=recorded_address if recorded_addresses else None,
+                             memory_fraction=memory_fraction)
     blocks = {}
     for seg in trace.segments:
         for (addr, _, _), block in zip(seg.allocated, alloc.add_segment(seg.address, seg.size, seg.is_small,
@@ -164,16 +165,22 @@ def _row(result: Replay, baseline: Replay | None = None) -> dict:
     return row
 
 
-def report(path, alloc_confs: list[str] = (), capacity: int | None = None, device: int | None = None) -> dict:
+def report(path, alloc_confs: list[str] = (), capacity: int | None = None, device: int | None = None,
+           memory_fraction: float | None = None) -> dict:
     """`membench replay`'s answer as one JSON-ready dict (bytes throughout). Raises UserError on bad input."""
     from membench.allocator.settings import parse_alloc_conf
     from membench.allocator.snapshot import initial_state, load_snapshot
+    from membench.errors import UserError
+
+    if memory_fraction is not None and (capacity is None or not 0 < memory_fraction <= 1):
+        raise UserError(f"--memory-fraction {memory_fraction} needs --capacity (the device's memory) and must lie "
+                        "in (0, 1]")
 
     what_ifs = [parse_alloc_conf(text) for text in alloc_confs]  # bad settings fail before the file is read
     started = time.perf_counter()
     trace = initial_state(load_snapshot(path), device)
     actual = actual_of(trace)
-    simulated = replay(trace, capacity=capacity)
+    simulated = replay(trace, capacity=capacity, memory_fraction=memory_fraction)
     comparison = compare(actual, simulated)
     sim = _row(simulated)
     sim.update(segment_allocations_matched=comparison.matched, exact=comparison.exact,
@@ -182,13 +189,15 @@ def report(path, alloc_confs: list[str] = (), capacity: int | None = None, devic
     out = {
         "file": str(path), "device": trace.device, "events": len(trace.events),
         "recorded_settings": trace.settings.label(), "capacity_bytes": capacity,
+        "memory_fraction": memory_fraction,
         "initial_segments": len(trace.segments), "inferred_block_sizes": trace.guessed_sizes,
         "actual": {"peak_reserved_bytes": actual.peak_reserved_bytes,
                    "initial_reserved_bytes": actual.initial_reserved_bytes,
                    "segment_allocations": len(actual.segment_allocations), "segment_frees": actual.segment_frees,
                    "allocs": actual.allocs, "frees": actual.frees},
         "simulated": sim,
-        "what_if": [_row(replay(trace, settings, capacity), simulated) for settings in what_ifs],
+        "what_if": [_row(replay(trace, settings, capacity, memory_fraction=memory_fraction), simulated)
+                    for settings in what_ifs],
     }
     out["seconds"] = round(time.perf_counter() - started, 4)
     return out
@@ -208,7 +217,13 @@ def format_report(r: dict) -> str:
              f"recorded with {r['recorded_settings']} allocator settings",
              f"state at the first event rebuilt from the final one: {r['initial_segments']} segments, "
              f"{fmt_bytes(a['initial_reserved_bytes'])} reserved"
-             + (f"; {r['inferred_block_sizes']} block sizes inferred" if r["inferred_block_sizes"] else ""), ""]
+             + (f"; {r['inferred_block_sizes']} block sizes inferred" if r["inferred_block_sizes"] else "")]
+    if r["capacity_bytes"] is not None:
+        fraction = r.get("memory_fraction")
+        lines.append(f"simulated device: {size(r['capacity_bytes'])}" + (
+            f", memory fraction {fraction} ({fmt_bytes(int(fraction * r['capacity_bytes']))} allowed)"
+            if fraction is not None else ""))
+    lines.append("")
     matched = f"{s['segment_allocations']} ({s['segment_allocations_matched']} of {a['segment_allocations']} " \
               "the same size at the same allocation)"
     rows = [["peak reserved", size(a["peak_reserved_bytes"]), size(s["peak_reserved_bytes"])],

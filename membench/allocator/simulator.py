@@ -8,8 +8,8 @@ pages of an expandable segment), release_available_cached_blocks (max_split_size
 (find_expandable_block, map_block, unmap_block).
 
 Not modelled: CUDA graph private pools, cross-stream use (record_stream delays a free until its events complete:
-feed the free at the time it completed), cudaMallocAsync. The device's own capacity is what `capacity` stands for:
-like torch.cuda.set_per_process_memory_fraction, a limit on reserved bytes that makes cudaMalloc fail.
+feed the free at the time it completed), cudaMallocAsync, and memory the driver or other processes hold:
+`capacity` is the memory cudaMalloc can get, all of it for this allocator.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ _DEFAULT_ADDRESS_SPACE = 2**44  # an expandable segment's virtual size when no c
 
 
 class OutOfMemory(Exception):
-    """The simulated allocation did not fit under the capacity, after every release-and-retry step."""
+    """The simulated allocation did not fit under the capacity (or memory fraction), after every release and retry."""
 
 
 class ExpandableSegment:
@@ -146,15 +146,20 @@ def get_allocation_size(size: int) -> int:
 class CachingAllocator:
     """One device's caching allocator. malloc(size) -> Block, free(block), empty_cache().
 
-    `capacity` (bytes) limits reserved memory, as a device's size or a memory fraction does; without it cudaMalloc
-    never fails. `segment_address(size)` chooses where a new segment lies (the driver's choice, which only matters
+    `capacity` (bytes) is the device memory: cudaMalloc fails beyond it; without it cudaMalloc never fails.
+    `memory_fraction` is torch.cuda.set_per_process_memory_fraction: the allocator itself then refuses to reserve
+    more than fraction x capacity, and only then does garbage_collection_threshold act (as in PyTorch). `segment_address(size)` chooses where a new segment lies (the driver's choice, which only matters
     to break ties between free blocks of equal size); by default segments are laid out one after another.
     """
 
     def __init__(self, settings: AllocatorSettings | None = None, capacity: int | None = None,
-                 segment_address: Callable[[int], int] | None = None):
+                 segment_address: Callable[[int], int] | None = None, memory_fraction: float | None = None):
         self.settings = settings or AllocatorSettings()
         self.capacity = capacity
+        if memory_fraction is not None and (capacity is None or not 0 < memory_fraction <= 1):
+            raise ValueError(f"a memory fraction needs a capacity and lies in (0, 1], got {memory_fraction}")
+        # allowed_memory_maximum in c10, set only by a memory fraction
+        self.allowed = int(memory_fraction * capacity) if memory_fraction is not None else None
         self.small, self.large = Pool(True), Pool(False)
         self._next_address = 2**40
         self.segment_address = segment_address or self._bump_address
@@ -165,7 +170,7 @@ class CachingAllocator:
         self.segment_log: list[SegmentEvent] = []
         self.live_segments: dict[int, int] = {}  # base address -> size of every cudaMalloc'ed segment held
         self._max_split = self.settings.max_split_size if self.settings.max_split_size is not None else 2**64
-        self._gc = self.settings.garbage_collection_threshold > 0 and capacity is not None
+        self._gc = self.settings.garbage_collection_threshold > 0 and self.allowed is not None
 
     # --- addresses -------------------------------------------------------------------------------------------
     def _bump_address(self, size: int) -> int:
@@ -199,7 +204,8 @@ class CachingAllocator:
                 block = self._alloc_block(pool, stream, size, alloc_size, retry=True)
             if block is None:
                 self.num_ooms += 1
-                raise OutOfMemory(f"cannot allocate {alloc_size} B: {self.reserved} B reserved of {self.capacity} B")
+                limit = self.capacity if self.allowed is None else self.allowed
+                raise OutOfMemory(f"cannot allocate {alloc_size} B: {self.reserved} B reserved of {limit} B")
         block = self._alloc_found_block(block, size, orig_size, self._should_split(block, size))
         if self.reserved > self.peak_reserved:
             self.peak_reserved, self.allocated_at_peak_reserved = self.reserved, self.allocated
@@ -328,10 +334,12 @@ class CachingAllocator:
     def _alloc_block(self, pool: Pool, stream: int, size: int, alloc_size: int, retry: bool) -> Block | None:
         if retry:
             self.num_alloc_retries += 1
-        if self.capacity is not None and self.reserved + alloc_size > self.capacity:
-            return None
+        if self.allowed is not None and self.reserved + alloc_size > self.allowed:
+            return None  # over the memory fraction: refused before asking the device
         if self.settings.expandable_segments:
             return self._try_allocate_expandable_block(pool, stream, size)
+        if self.capacity is not None and self.reserved + alloc_size > self.capacity:
+            return None  # cudaMalloc: the device is full
         address = self._new_address(alloc_size)
         self.reserved += alloc_size
         self.live_segments[address] = alloc_size
@@ -383,8 +391,8 @@ class CachingAllocator:
                     pool.remove_unmapped(block)
 
     def _garbage_collect_cached_blocks(self) -> None:
-        """garbage_collection_threshold: above threshold x capacity, free the cached segments unused the longest."""
-        threshold = int(self.settings.garbage_collection_threshold * self.capacity)
+        """garbage_collection_threshold: above threshold x allowed memory, free the cached segments unused longest."""
+        threshold = int(self.settings.garbage_collection_threshold * self.allowed)
         if self.reserved <= threshold:
             return
         target, reclaimed = self.reserved - threshold, 0
