@@ -77,12 +77,12 @@ def replay(trace: Trace, settings: AllocatorSettings | None = None, capacity: in
     recorded = [(e["size"], e["addr"]) for e in trace.events if e["action"] == SEGMENT_ALLOC]
     cursor = 0
 
-    def recorded_address(size: int) -> int:
+    def recorded_address(size: int) -> int | None:
         nonlocal cursor
         if cursor < len(recorded) and recorded[cursor][0] == size:
             cursor += 1
             return recorded[cursor - 1][1]
-        return alloc._bump_address(size)
+        return None  # the simulator lays it out itself
 
     started = time.perf_counter()
     alloc = CachingAllocator(settings, capacity, segment_address=recorded_address if recorded_addresses else None,
@@ -92,8 +92,6 @@ def replay(trace: Trace, settings: AllocatorSettings | None = None, capacity: in
         for (addr, _, _), block in zip(seg.allocated, alloc.add_segment(seg.address, seg.size, seg.is_small,
                                                                         seg.allocated, seg.stream)):
             blocks[addr] = block
-    alloc.peak_reserved, alloc.peak_allocated = alloc.reserved, alloc.allocated
-    alloc.allocated_at_peak_reserved, alloc.reserved_at_peak_allocated = alloc.allocated, alloc.reserved
     same = allocs = 0
     oom = False
     previous = None

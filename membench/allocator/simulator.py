@@ -148,12 +148,14 @@ class CachingAllocator:
 
     `capacity` (bytes) is the device memory: cudaMalloc fails beyond it; without it cudaMalloc never fails.
     `memory_fraction` is torch.cuda.set_per_process_memory_fraction: the allocator itself then refuses to reserve
-    more than fraction x capacity, and only then does garbage_collection_threshold act (as in PyTorch). `segment_address(size)` chooses where a new segment lies (the driver's choice, which only matters
-    to break ties between free blocks of equal size); by default segments are laid out one after another.
+    more than fraction x capacity, and only then does garbage_collection_threshold act (as in PyTorch).
+    `segment_address(size)` may choose where a new cudaMalloc segment lies (the driver's choice, which only breaks
+    ties between free blocks of equal size); where it returns None, or offers memory still held, or is not given,
+    segments are laid out one after another.
     """
 
     def __init__(self, settings: AllocatorSettings | None = None, capacity: int | None = None,
-                 segment_address: Callable[[int], int] | None = None, memory_fraction: float | None = None):
+                 segment_address: Callable[[int], int | None] | None = None, memory_fraction: float | None = None):
         self.settings = settings or AllocatorSettings()
         self.capacity = capacity
         if memory_fraction is not None and (capacity is None or not 0 < memory_fraction <= 1):
@@ -162,7 +164,7 @@ class CachingAllocator:
         self.allowed = int(memory_fraction * capacity) if memory_fraction is not None else None
         self.small, self.large = Pool(True), Pool(False)
         self._next_address = 2**40
-        self.segment_address = segment_address or self._bump_address
+        self._chooser = segment_address
         self.reserved = self.allocated = 0
         self.peak_reserved = self.peak_allocated = 0
         self.allocated_at_peak_reserved = self.reserved_at_peak_allocated = 0
@@ -179,10 +181,9 @@ class CachingAllocator:
         return address
 
     def _new_address(self, size: int) -> int:
-        address = self.segment_address(size)
-        if self.segment_address is not self._bump_address and any(
-                a < address + size and address < a + s for a, s in self.live_segments.items()):
-            address = self._bump_address(size)  # the chooser offered memory still held: lay it out afresh
+        address = self._chooser(size) if self._chooser else None
+        if address is None or any(a < address + size and address < a + s for a, s in self.live_segments.items()):
+            return self._bump_address(size)
         self._next_address = max(self._next_address, -(-(address + size) // ROUND_LARGE) * ROUND_LARGE)
         return address
 
@@ -256,8 +257,10 @@ class CachingAllocator:
         self.reserved += size
         self.live_segments[address] = size
         self._next_address = max(self._next_address, -(-(address + size) // ROUND_LARGE) * ROUND_LARGE)
-        self.peak_reserved = max(self.peak_reserved, self.reserved)
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        if self.reserved > self.peak_reserved:
+            self.peak_reserved, self.allocated_at_peak_reserved = self.reserved, self.allocated
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated, self.reserved_at_peak_allocated = self.allocated, self.reserved
         return [by_ptr[ptr] for ptr, _, _ in allocated]
 
     # --- finding and splitting blocks --------------------------------------------------------------------------
