@@ -477,3 +477,72 @@ def test_validation_script_skips_without_the_data(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "validate_allocator.py"), str(tmp_path / "no")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.startswith("skipped: no snapshots at")
+
+
+# --- invariants under random traces (seeded; no outcome is asserted here, only that the state stays sound) ---------
+
+def check_invariants(alloc: CachingAllocator, live: list) -> None:
+    """Segments are contiguous chains of blocks; free neighbours are merged; pools and counters agree."""
+    pooled = [b for pool in (alloc.small, alloc.large) for b in (*pool.blocks.values(), *pool.unmapped.values())]
+    for pool in (alloc.small, alloc.large):
+        assert pool.keys == sorted(pool.blocks) and len(pool.keys) == len(pool.blocks)
+        for (stream, size, ptr), b in pool.blocks.items():
+            assert (b.stream, b.size, b.ptr) == (stream, size, ptr) and b.mapped and not b.allocated
+            assert b.pool is pool
+    heads = {}
+    for b in [*pooled, *live]:
+        while b.prev is not None:
+            b = b.prev
+        heads[id(b)] = b
+    reserved = allocated = 0
+    for head in heads.values():
+        b, chain = head, 0
+        while b is not None:
+            assert b.size > 0
+            if b.next is not None:
+                assert b.ptr + b.size == b.next.ptr and b.next.prev is b
+                # the coalescing invariant: two free neighbours in the same (mapped) state never both exist
+                assert b.allocated or b.next.allocated or b.mapped != b.next.mapped, (b, b.next)
+            if b.mapped:
+                reserved += b.size
+            allocated += b.size if b.allocated else 0
+            chain += b.size
+            b = b.next
+        if head.segment is None:
+            assert alloc.live_segments[head.ptr] == chain
+    assert reserved == alloc.reserved and allocated == alloc.allocated
+    assert len([h for h in heads.values() if h.segment is None]) == len(alloc.live_segments)
+
+
+@pytest.mark.parametrize("conf,capacity,fraction", [
+    ("", None, None), ("expandable_segments:True", None, None), ("max_split_size_mb:40", None, None),
+    ("roundup_power2_divisions:[1:4,64:8,>:2]", None, None), ("", 600 * MiB, None),
+    ("max_split_size_mb:40,garbage_collection_threshold:0.5", 600 * MiB, 0.8),
+    ("expandable_segments:True", 600 * MiB, None),
+])
+def test_random_traces_keep_the_allocator_state_sound(conf, capacity, fraction):
+    import random
+
+    rng = random.Random(13)
+    alloc = CachingAllocator(parse_alloc_conf(conf), capacity, memory_fraction=fraction)
+    live = []
+    for step in range(3000):
+        r = rng.random()
+        if r < 0.45 or not live:
+            size = rng.choice([rng.randint(1, 4096), rng.randint(1, MiB), rng.randint(MiB, 12 * MiB),
+                               rng.randint(10 * MiB, 90 * MiB)])
+            try:
+                live.append(alloc.malloc(size))
+            except OutOfMemory:
+                pass
+        elif r < 0.98:
+            alloc.free(live.pop(rng.randrange(len(live))))
+        else:
+            alloc.empty_cache()
+        if step % 50 == 0:
+            check_invariants(alloc, live)
+    for b in live:
+        alloc.free(b)
+    alloc.empty_cache()
+    check_invariants(alloc, [])
+    assert alloc.allocated == 0 and alloc.reserved == 0  # everything free and released: nothing held
