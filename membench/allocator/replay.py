@@ -67,8 +67,9 @@ def replay(trace: Trace, settings: AllocatorSettings | None = None, capacity: in
            recorded_addresses: bool = True, memory_fraction: float | None = None) -> Replay:
     """Run the trace's allocations and frees through the simulator, from the state rebuilt at its first event.
 
-    A run of consecutive segment_free events is one torch.cuda.empty_cache() (or the release of cached segments
-    before a retried cudaMalloc, which frees the same segments). New segments are placed at the addresses the
+    A run of consecutive segment_free events is one torch.cuda.empty_cache() (or, with default settings, the
+    release of cached segments before a retried cudaMalloc, which frees the same segments; a trace recorded with
+    garbage_collection_threshold or max_split_size may free fewer there, and would not replay exactly). New segments are placed at the addresses the
     trace recorded while the simulator asks for the same sizes in the same order (the driver's choice of address
     only breaks ties between equal-size free blocks); elsewhere, or with recorded_addresses=False, they are laid
     out one after another.
@@ -268,7 +269,9 @@ def format_report(r: dict) -> str:
             rows[0].append(s["num_alloc_retries"])
             for row, w in zip(rows[1:], r["what_if"]):
                 row.append(w["num_alloc_retries"])
-        lines += ["", "what if, on this exact trace (GiB = 2**30):",
+        start = f"; each starts from the state at the first event, its {r['initial_segments']} segments as recorded" \
+            if r["initial_segments"] else ""
+        lines += ["", f"what if, on this exact trace (GiB = 2**30{start}):",
                   tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)]
     lines.append(f"\n({r['seconds']:.2f} s)")
     return "\n".join(lines)
