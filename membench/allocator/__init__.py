@@ -17,7 +17,7 @@ from membench.allocator.settings import AllocatorSettings, parse_alloc_conf, set
 from membench.allocator.simulator import CachingAllocator, OutOfMemory, get_allocation_size, round_size
 
 __all__ = ["AllocatorSettings", "CachingAllocator", "OutOfMemory", "SimulationResult", "get_allocation_size",
-           "parse_alloc_conf", "round_size", "settings_from_env", "simulate"]
+           "parse_alloc_conf", "reserved_summary", "round_size", "settings_from_env", "simulate"]
 
 
 @dataclasses.dataclass
@@ -96,3 +96,22 @@ def simulate(events: Iterable[tuple], settings: AllocatorSettings | str | None =
         segments_released=sum(e.action in ("free", "unmap") for e in alloc.segment_log),
         num_alloc_retries=alloc.num_alloc_retries, oom=oom_at is not None, oom_at_event=oom_at,
         final_reserved_bytes=alloc.reserved, final_allocated_bytes=alloc.allocated)
+
+
+def reserved_summary(events: Iterable[tuple], settings: AllocatorSettings | str | None = None,
+                     capacity: int | None = None, memory_fraction: float | None = None) -> dict:
+    """simulate(), as the JSON-ready fields a (predicted) memory result carries. Bytes throughout.
+
+    `allocator_peak_allocated_bytes` is what torch.cuda.max_memory_allocated() would report: block sizes, which
+    include the remainders of 1 MiB or less that a large block keeps unsplit, so it can exceed the sum of the
+    requests rounded to 512 B.
+    """
+    if not isinstance(settings, AllocatorSettings):
+        settings = parse_alloc_conf(settings)
+    r = simulate(events, settings, capacity, memory_fraction)
+    return {"peak_reserved_bytes": r.peak_reserved_bytes,
+            "allocator_peak_allocated_bytes": r.peak_allocated_bytes,
+            "reserved_at_peak_allocated_bytes": r.reserved_at_peak_allocated,
+            "fragmentation_at_peak_bytes": r.fragmentation_at_peak_bytes,
+            "segments_allocated": len(r.segments), "allocator_settings": settings.label(),
+            "reserved_oom": r.oom, "reserved_method": "simulated CUDA caching allocator (membench.allocator)"}
