@@ -6,6 +6,7 @@ not copied from a run of the simulator. MiB = 2**20.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 import subprocess
@@ -319,6 +320,13 @@ def test_settings_recorded_in_a_snapshot():
     assert settings_from_snapshot(recorded) == AllocatorSettings()
     assert settings_from_snapshot({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"}).max_split_size == 64 * MiB
     assert settings_from_snapshot(None) == AllocatorSettings()
+    # settings known only from the parsed fields are labelled in PYTORCH_CUDA_ALLOC_CONF syntax, which reads back
+    fields = dict(recorded, max_split_size=256 * MiB, expandable_segments=True,
+                  roundup_power2_divisions={**recorded["roundup_power2_divisions"], "64": 4})
+    settings = settings_from_snapshot(fields)
+    again = parse_alloc_conf(settings.label())
+    assert dataclasses.replace(again, text="") == settings and settings.max_split_size == 256 * MiB
+    assert again.roundup_power2_divisions[6] == 4 and sum(again.roundup_power2_divisions) == 4
 
 
 # --- snapshots: safe loading, the backwards rebuild, replay ------------------------------------------------------

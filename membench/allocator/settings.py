@@ -41,7 +41,22 @@ class AllocatorSettings:
     text: str = ""  # what the user wrote, for tables
 
     def label(self) -> str:
-        return self.text or "default"
+        """What the user wrote, or the same settings in PYTORCH_CUDA_ALLOC_CONF syntax, or 'default'."""
+        if self.text:
+            return self.text
+        parts = []
+        if self.max_split_size is not None:
+            parts.append(f"max_split_size_mb:{self.max_split_size // MiB}")
+        if self.max_non_split_rounding != LARGE_BUFFER:
+            parts.append(f"max_non_split_rounding_mb:{self.max_non_split_rounding // MiB}")
+        if self.garbage_collection_threshold:
+            parts.append(f"garbage_collection_threshold:{self.garbage_collection_threshold}")
+        if any(self.roundup_power2_divisions):
+            pairs = ",".join(f"{2**k}:{d}" for k, d in enumerate(self.roundup_power2_divisions))
+            parts.append(f"roundup_power2_divisions:[{pairs}]")
+        if self.expandable_segments:
+            parts.append("expandable_segments:True")
+        return ",".join(parts) or "default"
 
     def divisions_for(self, size: int) -> int:
         """The roundup_power2_divisions entry for a request: by its power-of-two interval, starting at 1 MiB."""
