@@ -67,12 +67,12 @@ def replay(trace: Trace, settings: AllocatorSettings | None = None, capacity: in
            recorded_addresses: bool = True, memory_fraction: float | None = None) -> Replay:
     """Run the trace's allocations and frees through the simulator, from the state rebuilt at its first event.
 
-    A run of consecutive segment_free events is one torch.cuda.empty_cache() (or, with default settings, the
-    release of cached segments before a retried cudaMalloc, which frees the same segments; a trace recorded with
-    garbage_collection_threshold or max_split_size may free fewer there, and would not replay exactly). New segments are placed at the addresses the
-    trace recorded while the simulator asks for the same sizes in the same order (the driver's choice of address
-    only breaks ties between equal-size free blocks); elsewhere, or with recorded_addresses=False, they are laid
-    out one after another.
+    A run of consecutive segment_free events is one torch.cuda.empty_cache() (or, with default settings, the release
+    of cached segments before a retried cudaMalloc, which frees the same segments; a trace recorded with
+    garbage_collection_threshold or max_split_size may free fewer there, and would not replay exactly). New segments
+    are placed at the addresses the trace recorded while the simulator asks for the same sizes in the same order
+    (the driver's choice of address only breaks ties between equal-size free blocks); elsewhere, or with
+    recorded_addresses=False, they are laid out one after another.
     """
     settings = settings or trace.settings
     recorded = [(e["size"], e["addr"]) for e in trace.events if e["action"] == SEGMENT_ALLOC]
