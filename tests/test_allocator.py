@@ -379,6 +379,16 @@ def test_state_is_rebuilt_backwards_from_the_final_segments(snapshot_file):
     assert trace.guessed_sizes == 1
 
 
+def test_blocks_described_by_booleans_as_torch_2_0_did(tmp_path):
+    snap = hand_made_snapshot()
+    for b in snap["segments"][0]["blocks"]:
+        in_use = b.pop("state") != "inactive"
+        b.update(allocated=in_use, active=in_use)
+    path = tmp_path / "old.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    assert initial_state(load_snapshot(path)).segments[0].allocated == [(S1, 4 * MiB, 4 * MiB)]
+
+
 def test_a_block_size_is_inferred_from_a_small_gap(tmp_path):
     # Final state: a 20 MiB segment wholly free. Trace: free_completed of a 19.5 MiB request at its start. So the
     # block was allocated before the trace; after its rounded 19.5 MiB, 0.5 MiB to the segment's end: a large-pool

@@ -134,7 +134,9 @@ def _rebuild(snapshot: dict, device: int | None) -> Trace:
             raise UserError("the snapshot has segments of a CUDA graph's private memory pool, which are not simulated")
         segs[seg["address"]] = (seg["total_size"], seg.get("segment_type") == "small", seg.get("stream", 0))
         for b in seg["blocks"]:
-            if b["state"] != "inactive":  # active_allocated, or active_pending_free (its free has not completed)
+            # active_allocated, or active_pending_free (its free has not completed); torch 2.0 said it in booleans
+            in_use = b["state"] != "inactive" if "state" in b else bool(b["allocated"] or b["active"])
+            if in_use:
                 live[b["address"]] = (b.get("requested_size", b["size"]), b["size"])
 
     def inconsistent(event: dict, why: str) -> UserError:
