@@ -225,6 +225,18 @@ def cmd_fit(args) -> int:
     return 0
 
 
+def cmd_replay(args) -> int:
+    import json
+
+    from membench.allocator.replay import format_report, report
+    from membench.units import parse_bytes
+
+    capacity = parse_bytes(args.capacity) if args.capacity else None
+    result = report(args.snapshot, args.alloc_conf, capacity, memory_fraction=args.memory_fraction)
+    print(json.dumps(result, indent=2) if args.json else format_report(result))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="membench", description="GPU memory benchmarks for PyTorch training: "
                                      "every memory-saving technique on one workload, side by side.")
@@ -275,6 +287,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-confirm", action="store_true", help="on a GPU, do not confirm predictions with real runs")
     p.add_argument("--out", type=Path, default=None, help="where confirmation runs go (default results/fit)")
     p.set_defaults(func=cmd_fit)
+
+    p = sub.add_parser("replay", help="replay a CUDA memory snapshot through the caching-allocator simulator: "
+                                      "actual vs simulated reserved memory, and what other settings would hold")
+    p.add_argument("snapshot", type=Path, help="a torch.cuda.memory._dump_snapshot() pickle (as for memory_viz)")
+    p.add_argument("--alloc-conf", action="append", default=[],
+                   help="PYTORCH_CUDA_ALLOC_CONF settings to try on the same trace, repeatable, e.g. "
+                        "\"expandable_segments:True\" or \"max_split_size_mb:256\"")
+    p.add_argument("--capacity", default=None,
+                   help="device memory for the simulation, e.g. 80GiB (GiB = 2**30): beyond it cudaMalloc fails, "
+                        "cached segments are released and retried, then OOM (default: unlimited)")
+    p.add_argument("--memory-fraction", type=_positive_float, default=None,
+                   help="as torch.cuda.set_per_process_memory_fraction: reserve at most this share of --capacity; "
+                        "garbage_collection_threshold acts only under a fraction, as in PyTorch")
+    p.add_argument("--json", action="store_true", help="print one JSON object (bytes) instead of tables")
+    p.set_defaults(func=cmd_replay)
     return parser
 
 

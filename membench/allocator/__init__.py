@@ -1,0 +1,117 @@
+"""Reserved CUDA memory without a GPU: a simulator of PyTorch's CUDA caching allocator.
+
+- settings.parse_alloc_conf: PYTORCH_CUDA_ALLOC_CONF text -> AllocatorSettings (the one parser)
+- simulator.CachingAllocator: the allocator's rules (rounding, pools, best fit, splitting, coalescing,
+  max_split_size, garbage collection, roundup_power2_divisions, expandable segments, empty_cache, OOM retries)
+- snapshot: a restricted unpickler for snapshots and the backwards rebuild of the state at a trace's first event
+- replay: a recorded trace through the simulator, compared with what the real allocator did
+- simulate(): the entry point for an allocation trace of one's own (membench predict's)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Hashable, Iterable
+
+from membench.allocator.settings import AllocatorSettings, parse_alloc_conf, settings_from_env
+from membench.allocator.simulator import CachingAllocator, OutOfMemory, get_allocation_size, round_size
+
+__all__ = ["AllocatorSettings", "CachingAllocator", "OutOfMemory", "SimulationResult", "get_allocation_size",
+           "parse_alloc_conf", "reserved_summary", "round_size", "settings_from_env", "simulate"]
+
+
+@dataclasses.dataclass
+class SimulationResult:
+    """What the caching allocator would have held. Bytes throughout."""
+
+    peak_reserved_bytes: int  # the most memory held from the driver (what CUDA OOM is decided on)
+    peak_allocated_bytes: int  # the most in blocks handed out (requests rounded up to the allocator's blocks)
+    reserved_at_peak_allocated: int  # reserved when allocated peaked
+    allocated_at_peak_reserved: int  # allocated when reserved peaked (just after the allocation that raised it)
+    segments: list[int]  # sizes of the segments allocated (cudaMalloc, or pages mapped when expandable), in order
+    segments_released: int  # segments freed (empty_cache, OOM retries, garbage collection) or ranges unmapped
+    num_alloc_retries: int  # times the cache was emptied to retry a failed cudaMalloc (needs a capacity)
+    oom: bool  # an allocation did not fit under the capacity or fraction: the simulation stopped there
+    oom_at_event: int | None  # index in `events` of the allocation that failed
+    final_reserved_bytes: int
+    final_allocated_bytes: int
+
+    @property
+    def fragmentation_at_peak_bytes(self) -> int:
+        """Reserved minus allocated at the peak of reserved memory."""
+        return self.peak_reserved_bytes - self.allocated_at_peak_reserved
+
+
+def simulate(events: Iterable[tuple], settings: AllocatorSettings | str | None = None,
+             capacity: int | None = None, memory_fraction: float | None = None) -> SimulationResult:
+    """Run an allocation trace through the caching allocator simulator.
+
+    events: in program order, each one of
+        ("alloc", key, size_bytes)  a storage of size_bytes is allocated (the raw requested size: the simulator
+                                    rounds it as the allocator does); key is any hashable that names it
+        ("free", key)               that storage is freed (and its memory reusable at once: one stream)
+        ("empty_cache",)            torch.cuda.empty_cache()
+    settings: AllocatorSettings, or PYTORCH_CUDA_ALLOC_CONF text such as "expandable_segments:True"
+              (default: PyTorch's defaults).
+    capacity: the device's memory in bytes; None = unlimited. With it, a cudaMalloc that would exceed it fails,
+              the allocator's release-and-retry path runs, and then the allocation is an OOM.
+    memory_fraction: torch.cuda.set_per_process_memory_fraction's value (needs a capacity): the allocator keeps
+              reserved memory within fraction x capacity; garbage_collection_threshold acts only with it, as in
+              PyTorch.
+
+    Raises ValueError for a malformed event, a free of an unknown key or an alloc of a key in use.
+    """
+    if not isinstance(settings, AllocatorSettings):
+        settings = parse_alloc_conf(settings)
+    alloc = CachingAllocator(settings, capacity, memory_fraction=memory_fraction)
+    live: dict[Hashable, object] = {}
+    oom_at = None
+    for index, event in enumerate(events):
+        kind = event[0] if event else None
+        if kind == "alloc" and len(event) == 3:
+            _, key, size = event
+            if key in live:
+                raise ValueError(f"event {index}: {key!r} is allocated twice without a free")
+            if not isinstance(size, int) or size < 0:
+                raise ValueError(f"event {index}: size must be a non-negative int, got {size!r}")
+            try:
+                live[key] = alloc.malloc(size)
+            except OutOfMemory:
+                oom_at = index
+                break
+        elif kind == "free" and len(event) == 2:
+            if event[1] not in live:
+                raise ValueError(f"event {index}: free of {event[1]!r}, which is not allocated")
+            alloc.free(live.pop(event[1]))
+        elif kind == "empty_cache" and len(event) == 1:
+            alloc.empty_cache()
+        else:
+            raise ValueError(f"event {index}: expected ('alloc', key, size), ('free', key) or ('empty_cache',), "
+                             f"got {event!r}")
+    return SimulationResult(
+        peak_reserved_bytes=alloc.peak_reserved, peak_allocated_bytes=alloc.peak_allocated,
+        reserved_at_peak_allocated=alloc.reserved_at_peak_allocated,
+        allocated_at_peak_reserved=alloc.allocated_at_peak_reserved,
+        segments=[e.size for e in alloc.segment_log if e.action in ("alloc", "map")],
+        segments_released=sum(e.action in ("free", "unmap") for e in alloc.segment_log),
+        num_alloc_retries=alloc.num_alloc_retries, oom=oom_at is not None, oom_at_event=oom_at,
+        final_reserved_bytes=alloc.reserved, final_allocated_bytes=alloc.allocated)
+
+
+def reserved_summary(events: Iterable[tuple], settings: AllocatorSettings | str | None = None,
+                     capacity: int | None = None, memory_fraction: float | None = None) -> dict:
+    """simulate(), as the JSON-ready fields a (predicted) memory result carries. Bytes throughout.
+
+    `allocator_peak_allocated_bytes` is what torch.cuda.max_memory_allocated() would report: block sizes, which
+    include the remainders of 1 MiB or less that a large block keeps unsplit, so it can exceed the sum of the
+    requests rounded to 512 B.
+    """
+    if not isinstance(settings, AllocatorSettings):
+        settings = parse_alloc_conf(settings)
+    r = simulate(events, settings, capacity, memory_fraction)
+    return {"peak_reserved_bytes": r.peak_reserved_bytes,
+            "allocator_peak_allocated_bytes": r.peak_allocated_bytes,
+            "reserved_at_peak_allocated_bytes": r.reserved_at_peak_allocated,
+            "fragmentation_at_peak_bytes": r.fragmentation_at_peak_bytes,
+            "segments_allocated": len(r.segments), "allocator_settings": settings.label(),
+            "reserved_oom": r.oom, "reserved_method": "simulated CUDA caching allocator (membench.allocator)"}
