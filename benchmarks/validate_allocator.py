@@ -8,8 +8,9 @@ projects; it is development data, not shipped. On a GPU, `membench run --device 
 are searched recursively; snapshots that cannot be replayed, such as OOM snapshots without a trace, are listed
 apart). For each snapshot: the state at its first event is rebuilt backwards from the final one, its alloc /
 free_completed / segment_free events are replayed with the allocator settings it was recorded with (default when
-it does not say), and the recorded segment allocations and peak reserved are compared with the simulated ones. Exact = every segment allocation the same size, caused by the
-same allocation, in the same order, and the peak reserved equal to the byte.
+it does not say), and the recorded segment allocations and peak reserved are compared with the simulated ones.
+Exact = every segment allocation the same size, caused by the same allocation, in the same order, and the peak
+reserved equal to the byte.
 
 Two replays per file: new segments at the addresses the trace recorded (so every allocation's address can be
 checked too), and new segments at addresses of the simulator's own (as `membench predict` has no recorded ones).

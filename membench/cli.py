@@ -205,23 +205,28 @@ def cmd_fit(args) -> int:
     from membench.units import fmt_bytes, parse_bytes
 
     budget = parse_bytes(args.budget)
+    by = args.by or ("reserved" if args.device == "cuda" else "allocated")
+    if by == "reserved" and args.device != "cuda":
+        raise UserError("--by reserved needs --device cuda: reserved memory is the CUDA caching allocator's")
+    field = f"peak_{by}_bytes"
     jobs = _predict_jobs(args, 1)
     confirm = args.device == "cuda" and torch.cuda.is_available() and not args.no_confirm
     rows = []
     for job in jobs:
-        fit = largest_batch(job, budget, lambda j: predict_memory(j).peak_allocated_bytes, args.max_batch)
+        fit = largest_batch(job, budget, lambda j: getattr(predict_memory(j), field), args.max_batch)
         if confirm:
             fit = confirm_on_gpu(job, fit, budget, args.out or Path("results") / "fit")
         over = f"{fit.over_batch}: {fmt_bytes(fit.over_peak)}" if fit.over_batch else "-"
         rows.append([fit.run, fit.batch, fmt_bytes(fit.peak), over, fit.probes,
                      "-" if fit.confirmed is None else fit.confirmed, fit.note or "-"])
-    print(tabulate(rows, headers=["run", "max batch (predicted)", "predicted peak", "first batch over: peak",
+    print(tabulate(rows, headers=["run", "max batch (predicted)", f"predicted peak {by}", "first batch over: peak",
                                   "predictions", "max batch (measured)", "note"],
                    tablefmt="simple", disable_numparse=True))
     where = "confirmed on this GPU" if confirm else "not confirmed: no CUDA GPU here" if args.device == "cuda" \
         else "cpu target"
-    print(f"\nbudget {fmt_bytes(budget)} ({budget} B) of PREDICTED {args.device} peak allocated; {where}. "
-          "Leave headroom for what a prediction cannot see (CUDA context, workspaces, fragmentation).")
+    headroom = "CUDA context, library workspaces" + (", fragmentation" if by == "allocated" else "")
+    print(f"\nbudget {fmt_bytes(budget)} ({budget} B) of PREDICTED {args.device} peak {by}; {where}. "
+          f"Leave headroom for what a prediction cannot see ({headroom}).")
     return 0
 
 
@@ -284,6 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_target_options(p)
     p.add_argument("--budget", required=True, help="memory budget, e.g. 24GiB (GiB = 2**30) or 80GB")
     p.add_argument("--max-batch", type=_positive_int, default=65536, help="stop searching here (default 65536)")
+    p.add_argument("--by", choices=("reserved", "allocated"), default=None,
+                   help="which predicted peak must fit: reserved (what decides CUDA out-of-memory; the default for "
+                        "--device cuda, from the allocator simulator) or allocated (the default for --device cpu)")
     p.add_argument("--no-confirm", action="store_true", help="on a GPU, do not confirm predictions with real runs")
     p.add_argument("--out", type=Path, default=None, help="where confirmation runs go (default results/fit)")
     p.set_defaults(func=cmd_fit)

@@ -31,7 +31,8 @@ CUDA_BLOCK = 512  # the caching allocator rounds every allocation up to a multip
 CANNOT_SEE = (
     "CUDA context and loaded kernels (in driver_used, not in allocated)",
     "library workspaces outside the caching allocator (cuDNN, NCCL; cuBLAS on old torch)",
-    "fragmentation and cached blocks: reserved memory is not simulated",
+    "reserved memory is simulated (membench.allocator), from allocations whose sizes are exact but whose order on a "
+    "GPU can differ (kernel choice, streams); CUDA graphs and cudaMallocAsync are not modelled",
     "kernel choice: CUDA kernels may save other tensors than the CPU ones (flash vs math attention, cuDNN)",
     "ops whose output size depends on data, and model code that branches on tensor values",
 )
@@ -108,15 +109,31 @@ def predict_memory(job: Job, round_to: int | None = None) -> Memory:
     with group, fake.fake_tensors():
         prepared = _Prepared(run, fake.materialize(meta_model), cuda)
         techniques = (prepared, *(_WithRealRanks(t) if t.distributed else t for t in stack.techniques))
-        session = Session(run, dataclasses.replace(stack, techniques=techniques), workload,
-                          CpuMeter(round_to=round_to), batches(workload, run), track_host=False)
+        meter = CpuMeter(round_to=round_to, trace=cuda)
+        session = Session(run, dataclasses.replace(stack, techniques=techniques), workload, meter,
+                          batches(workload, run), track_host=False)
         session.build()
         session.warm_up(warmup)
         memory, _, _ = session.measure(1)
         session.detach()
     memory.device = spec.device
     memory.method = f"prediction: fake tensors, storage tracker, {round_to}-byte blocks"
+    if cuda:
+        _add_reserved(memory, meter.tracker.trace, stack, spec.memory_budget)
     return memory
+
+
+def _add_reserved(memory: Memory, trace: list[tuple], stack: Stack, budget: int | None) -> None:
+    """Reserved memory: the step's allocations, in order from the model's construction on, through the caching
+    allocator simulator with the run's allocator settings (the user's PYTORCH_CUDA_ALLOC_CONF plus the stack's,
+    e.g. expandable-segments). A budget acts as a memory fraction, as it does on a real GPU."""
+    from membench.allocator import reserved_summary, settings_from_env
+    from membench.launcher import environment_for
+
+    summary = reserved_summary(trace, settings_from_env(environment_for(stack)), capacity=budget,
+                               memory_fraction=1.0 if budget else None)
+    for key, value in summary.items():
+        setattr(memory, key, value)
 
 
 class CannotPredict(Exception):

@@ -63,6 +63,14 @@ class Memory:
     current_breakdown: dict[str, int] | None = None
     build_peak_bytes: int | None = None  # model construction on the device
     build_host_peak_bytes: int | None = None  # model construction in host memory (exact)
+    # Predictions for CUDA: reserved memory from the caching-allocator simulator (membench.allocator).
+    reserved_method: str | None = None
+    allocator_settings: str | None = None  # PYTORCH_CUDA_ALLOC_CONF the simulation ran with
+    allocator_peak_allocated_bytes: int | None = None  # what max_memory_allocated() would say (whole blocks)
+    reserved_at_peak_allocated_bytes: int | None = None
+    fragmentation_at_peak_bytes: int | None = None  # reserved minus allocated at the peak of reserved
+    segments_allocated: int | None = None  # cudaMalloc calls
+    reserved_oom: bool | None = None  # the simulated allocator ran out of the budget
 
 
 @dataclass

@@ -57,8 +57,8 @@ def test_cuda_target_uses_cudas_foreach_adam_default():
 def test_prediction_record_is_labelled_and_says_what_it_cannot_see():
     record = predict(spec("vit-tiny", batch_size=2, device="cuda"))
     assert record.status == "ok" and record.predicted is True and record.predicted_for == "cuda"
-    assert record.cannot_see == list(CANNOT_SEE) and any("fragmentation" in c for c in CANNOT_SEE)
-    assert record.timing is None and record.memory.peak_reserved_bytes is None
+    assert record.cannot_see == list(CANNOT_SEE) and any("reserved memory is simulated" in c for c in CANNOT_SEE)
+    assert record.timing is None and record.memory.reserved_method.startswith("simulated")
 
 
 def test_cuda_only_techniques_are_validated_against_the_target_not_this_cpu(tmp_path, capsys):
@@ -151,3 +151,44 @@ def test_a_table_mixing_kinds_labels_each_prediction(tmp_path):
     predicted = predict(job.with_run(techniques=("ckpt",)))
     text = render([measured, predicted])
     assert "ckpt (predicted)" in text and "baseline (predicted)" not in text and "peak alloc GiB" in text
+
+
+def test_cuda_prediction_carries_simulated_reserved_memory():
+    job = spec("gpt-tiny", batch_size=4, device="cuda")
+    memory = predict_memory(job)
+    assert memory.peak_reserved_bytes >= memory.peak_allocated_bytes
+    # Default settings: every segment is 2 MiB (small pool), 20 MiB, or a large request rounded up to 2 MiB.
+    assert memory.peak_reserved_bytes % (2 * 2**20) == 0
+    assert memory.allocator_settings == "default" and memory.segments_allocated > 0
+    expandable = predict_memory(job.with_run(techniques=("expandable-segments",)))
+    assert expandable.allocator_settings == "expandable_segments:True"
+    assert expandable.peak_allocated_bytes == memory.peak_allocated_bytes  # the technique changes no tensor
+    assert predict_memory(job.with_run(device="cpu")).peak_reserved_bytes is None  # a CPU has no caching allocator
+
+
+def test_the_allocation_trace_replays_to_the_trackers_live_bytes():
+    """The trace the simulator reads and the tracker's own count are two records of one history: replayed with the
+    tracker's rounding, the trace ends at exactly the tracker's live bytes."""
+    from membench.trackers.memory import CpuMeter
+    from tests.helpers import session_for
+
+    meter = CpuMeter(round_to=512, trace=True)
+    session = session_for(spec("vit-tiny", ("opt-in-bwd",), batch_size=2).run, meter=meter)
+    session.build()
+    session.warm_up(1)
+    session.measure(1)
+    live: dict = {}
+    for event in meter.tracker.trace:
+        if event[0] == "alloc":
+            live[event[1]] = -(-event[2] // 512) * 512
+        else:
+            del live[event[1]]
+    assert sum(live.values()) == meter.tracker.current > 0
+
+
+def test_fit_searches_by_reserved_for_cuda_and_refuses_it_for_cpu(capsys):
+    assert cli.main(["fit", "--workload", "vit-tiny", "--techniques", "baseline", "--budget", "8MiB",
+                     "--max-batch", "16"]) == 0
+    assert "predicted peak reserved" in capsys.readouterr().out
+    assert cli.main(["fit", "--workload", "vit-tiny", "--device", "cpu", "--by", "reserved", "--budget", "8MiB"]) == 2
+    assert "--by reserved needs --device cuda" in capsys.readouterr().err

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Hashable, Iterable
+from collections.abc import Hashable, Iterable
 
 from membench.allocator.settings import AllocatorSettings, parse_alloc_conf, settings_from_env
 from membench.allocator.simulator import CachingAllocator, OutOfMemory, get_allocation_size, round_size

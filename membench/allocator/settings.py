@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 from membench.errors import UserError
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from membench.allocator.settings import LARGE_BUFFER, AllocatorSettings
 
@@ -45,7 +45,7 @@ class Block:
     __slots__ = ("ptr", "size", "requested", "allocated", "prev", "next", "pool", "stream", "mapped", "segment",
                  "gc_base")
 
-    def __init__(self, ptr: int, size: int, pool: "Pool", stream: int, mapped: bool = True,
+    def __init__(self, ptr: int, size: int, pool: Pool, stream: int, mapped: bool = True,
                  segment: ExpandableSegment | None = None):
         self.ptr, self.size, self.pool, self.stream = ptr, size, pool, stream
         self.requested, self.allocated = 0, False
@@ -56,7 +56,7 @@ class Block:
     def is_split(self) -> bool:
         return self.prev is not None or self.next is not None
 
-    def splice(self, before: "Block | None", after: "Block | None") -> None:
+    def splice(self, before: Block | None, after: Block | None) -> None:
         if before:
             before.next = self
         self.prev = before

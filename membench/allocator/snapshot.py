@@ -51,7 +51,7 @@ def load_snapshot(path: Path | str) -> dict:
     except _Refused as exc:
         raise UserError(f"{path} is not a plain memory snapshot: {exc}, which a snapshot never does "
                         "(refused without running it)") from None
-    except Exception as exc:  # any unreadable byte stream: truncated, not a pickle, ...
+    except Exception as exc:  # noqa: BLE001 - untrusted bytes: truncated, not a pickle, ... are all one answer
         raise UserError(f"{path} is not {_WHAT}: cannot read it as a pickle ({type(exc).__name__}: {exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("segments"), list) \
             or not isinstance(data.get("device_traces"), list):

@@ -25,7 +25,7 @@ def rows(results: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
     predicted = bool(df["predicted"].all())
     mixed = not predicted and bool(df["predicted"].any())  # never let a prediction pass for a measurement
     headers = ["run", "status", ("predicted" if predicted else "peak") + " alloc GiB", "vs base", "peak phase",
-               "reserved GiB", "step ms", "throughput", "vs base", "equivalence"]
+               ("predicted " if predicted else "") + "reserved GiB", "step ms", "throughput", "vs base", "equivalence"]
     body = []
     for r in df.to_dict("records"):
         body.append([

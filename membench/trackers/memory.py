@@ -68,8 +68,8 @@ class CpuMeter(_Categorised):
 
     device = "cpu"
 
-    def __init__(self, budget: int | None = None, timeline: bool = False, round_to: int = 1):
-        self.tracker = StorageTracker(round_to=round_to, budget=budget, timeline=timeline)
+    def __init__(self, budget: int | None = None, timeline: bool = False, round_to: int = 1, trace: bool = False):
+        self.tracker = StorageTracker(round_to=round_to, budget=budget, timeline=timeline, trace=trace)
 
     @contextlib.contextmanager
     def active(self):

@@ -39,11 +39,14 @@ class StorageTracker(TorchDispatchMode):
     budget: raise torch.OutOfMemoryError once live bytes pass it (a GPU of that size, simulated on CPU).
     timeline: keep (event, phase, step, bytes per category) for every allocation and free.
     device_types: count only storages on these device types (e.g. ("cpu",) for host memory); None: all.
+    trace: keep every allocation and free in order, with its raw (unrounded) size, as the allocator simulator
+    reads it: ("alloc", key, nbytes) and ("free", key). A prediction's reserved memory comes from it.
     """
 
     def __init__(self, round_to: int = 1, budget: int | None = None, timeline: bool = False,
-                 device_types: tuple[str, ...] | None = None):
+                 device_types: tuple[str, ...] | None = None, trace: bool = False):
         super().__init__()
+        self.trace: list[tuple] | None = [] if trace else None
         self.device_types = device_types
         self.round_to = round_to
         self.budget = budget
@@ -85,16 +88,21 @@ class StorageTracker(TorchDispatchMode):
             return
         storage = tensor.untyped_storage()
         key = self._keys.get(storage)
-        size = self._rounded(storage.nbytes())
+        nbytes = storage.nbytes()
+        size = self._rounded(nbytes)
         if key is None:
             if size == 0:
                 return
             key = next(self._counter)
             self._keys[storage] = key
             weakref.finalize(storage, self._free, key)
+            self._traced("alloc", key, nbytes)
             self._add(key, size, category or PHASE_CATEGORY.get(self.phase, OTHER))
         else:
             old_size, old_category = self.live[key]
+            if size != old_size:
+                self._traced("free", key)
+                self._traced("alloc", key, nbytes)
             if size != old_size or (category and category != old_category):
                 self._remove(key)
                 self._add(key, size, category or old_category)
@@ -103,8 +111,11 @@ class StorageTracker(TorchDispatchMode):
         """A storage resized in place (FSDP frees and re-allocates unsharded parameters so): a new allocation."""
         key = self._keys.get(tensor.untyped_storage())
         if key is not None:
+            nbytes = tensor.untyped_storage().nbytes()
+            self._traced("free", key)
+            self._traced("alloc", key, nbytes)
             self._remove(key)
-            self._add(key, self._rounded(tensor.untyped_storage().nbytes()), PHASE_CATEGORY.get(self.phase, OTHER))
+            self._add(key, self._rounded(nbytes), PHASE_CATEGORY.get(self.phase, OTHER))
 
     def track_all(self, tensors, category: str) -> None:
         for t in tensors:
@@ -144,8 +155,13 @@ class StorageTracker(TorchDispatchMode):
 
     def _free(self, key: int) -> None:
         if key in self.live:
+            self._traced("free", key)
             self._remove(key)
             self._changed()
+
+    def _traced(self, *event) -> None:
+        if self.trace is not None:
+            self.trace.append(event)
 
     def _changed(self) -> None:
         if self.current > self.peak.bytes:
