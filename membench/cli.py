@@ -133,13 +133,14 @@ def cmd_report(args) -> int:
 
 
 def cmd_compare(args) -> int:
+    from membench.fsio import atomic_write_text
     from membench.report.compare import render
     from membench.results import load_dir
 
     text = render(load_dir(args.old), load_dir(args.new), fmt=args.format)
     print(text)
     if args.markdown:
-        args.markdown.write_text(render(load_dir(args.old), load_dir(args.new), fmt="github") + "\n")
+        atomic_write_text(args.markdown, render(load_dir(args.old), load_dir(args.new), fmt="github") + "\n")
         print(f"\nwrote {args.markdown}")
     return 0
 
@@ -268,12 +269,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from membench.fsio import is_environment_error, user_error
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.func(args)
     except UserError as exc:
         print(f"membench: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        # A full disk or a read-only folder met outside fsio's writers (a log, a folder): still the user's to fix.
+        if not is_environment_error(exc):
+            raise
+        print(f"membench: error: {user_error(exc, 'use', exc.filename or 'a file')}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("membench: interrupted", file=sys.stderr)

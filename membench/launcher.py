@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from membench.fsio import atomic_write_text, make_dir
 from membench.results import SCHEMA_VERSION, is_finished, read_result, result_path, write_json
 from membench.spec import RunSpec
 from membench.techniques import REGISTRY
@@ -71,9 +72,9 @@ def launch(spec: RunSpec, out_dir: Path) -> dict:
     """Run one spec in a subprocess (a new process group, so a timeout kills torchrun's children too)."""
     out_path = result_path(out_dir, spec.name)
     runs_dir = out_dir / "runs"
-    runs_dir.mkdir(parents=True, exist_ok=True)
+    make_dir(runs_dir)
     spec_path = runs_dir / f"{spec.name}.spec.json"
-    spec_path.write_text(json.dumps(spec.to_dict(), indent=1))
+    atomic_write_text(spec_path, json.dumps(spec.to_dict(), indent=1))
     log = runs_dir / f"{spec.name}.log"
     _archive(out_path)
     started = time.time()

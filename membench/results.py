@@ -3,28 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from membench.errors import UserError
+from membench.fsio import atomic_write_text, make_dir
 
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "oom", "error", "timeout")
 
 
 def write_json(path: Path, data: dict) -> None:
-    """Write-then-rename: a reader (or a crash) never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, default=_jsonable)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write-then-rename (fsio): a reader (or a crash) never sees half a file."""
+    make_dir(path.parent)
+    atomic_write_text(path, json.dumps(data, indent=1, default=_jsonable) + "\n")
 
 
 def _jsonable(value):

@@ -16,6 +16,7 @@ matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+from membench.fsio import atomic_write_bytes, atomic_write_text, make_dir  # noqa: E402
 from membench.report.explain import breakdown, find_baseline  # noqa: E402
 from membench.trackers import timeline as tl  # noqa: E402
 from membench.trackers.categories import CATEGORIES  # noqa: E402
@@ -33,12 +34,14 @@ def unit_for(nbytes: float) -> tuple[str, int]:
 
 def save(fig: Figure, out_dir: Path, name: str) -> dict:
     """Write name.png and name.svg; return their paths and the SVG text (for inlining in HTML)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_dir(out_dir)
     png, svg = out_dir / f"{name}.png", out_dir / f"{name}.svg"
-    fig.savefig(png, dpi=110, bbox_inches="tight", metadata={"Software": None})
+    png_bytes = io.BytesIO()
+    fig.savefig(png_bytes, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
+    atomic_write_bytes(png, png_bytes.getvalue())
     buf = io.StringIO()
     fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
-    svg.write_text(buf.getvalue())
+    atomic_write_text(svg, buf.getvalue())
     return {"png": png, "svg": svg, "svg_text": buf.getvalue()}
 
 

@@ -1,0 +1,97 @@
+"""Nothing lost, nothing hung, nothing trusted that should not be (issue 11): full disks, read-only folders,
+kills, concurrent writers, re-runs, diverged losses and hostile result files."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from membench import fsio
+from membench.cli import main
+from membench.errors import UserError
+from membench.results import read_result
+
+TINY = ("--workload", "tests.workloads:mlp", "--batch-size", "4", "--techniques", "baseline", "--steps", "1",
+        "--warmup", "1", "--no-check", "--no-timeline")
+
+
+def run_cli(*args) -> int:
+    return main(["run", *TINY, *args])
+
+
+def _one_error_line(capsys) -> str:
+    """The one error line (the sweep's progress lines may come before it), and no traceback."""
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("membench: error:")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    return errors[0]
+
+
+# --- atomic writes, full disk, read-only folders -------------------------------------------------------------
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    target = tmp_path / "baseline.json"
+    fsio.atomic_write_text(target, "old")
+    assert stat.S_IMODE(target.stat().st_mode) == fsio.FILE_MODE  # not mkstemp's 0600
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(UserError, match=r"cannot write .*baseline.json: No space left on device"):
+        fsio.atomic_write_text(target, "new" * 100_000)
+    monkeypatch.undo()
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["baseline.json"]
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS])
+def test_full_disk_during_a_sweep_is_one_line_and_keeps_finished_runs(tmp_path, monkeypatch, capsys, code):
+    assert run_cli("--out", str(tmp_path)) == 0
+    before = (tmp_path / "baseline.json").read_bytes()
+
+    def full(fd, data):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "write", full)
+    capsys.readouterr()
+    assert run_cli("--out", str(tmp_path)) == 2
+    assert os.strerror(code) in _one_error_line(capsys)
+    monkeypatch.undo()
+    assert (tmp_path / "baseline.json").read_bytes() == before
+    assert read_result(tmp_path / "baseline.json")["status"] == "ok"
+
+
+def test_full_disk_while_writing_a_report_is_one_line(tmp_path, monkeypatch, capsys):
+    assert run_cli("--out", str(tmp_path)) == 0
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    capsys.readouterr()
+    assert main(["report", str(tmp_path)]) == 2
+    assert "No space left on device" in _one_error_line(capsys)
+
+
+def _read_only(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o555)
+    if os.access(path, os.W_OK):  # root ignores permissions
+        path.chmod(0o755)
+        pytest.skip("running as root: a read-only folder is still writable")
+    return path
+
+
+def test_read_only_out_is_one_line(tmp_path, capsys):
+    out = _read_only(tmp_path / "ro")
+    try:
+        assert run_cli("--out", str(out)) == 2
+        assert str(out) in _one_error_line(capsys)
+    finally:
+        out.chmod(0o755)
