@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shlex
@@ -13,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from membench.fsio import atomic_write_text, make_dir
+from membench.errors import UserError
+from membench.fsio import atomic_write_text, is_environment_error, make_dir, user_error
 from membench.results import SCHEMA_VERSION, is_finished, read_result, result_path, write_json
 from membench.spec import RunSpec
 from membench.techniques import REGISTRY
@@ -25,6 +28,39 @@ class Interrupted(Exception):
     def __init__(self, results: list[dict]):
         super().__init__("interrupted")
         self.results = results
+
+
+LOCK_NAME = ".membench.lock"
+
+
+@contextlib.contextmanager
+def locked(out_dir: Path):
+    """One writer per results folder: two sweeps into one --out would archive and overwrite each other's runs.
+
+    An flock on <out>/.membench.lock, taken without waiting. The kernel drops it when the holder exits however it
+    exits (kill -9 included), so a stale lock file never blocks the next sweep; the file itself stays (deleting it
+    would race with the next writer taking it). It holds the holder's pid, for the refusal message only.
+    """
+    make_dir(out_dir)
+    path = Path(out_dir) / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by workers (O_CLOEXEC by default)
+    except OSError as exc:
+        if not is_environment_error(exc):
+            raise
+        raise user_error(exc, "write in", Path(out_dir)) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise UserError(f"{out_dir} is in use by another membench run (pid {holder}): wait for it to finish "
+                            "or choose another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
 
 
 def command_for(spec: RunSpec, spec_path: Path, out_path: Path) -> list[str]:
@@ -102,7 +138,12 @@ def launch(spec: RunSpec, out_dir: Path) -> dict:
 def run_all(specs: list[RunSpec], out_dir: Path, resume: bool = False,
             on_start: Callable[[RunSpec], None] | None = None,
             on_done: Callable[[RunSpec, dict, bool], None] | None = None) -> list[dict]:
-    """Run every spec in turn; with resume, keep the results already finished in out_dir."""
+    """Run every spec in turn, holding out_dir's lock; with resume, keep the results already finished there."""
+    with locked(out_dir):
+        return _run_all(specs, out_dir, resume, on_start, on_done)
+
+
+def _run_all(specs, out_dir, resume, on_start, on_done) -> list[dict]:
     results = []
     for spec in specs:
         path = result_path(out_dir, spec.name)

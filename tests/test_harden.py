@@ -3,10 +3,15 @@ kills, concurrent writers, re-runs, diverged losses and hostile result files."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import signal
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -95,3 +100,61 @@ def test_read_only_out_is_one_line(tmp_path, capsys):
         assert str(out) in _one_error_line(capsys)
     finally:
         out.chmod(0o755)
+
+
+# --- one writer per results folder; kills and SIGTERM leave nothing running ----------------------------------
+
+def _start_hanging_sweep(out: Path, *extra) -> subprocess.Popen:
+    """`membench run` of a workload whose step sleeps, returned once its worker is running."""
+    proc = subprocess.Popen([sys.executable, "-m", "membench", "run", "--workload", "tests.workloads:hang",
+                             "--techniques", "baseline", "--no-check", "--no-timeline", "--out", str(out), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while _workers(out) == [] and time.time() < deadline:
+        time.sleep(0.2)
+    assert _workers(out), "the worker never started"
+    return proc
+
+
+def _workers(out: Path) -> list[int]:
+    """Pids of worker processes writing into `out` (their command line names its spec file)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"membench.worker" in cmd and any(str(out).encode() in part for part in cmd):
+            pids.append(int(proc.name))
+    return pids
+
+
+def _gone(out: Path, within: float = 10.0) -> bool:
+    deadline = time.time() + within
+    while _workers(out) and time.time() < deadline:
+        time.sleep(0.2)
+    return not _workers(out)
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds workers through /proc")
+def test_a_second_writer_is_refused_and_a_killed_ones_lock_is_released(tmp_path, capsys):
+    from membench.launcher import locked
+
+    first = _start_hanging_sweep(tmp_path)
+    try:
+        capsys.readouterr()
+        assert run_cli("--out", str(tmp_path)) == 2
+        assert f"in use by another membench run (pid {first.pid})" in _one_error_line(capsys)
+    finally:
+        first.kill()  # kill -9: nothing of membench's runs, the kernel drops the lock
+        first.communicate()
+        _kill_workers(tmp_path)
+    with locked(tmp_path):
+        pass
+
+
+def _kill_workers(out: Path) -> None:
+    """Clean up after a test whose workers outlived their sweep (what the test is about)."""
+    for pid in _workers(out):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
