@@ -86,7 +86,7 @@ def _run_options(args) -> dict:
 
 def cmd_run(args) -> int:
     from membench.api import default_out_dir, plan
-    from membench.launcher import Interrupted, run_all
+    from membench.launcher import Interrupted, run_all, sigterm_as_interrupt
     from membench.progress import SweepProgress
     from membench.report.table import render
 
@@ -95,12 +95,12 @@ def cmd_run(args) -> int:
                  peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
                  nproc_per_node=args.nproc_per_node, torchrun_args=args.torchrun_args, **_run_options(args))
     out = args.out or default_out_dir(specs[0])
-    with SweepProgress(specs, out) as progress:
+    with SweepProgress(specs, out) as progress, sigterm_as_interrupt():
         try:
             results = run_all(specs, out, resume=args.resume, on_start=progress.start, on_done=progress.done)
         except Interrupted as stop:
-            progress.console.print(f"interrupted: {len(stop.results)} finished run(s) kept in {out}")
-            return 130
+            progress.console.print(f"{stop}: {len(stop.results)} finished run(s) kept in {out}", markup=False)
+            return 143 if stop.terminated else 130  # 128 + the signal's number, as a shell reports it
     print(render(results))
     print(f"\nresults: {out}")
     return 0 if all(r["status"] in ("ok", "oom") for r in results) else 1

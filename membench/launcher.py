@@ -17,17 +17,37 @@ from typing import Callable
 
 from membench.errors import UserError
 from membench.fsio import atomic_write_text, is_environment_error, make_dir, user_error
+from membench.lifeline import child_env, preexec_for
 from membench.results import SCHEMA_VERSION, is_finished, read_result, result_path, write_json
 from membench.spec import RunSpec
 from membench.techniques import REGISTRY
 
 
 class Interrupted(Exception):
-    """Ctrl-C during a sweep: the finished runs are on disk; `results` holds them."""
+    """Ctrl-C or SIGTERM during a sweep: the finished runs are on disk; `results` holds them."""
 
-    def __init__(self, results: list[dict]):
-        super().__init__("interrupted")
+    def __init__(self, results: list[dict], terminated: bool = False):
+        super().__init__("terminated" if terminated else "interrupted")
         self.results = results
+        self.terminated = terminated  # SIGTERM rather than Ctrl-C (SIGINT): exit code 143 rather than 130
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised wherever the sweep is, so that it stops as on Ctrl-C: the worker killed, results kept."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """Inside the block, SIGTERM (kill, systemd, a CI runner's cancel) stops the sweep the way Ctrl-C does."""
+
+    def handler(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 LOCK_NAME = ".membench.lock"
@@ -105,7 +125,8 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def launch(spec: RunSpec, out_dir: Path) -> dict:
-    """Run one spec in a subprocess (a new process group, so a timeout kills torchrun's children too)."""
+    """Run one spec in a subprocess (a new process group, so a timeout kills torchrun's children too). The worker
+    dies with this process however it dies (membench.lifeline)."""
     out_path = result_path(out_dir, spec.name)
     runs_dir = out_dir / "runs"
     make_dir(runs_dir)
@@ -116,7 +137,8 @@ def launch(spec: RunSpec, out_dir: Path) -> dict:
     started = time.time()
     with open(log, "w") as log_file:
         proc = subprocess.Popen(command_for(spec, spec_path, out_path), stdout=log_file, stderr=subprocess.STDOUT,
-                                env=environment_for(spec), start_new_session=True)
+                                env=child_env(environment_for(spec)), start_new_session=True,
+                                preexec_fn=preexec_for(os.getpid()))
         try:
             rc = proc.wait(timeout=spec.timeout_s)
         except subprocess.TimeoutExpired:
@@ -156,8 +178,8 @@ def _run_all(specs, out_dir, resume, on_start, on_done) -> list[dict]:
             if on_start:
                 on_start(spec)
             results.append(launch(spec, out_dir))
-        except KeyboardInterrupt:
-            raise Interrupted(results) from None
+        except KeyboardInterrupt as stop:
+            raise Interrupted(results, terminated=isinstance(stop, Terminated)) from None
         if on_done:
             on_done(spec, results[-1], False)
     return results

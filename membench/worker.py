@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from membench import distributed, environment, equivalence
+from membench import distributed, environment, equivalence, lifeline
 from membench.results import SCHEMA_VERSION, write_json
 from membench.spec import RunSpec
 from membench.step import batches, build_state, train_step
@@ -185,6 +185,7 @@ def _run(spec: RunSpec, out: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    lifeline.tie_worker_to_sweep()  # a worker never outlives the sweep that launched it
     spec = RunSpec.from_dict(json.loads(Path(argv[0]).read_text()))
     run(spec, Path(argv[1]))
     return 0

@@ -158,3 +158,40 @@ def _kill_workers(out: Path) -> None:
     for pid in _workers(out):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds workers through /proc")
+def test_kill_9_of_the_sweep_kills_its_worker(tmp_path):
+    sweep = _start_hanging_sweep(tmp_path)
+    sweep.kill()
+    sweep.communicate()
+    try:
+        assert _gone(tmp_path, within=5)
+    finally:
+        _kill_workers(tmp_path)
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds workers through /proc")
+def test_sigterm_stops_the_sweep_like_ctrl_c(tmp_path):
+    sweep = _start_hanging_sweep(tmp_path)
+    sweep.terminate()
+    _, err = sweep.communicate(timeout=60)
+    try:
+        assert sweep.returncode == 143
+        assert "terminated: 0 finished run(s) kept" in err and "Traceback" not in err
+        assert _gone(tmp_path, within=5)
+    finally:
+        _kill_workers(tmp_path)
+
+
+def test_the_portable_watch_kills_the_workers_group_once_the_sweep_is_gone():
+    """The fallback where prctl does not exist: a process watching a pid dies (with its group) once it is gone."""
+    sweep = subprocess.Popen(["sleep", "60"])
+    watcher = subprocess.Popen([sys.executable, "-c", "import sys, time; from membench import lifeline; "
+                                "lifeline.watch(int(sys.argv[1]), 0.1); time.sleep(60)", str(sweep.pid)],
+                               start_new_session=True)
+    time.sleep(1)
+    assert watcher.poll() is None
+    sweep.kill()
+    sweep.wait()
+    assert watcher.wait(timeout=10) == -signal.SIGKILL
