@@ -97,7 +97,8 @@ def cmd_run(args) -> int:
     out = args.out or default_out_dir(specs[0])
     with SweepProgress(specs, out) as progress, sigterm_as_interrupt():
         try:
-            results = run_all(specs, out, resume=args.resume, on_start=progress.start, on_done=progress.done)
+            results = run_all(specs, out, resume=args.resume, on_start=progress.start, on_done=progress.done,
+                              on_note=progress.note)
         except Interrupted as stop:
             progress.console.print(f"{stop}: {len(stop.results)} finished run(s) kept in {out}", markup=False)
             return 143 if stop.terminated else 130  # 128 + the signal's number, as a shell reports it

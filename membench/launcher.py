@@ -157,23 +157,40 @@ def launch(spec: RunSpec, out_dir: Path) -> dict:
     return read_result(out_path)
 
 
+def spec_changes(stored: object, spec: RunSpec) -> list[str]:
+    """How the spec a result was measured with differs from `spec` ('batch_size 4 -> 8'); [] when equal.
+    The whole spec is compared: a field membench adds later makes an older result run again, never reused."""
+    new = json.loads(json.dumps(spec.to_dict()))  # as stored: tuples become lists
+    old = stored if isinstance(stored, dict) else {}
+    return [f"{k} {old.get(k, '(none)')!r} -> {new.get(k, '(none)')!r}"
+            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+
+
 def run_all(specs: list[RunSpec], out_dir: Path, resume: bool = False,
             on_start: Callable[[RunSpec], None] | None = None,
-            on_done: Callable[[RunSpec, dict, bool], None] | None = None) -> list[dict]:
-    """Run every spec in turn, holding out_dir's lock; with resume, keep the results already finished there."""
+            on_done: Callable[[RunSpec, dict, bool], None] | None = None,
+            on_note: Callable[[RunSpec, str], None] | None = None) -> list[dict]:
+    """Run every spec in turn, holding out_dir's lock; with resume, keep the results already finished there
+    with the same spec (on_note says why another is run again)."""
     with locked(out_dir):
-        return _run_all(specs, out_dir, resume, on_start, on_done)
+        return _run_all(specs, out_dir, resume, on_start, on_done, on_note)
 
 
-def _run_all(specs, out_dir, resume, on_start, on_done) -> list[dict]:
+def _run_all(specs, out_dir, resume, on_start, on_done, on_note) -> list[dict]:
     results = []
     for spec in specs:
         path = result_path(out_dir, spec.name)
         if resume and is_finished(path):
-            results.append(read_result(path))
-            if on_done:
-                on_done(spec, results[-1], True)
-            continue
+            kept = read_result(path)
+            changes = spec_changes(kept.get("spec"), spec)
+            if not changes:
+                results.append(kept)
+                if on_done:
+                    on_done(spec, kept, True)
+                continue
+            if on_note:
+                on_note(spec, f"not resumed: {path} was measured with another spec ({'; '.join(changes)}); "
+                              "running it again (the old result moves to previous/)")
         try:
             if on_start:
                 on_start(spec)

@@ -27,6 +27,9 @@ class SweepProgress:
     def start(self, spec) -> None:
         self.progress.update(self.task, description=f"running {spec.name}")
 
+    def note(self, spec, message: str) -> None:
+        self.console.print(f"  {spec.name}: {message}", soft_wrap=True)
+
     def done(self, spec, result: dict, skipped: bool) -> None:
         mem = result.get("memory") or {}
         timing = result.get("timing") or {}
