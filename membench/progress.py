@@ -1,8 +1,14 @@
-"""A progress display for sweeps (rich): which run is going, and each finished run's headline numbers."""
+"""A progress display for sweeps (rich): which run is going, and each finished run's headline numbers.
+
+Nothing printed here is rich markup: run names, paths, error messages and our own notes may hold '[...]' (a
+shard name, '[noisy timing ...]'), which rich would parse as markup, dropping the text or failing the sweep
+with a MarkupError. Every line goes through rich.markup.escape.
+"""
 
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from membench.units import fmt_bytes
@@ -14,8 +20,8 @@ class SweepProgress:
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                                  MofNCompleteColumn(), TimeElapsedColumn(), console=self.console, transient=True)
         self.task = self.progress.add_task("sweep", total=len(specs))
-        self.console.print(f"membench: {len(specs)} run(s) of {specs[0].workload} at batch {specs[0].batch_size} "
-                           f"on {specs[0].device} -> {out_dir}")
+        self.console.print(escape(f"membench: {len(specs)} run(s) of {specs[0].workload} at batch "
+                                  f"{specs[0].batch_size} on {specs[0].device} -> {out_dir}"))
 
     def __enter__(self):
         self.progress.__enter__()
@@ -25,10 +31,10 @@ class SweepProgress:
         return self.progress.__exit__(*exc)
 
     def start(self, spec) -> None:
-        self.progress.update(self.task, description=f"running {spec.name}")
+        self.progress.update(self.task, description=escape(f"running {spec.name}"))
 
     def note(self, spec, message: str) -> None:
-        self.console.print(f"  {spec.name}: {message}", soft_wrap=True)
+        self.console.print(escape(f"  {spec.name}: {message}"), soft_wrap=True)
 
     def done(self, spec, result: dict, skipped: bool) -> None:
         mem = result.get("memory") or {}
@@ -42,5 +48,5 @@ class SweepProgress:
             line += f" [noisy timing: IQR {timing['iqr_s'] / timing['median_s']:.0%} of the median]"
         if result.get("error"):
             line += f" ({result['error'].splitlines()[0][:160]})"
-        self.console.print(("  (resumed) " if skipped else "  ") + line)
+        self.console.print(escape(("  (resumed) " if skipped else "  ") + line))
         self.progress.advance(self.task)

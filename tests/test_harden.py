@@ -213,3 +213,25 @@ def test_resume_reuses_only_runs_measured_with_the_same_spec(tmp_path, capsys):
     assert run_cli("--out", str(tmp_path), "--optimizer", "sgd", "--batch-size", "8", "--resume") == 0
     assert read_result(tmp_path / "baseline.json")["started"] == again["started"]
     assert "(resumed) baseline: ok" in capsys.readouterr().err
+
+
+# --- the progress display prints text, never markup -----------------------------------------------------------
+
+def test_progress_prints_brackets_as_text():
+    import io
+
+    from rich.console import Console
+
+    from membench.progress import SweepProgress
+    from membench.spec import RunSpec
+
+    spec = RunSpec("tests.workloads:mlp", 4, ("ckpt",))
+    progress = SweepProgress([spec], Path("/data/[bold]results"))
+    progress.console = Console(file=io.StringIO(), width=400)
+    progress.done(spec, {"status": "error", "error": "OSError: could not open shard [/data/train-000.tar]"}, False)
+    progress.done(spec, {"status": "ok", "timing": {"noisy": True, "iqr_s": 0.5, "median_s": 1.0}}, False)
+    progress.note(spec, "[red]not markup[/red]")
+    text = progress.console.file.getvalue()
+    assert "could not open shard [/data/train-000.tar]" in text
+    assert "[noisy timing: IQR 50% of the median]" in text
+    assert "[red]not markup[/red]" in text
