@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import json
 import os
+import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
@@ -102,12 +104,38 @@ def environment_for(spec: RunSpec) -> dict[str, str]:
     return env
 
 
-def _archive(path: Path) -> None:
-    """Never lose a measurement: an earlier result for the same run moves aside instead of being overwritten."""
-    if path.exists():
-        previous = path.parent / "previous"
-        previous.mkdir(exist_ok=True)
-        shutil.move(str(path), previous / f"{path.stem}.{int(path.stat().st_mtime)}.json")
+# A run's files beside its result: <run>.json, <run>.timeline.json, <run>.snapshot.pickle, <run>.oom.pickle, and
+# the same off rank 0 as <run>.rank<N>.* (worker._stem).
+_RUN_FILE = r"(\.rank\d+)?\.(json|timeline\.json|snapshot\.pickle|oom\.pickle)"
+
+
+def run_files(out_dir: Path, name: str) -> list[Path]:
+    pattern = re.compile(re.escape(name) + _RUN_FILE)
+    return sorted(p for p in Path(out_dir).iterdir() if pattern.fullmatch(p.name) and not p.is_dir())
+
+
+def archive(out_dir: Path, name: str) -> Path | None:
+    """Never lose a measurement: an earlier run's files (result, timeline, snapshots, and its log) move together
+    to previous/<run>.<UTC time of its result, to the microsecond>-<n>/ instead of being overwritten. Together,
+    the archived result's relative file names still point at its own timeline and snapshots; <n> keeps two
+    archives of the same microsecond apart (the folder is created exclusively)."""
+    files = run_files(out_dir, name)
+    if not files:
+        return None
+    result = result_path(out_dir, name)
+    stamp = datetime.fromtimestamp((result if result in files else files[0]).stat().st_mtime, timezone.utc)
+    previous = make_dir(Path(out_dir) / "previous")
+    for n in itertools.count():
+        folder = previous / f"{name}.{stamp:%Y%m%dT%H%M%S.%fZ}-{n}"
+        try:
+            folder.mkdir()
+            break
+        except FileExistsError:
+            continue
+    log = Path(out_dir) / "runs" / f"{name}.log"
+    for path in files + ([log] if log.is_file() else []):
+        os.replace(path, folder / path.name)
+    return folder
 
 
 def _failure(spec: RunSpec, status: str, message: str, log: Path) -> dict:
@@ -132,8 +160,8 @@ def launch(spec: RunSpec, out_dir: Path) -> dict:
     make_dir(runs_dir)
     spec_path = runs_dir / f"{spec.name}.spec.json"
     atomic_write_text(spec_path, json.dumps(spec.to_dict(), indent=1))
+    archive(out_dir, spec.name)
     log = runs_dir / f"{spec.name}.log"
-    _archive(out_path)
     started = time.time()
     with open(log, "w") as log_file:
         proc = subprocess.Popen(command_for(spec, spec_path, out_path), stdout=log_file, stderr=subprocess.STDOUT,
