@@ -89,6 +89,7 @@ def cmd_run(args) -> int:
     from membench.launcher import Interrupted, run_all, sigterm_as_interrupt
     from membench.progress import SweepProgress
     from membench.report.table import render
+    from membench.results import FINISHED
 
     specs = plan(args.workload, args.techniques, args.batch_size, args.device, steps=args.steps,
                  warmup=args.warmup, check=not args.no_check, timeout_s=args.timeout, timeline=args.timeline,
@@ -104,7 +105,7 @@ def cmd_run(args) -> int:
             return 143 if stop.terminated else 130  # 128 + the signal's number, as a shell reports it
     print(render(results))
     print(f"\nresults: {out}")
-    return 0 if all(r["status"] in ("ok", "oom") for r in results) else 1
+    return 0 if all(r["status"] in FINISHED for r in results) else 1
 
 
 def cmd_techniques(args) -> int:

@@ -3,19 +3,34 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from membench.errors import UserError
 from membench.fsio import atomic_write_text, make_dir
 
 SCHEMA_VERSION = 1
-STATUSES = ("ok", "oom", "error", "timeout")
+STATUSES = ("ok", "oom", "diverged", "error", "timeout")
+# Runs that measured what they could and would measure the same again: --resume keeps them, and the sweep's exit
+# code counts them as done (a diverged loss or an OOM is the technique's result, not a failure of the sweep).
+FINISHED = ("ok", "oom", "diverged")
 
 
 def write_json(path: Path, data: dict) -> None:
-    """Write-then-rename (fsio): a reader (or a crash) never sees half a file."""
+    """Write-then-rename (fsio): a reader (or a crash) never sees half a file. Strict JSON: a NaN or inf (a
+    diverged loss) is written as null, never as the bare NaN that other JSON readers reject."""
     make_dir(path.parent)
-    atomic_write_text(path, json.dumps(data, indent=1, default=_jsonable) + "\n")
+    atomic_write_text(path, json.dumps(_finite(data), indent=1, default=_jsonable, allow_nan=False) + "\n")
+
+
+def _finite(value):
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _jsonable(value):
@@ -66,9 +81,9 @@ def _is_result_name(p: Path, root: Path) -> bool:
 
 
 def is_finished(path: Path) -> bool:
-    """A run counts as done for --resume when it measured something: ok, or a deterministic OOM."""
+    """A run counts as done for --resume when it measured something: ok, a deterministic OOM, a diverged loss."""
     try:
-        return read_result(path)["status"] in ("ok", "oom")
+        return read_result(path)["status"] in FINISHED
     except UserError:
         return False
 

@@ -7,6 +7,7 @@ out-of-memory error becomes status "oom" with what was measured up to then, any 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -116,6 +117,15 @@ def execute(spec: RunSpec, progress: dict, out: Path | None = None) -> dict:
     return result
 
 
+def _mark_diverged(record: dict) -> None:
+    """A run whose loss became NaN or inf measured a broken training: status 'diverged', not 'ok'."""
+    losses = (record.get("timing") or {}).get("losses") or []
+    first = next((i for i, loss in enumerate(losses) if not math.isfinite(loss)), None)
+    if first is not None:
+        record.update(status="diverged", diverged_at_timed_step=first,
+                      error=f"the loss became {losses[first]} at timed step {first + 1} of {len(losses)}")
+
+
 def _rank_summary(rank: int, memory: dict, timing_summary: dict) -> dict:
     keys = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_phase", "build_peak_bytes",
             "build_host_peak_bytes", "breakdown_at_peak")
@@ -165,6 +175,7 @@ def _run(spec: RunSpec, out: Path) -> dict:
     try:
         record.update(execute(spec, progress, out))
         record["status"] = "ok"
+        _mark_diverged(record)
     except torch.OutOfMemoryError as exc:
         record.update(status="oom", error=f"out of memory during {progress['phase']}: {str(exc).splitlines()[0]}")
         meter = progress.get("meter")

@@ -33,5 +33,11 @@ def hang() -> Workload:
     return Workload(build_model=mlp().build_model, make_batch=image_batch(8, 10), loss_fn=loss)
 
 
+def diverging() -> Workload:
+    """A loss that is NaN from the first step: a run that trains nothing."""
+    return Workload(build_model=mlp().build_model, make_batch=image_batch(8, 10),
+                    loss_fn=lambda model, batch: classification_loss(model, batch) * float("nan"))
+
+
 def not_a_workload():
     return torch.nn.Linear(2, 2)

@@ -25,7 +25,7 @@ td:first-child,th:first-child{text-align:left}
 .chart{margin:1em 0;overflow-x:auto}.chart svg{max-width:100%;height:auto}
 .run{border:1px solid #ddd;border-radius:6px;padding:.4em 1em;margin:1em 0}
 .verdict-bitwise,.verdict-equivalent{color:#1a7f37}.verdict-not-equivalent{color:#b42318;font-weight:bold}
-.status-oom,.status-error,.status-timeout{color:#b42318;font-weight:bold}
+.status-oom,.status-diverged,.status-error,.status-timeout{color:#b42318;font-weight:bold}
 .muted{color:#666;font-size:.9em}code{background:#f5f5f5;padding:0 .2em}
 """
 
