@@ -101,8 +101,10 @@ def side_file(folder: Path, name: object) -> Path | None:
     return path
 
 
-def read_bounded(path: Path, limit: int = MAX_SIDE_FILE_BYTES) -> bytes | None:
-    """The file's bytes, or None if it holds more than `limit` (it is then not read further)."""
+def read_bounded(path: Path, limit: int | None = None) -> bytes | None:
+    """The file's bytes, or None if it holds more than `limit` (default MAX_SIDE_FILE_BYTES; it is then not read
+    further)."""
+    limit = MAX_SIDE_FILE_BYTES if limit is None else limit
     with open(path, "rb") as f:
         data = f.read(limit + 1)
     return data if len(data) <= limit else None

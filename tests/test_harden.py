@@ -284,3 +284,58 @@ def test_a_nan_loss_is_diverged_and_the_json_is_strict(tmp_path, capsys):
     assert run_cli(*args, "--resume") == 0  # finished: resume keeps it
     assert read_result(tmp_path / "baseline.json")["started"] == record["started"]
     assert "(resumed) baseline: diverged" in capsys.readouterr().err
+
+
+# --- report.html links and reads only files inside the results folder; it writes through no symlink ------------
+
+def _hrefs(page: str) -> list[str]:
+    from tests.test_report import Refs
+
+    refs = Refs()
+    refs.feed(page)
+    return [v for t, n, v in refs.urls if n == "href"]
+
+
+@pytest.fixture()
+def sweep(tmp_path) -> Path:
+    from tests.sweeps import tiny_sweep
+
+    return tiny_sweep(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["javascript:alert(1)", "../../../../etc/passwd", "/etc/passwd", "/dev/zero",
+                                  "."])
+def test_crafted_side_file_names_are_neither_linked_nor_read(sweep, name):
+    from membench.report import charts
+    from membench.report.write import write_report
+    from membench.results import load_dir
+
+    (sweep / "javascript:alert(1)").write_text("not a timeline")  # even with a file of that name in the folder
+    record = json.loads((sweep / "opt-in-bwd.json").read_text())
+    record["timeline"]["file"] = name
+    (sweep / "opt-in-bwd.json").write_text(json.dumps(record))
+    results = load_dir(sweep)
+    assert charts.load_timeline(next(r for r in results if r["name"] == "opt-in-bwd")) is None
+    write_report(results, sweep)  # the report next to the results: relative links have no '../' in front
+    hrefs = _hrefs((sweep / "report.html").read_text())
+    assert "baseline.timeline.json" in hrefs
+    assert not [h for h in hrefs if ":" in h.split("/")[0] or "passwd" in h or "zero" in h], hrefs
+
+
+def test_side_files_are_read_up_to_a_bound(sweep, monkeypatch):
+    from membench.report import charts
+    from membench.results import load_dir
+
+    [base] = [r for r in load_dir(sweep) if r["name"] == "baseline"]
+    assert charts.load_timeline(base) is not None
+    monkeypatch.setattr(fsio, "MAX_SIDE_FILE_BYTES", 100)
+    assert charts.load_timeline(base) is None
+
+
+def test_report_does_not_write_through_a_symlink(sweep, tmp_path, capsys):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (sweep / "report").symlink_to(elsewhere)
+    assert main(["report", str(sweep)]) == 2
+    assert "is a symlink" in _one_error_line(capsys)
+    assert list(elsewhere.iterdir()) == []

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import matplotlib
@@ -16,9 +17,8 @@ matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from membench.fsio import atomic_write_bytes, atomic_write_text, make_dir  # noqa: E402
+from membench.fsio import atomic_write_bytes, atomic_write_text, make_dir, read_bounded, side_file  # noqa: E402
 from membench.report.explain import breakdown, find_baseline  # noqa: E402
-from membench.trackers import timeline as tl  # noqa: E402
 from membench.trackers.categories import CATEGORIES  # noqa: E402
 
 COLORS = {"parameters": "#4C72B0", "gradients": "#DD8452", "optimizer_state": "#55A868",
@@ -83,11 +83,18 @@ def peak_chart(results: list[dict]) -> Figure | None:
 
 
 def load_timeline(result: dict) -> dict | None:
+    """The run's timeline, if its result names a readable one: a regular file in the result's folder, of at most
+    fsio.MAX_SIDE_FILE_BYTES (a crafted name never reads /dev/zero or a file elsewhere), holding JSON."""
     info = result.get("timeline") or {}
     if not info.get("file") or not result.get("_path"):
         return None
-    path = Path(result["_path"]).parent / info["file"]
-    return tl.load(path) if path.exists() else None
+    path = side_file(Path(result["_path"]).parent, info["file"])
+    data = read_bounded(path) if path is not None else None
+    try:
+        timeline = json.loads(data) if data is not None else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return timeline if isinstance(timeline, dict) else None
 
 
 def timeline_chart(results: list[dict]) -> Figure | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from tabulate import tabulate
@@ -80,6 +81,9 @@ def write_report(results: list[dict], out_dir: Path) -> dict[str, Path]:
     check_one_sweep(results)
     results = ordered(results)
     out_dir = Path(out_dir)
+    if out_dir.is_symlink():  # a planted `report` link would have membench overwrite files wherever it points
+        raise UserError(f"report folder {out_dir} is a symlink (to {os.readlink(out_dir)}): membench does not write "
+                        "through links; remove it, or pass --out")
     make_dir(out_dir)
     title = title_for(results)
     chart_files = ch.write_all(results, out_dir)
