@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -20,18 +23,33 @@ def _positive_int(text: str) -> int:
 
 
 def _non_negative_int(text: str) -> int:
-    value = _positive_int(text) if text != "0" else 0
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be zero or a positive integer")
     return value
 
 
 def _positive_float(text: str) -> float:
+    """A finite positive number: 'nan' and '1e400' (inf) parse as floats but mean nothing as a rate or a time."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} must be a finite positive number")
     return value
+
+
+def _shell_words(text: str) -> str:
+    """Extra torchrun arguments, split as a shell would when a run starts: a stray quote is refused now."""
+    try:
+        shlex.split(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"cannot split {text!r} into arguments: {exc}") from None
+    return text
 
 
 def add_workload_options(p: argparse.ArgumentParser) -> None:
@@ -67,7 +85,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc-per-node", type=_positive_int, default=1,
                    help="processes (GPUs) per node: >1 runs every technique through torchrun (default 1; "
                         "fsdp always runs through torchrun)")
-    p.add_argument("--torchrun-args", default="",
+    p.add_argument("--torchrun-args", type=_shell_words, default="",
                    help="extra torchrun arguments for several nodes, e.g. \"--nnodes=2 --node-rank=0 "
                         "--rdzv-endpoint=host0:29500\" (default: --standalone)")
     p.add_argument("--timeline", action=argparse.BooleanOptionalAction, default=True,
@@ -86,7 +104,7 @@ def _run_options(args) -> dict:
 
 def cmd_run(args) -> int:
     from membench.api import default_out_dir, plan
-    from membench.launcher import Interrupted, run_all, sigterm_as_interrupt
+    from membench.launcher import Interrupted, check_result_paths, locked, run_all, sigterm_as_interrupt
     from membench.progress import SweepProgress
     from membench.report.table import render
     from membench.results import FINISHED
@@ -96,13 +114,16 @@ def cmd_run(args) -> int:
                  peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
                  nproc_per_node=args.nproc_per_node, torchrun_args=args.torchrun_args, **_run_options(args))
     out = args.out or default_out_dir(specs[0])
-    with SweepProgress(specs, out) as progress, sigterm_as_interrupt():
-        try:
-            results = run_all(specs, out, resume=args.resume, on_start=progress.start, on_done=progress.done,
-                              on_note=progress.note)
-        except Interrupted as stop:
-            progress.console.print(f"{stop}: {len(stop.results)} finished run(s) kept in {out}", markup=False)
-            return 143 if stop.terminated else 130  # 128 + the signal's number, as a shell reports it
+    # The folder is locked and checked before the progress display starts: a refusal is then the only line.
+    with locked(out):
+        check_result_paths(specs, out)
+        with SweepProgress(specs, out) as progress, sigterm_as_interrupt():
+            try:
+                results = run_all(specs, out, resume=args.resume, on_start=progress.start, on_done=progress.done,
+                                  on_note=progress.note)
+            except Interrupted as stop:
+                progress.console.print(f"{stop}: {len(stop.results)} finished run(s) kept in {out}", markup=False)
+                return 143 if stop.terminated else 130  # 128 + the signal's number, as a shell reports it
     print(render(results))
     print(f"\nresults: {out}")
     return 0 if all(r["status"] in FINISHED for r in results) else 1
@@ -276,7 +297,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # The reader went away (`membench list | head -1`): as the Python docs recommend, point stdout at devnull
+        # so that the interpreter's final flush does not fail again, and stop quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except UserError as exc:
         print(f"membench: error: {exc}", file=sys.stderr)
         return 2

@@ -53,6 +53,7 @@ def sigterm_as_interrupt():
 
 
 LOCK_NAME = ".membench.lock"
+_HELD: set[Path] = set()  # folders this process has locked: locking one again inside is a no-op
 
 
 @contextlib.contextmanager
@@ -64,6 +65,10 @@ def locked(out_dir: Path):
     would race with the next writer taking it). It holds the holder's pid, for the refusal message only.
     """
     make_dir(out_dir)
+    key = Path(out_dir).resolve()
+    if key in _HELD:  # this process holds it already (the CLI locks before its progress display starts)
+        yield
+        return
     path = Path(out_dir) / LOCK_NAME
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by workers (O_CLOEXEC by default)
@@ -80,7 +85,11 @@ def locked(out_dir: Path):
                             "or choose another --out") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield
+        _HELD.add(key)
+        try:
+            yield
+        finally:
+            _HELD.discard(key)
     finally:
         os.close(fd)
 
@@ -204,7 +213,17 @@ def run_all(specs: list[RunSpec], out_dir: Path, resume: bool = False,
         return _run_all(specs, out_dir, resume, on_start, on_done, on_note)
 
 
+def check_result_paths(specs: list[RunSpec], out_dir: Path) -> None:
+    """Before anything runs: a folder where a result goes would fail its run only after it ran."""
+    for spec in specs:
+        path = result_path(out_dir, spec.name)
+        if path.exists() and not path.is_file():
+            raise UserError(f"{path} is not a result file (a folder or a device is in its place): move it away "
+                            "or choose another --out")
+
+
 def _run_all(specs, out_dir, resume, on_start, on_done, on_note) -> list[dict]:
+    check_result_paths(specs, out_dir)
     results = []
     for spec in specs:
         path = result_path(out_dir, spec.name)

@@ -49,6 +49,8 @@ def read_result(path: Path) -> dict:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise UserError(f"results file {path} does not exist") from None
+    except IsADirectoryError:
+        raise UserError(f"results file {path} is a folder, not a result file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"results file {path} is corrupt (not JSON: {exc})") from None
     if not isinstance(data, dict) or "schema_version" not in data or "status" not in data:
