@@ -314,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"membench: error: {user_error(exc, 'use', exc.filename or 'a file')}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
+        from membench.lifeline import Terminated
+
         print("membench: interrupted", file=sys.stderr)
-        return 130
+        return 143 if isinstance(stop, Terminated) else 130

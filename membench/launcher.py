@@ -19,7 +19,7 @@ from typing import Callable
 
 from membench.errors import UserError
 from membench.fsio import atomic_write_text, is_environment_error, make_dir, user_error
-from membench.lifeline import child_env, preexec_for
+from membench.lifeline import Terminated, child_env, preexec_for
 from membench.results import SCHEMA_VERSION, is_finished, read_result, result_path, write_json
 from membench.spec import RunSpec
 from membench.techniques import REGISTRY
@@ -32,10 +32,6 @@ class Interrupted(Exception):
         super().__init__("terminated" if terminated else "interrupted")
         self.results = results
         self.terminated = terminated  # SIGTERM rather than Ctrl-C (SIGINT): exit code 143 rather than 130
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised wherever the sweep is, so that it stops as on Ctrl-C: the worker killed, results kept."""
 
 
 @contextlib.contextmanager

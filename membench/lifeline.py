@@ -26,6 +26,11 @@ _PR_SET_PDEATHSIG = 1
 _POLL_S = 0.5
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised wherever the sweep is (launcher.sigterm_as_interrupt), so that it stops as on Ctrl-C:
+    the worker killed, the finished runs kept."""
+
+
 def _libc_prctl():
     if not sys.platform.startswith("linux"):
         return None
