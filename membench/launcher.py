@@ -158,8 +158,9 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def launch(spec: RunSpec, out_dir: Path) -> dict:
-    """Run one spec in a subprocess (a new process group, so a timeout kills torchrun's children too). The worker
-    dies with this process however it dies (membench.lifeline)."""
+    """Run one spec in a subprocess, in a new session (a terminal's Ctrl-C reaches only the sweep, which kills the
+    worker's group itself). The worker dies with this process however it dies, and torchrun's ranks with
+    torchrun (membench.lifeline)."""
     out_path = result_path(out_dir, spec.name)
     runs_dir = out_dir / "runs"
     make_dir(runs_dir)

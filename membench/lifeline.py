@@ -6,9 +6,11 @@ so nothing kills them by default when the sweep itself is killed. Two mechanisms
 
 - Linux: prctl(PR_SET_PDEATHSIG, SIGKILL), set in the child before it runs anything (`preexec`), and again at the
   top of every worker (torchrun's ranks: their parent is torchrun, which gets the first one). The kernel kills
-  the child as soon as its parent is gone, whatever killed the parent.
+  the child as soon as its parent is gone, whatever killed the parent; torchrun's death then kills its ranks
+  (which torchrun starts in sessions of their own, out of reach of a kill of torchrun's process group).
 - Anywhere: the worker watches the sweep's pid (MEMBENCH_PARENT_PID) from a daemon thread and, once the sweep is
-  gone, kills its whole process group: the worker, or torchrun and every rank.
+  gone, kills its own process group: a plain worker, or a torchrun rank (torchrun then stops: its workers
+  failed).
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ def _alive(pid: int) -> bool:
 
 
 def watch(pid: int, interval: float = _POLL_S) -> threading.Thread:
-    """Kill this process's group once `pid` is gone (the portable fallback; see the module docstring)."""
+    """Kill this process's group once `pid` is gone (the portable fallback; see the module docstring). A pid whose
+    process has exited but not been reaped (a zombie) still counts as alive: where prctl exists it fires first."""
 
     def loop():
         while _alive(pid):

@@ -84,6 +84,19 @@ def test_full_disk_while_writing_a_report_is_one_line(tmp_path, monkeypatch, cap
     assert "No space left on device" in _one_error_line(capsys)
 
 
+def test_a_lock_file_that_cannot_be_created_is_one_line(tmp_path, monkeypatch):
+    """A read-only --out, even as root (who may write anywhere): the lock is the sweep's first write."""
+    from membench import launcher
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(tmp_path / launcher.LOCK_NAME))
+
+    monkeypatch.setattr(launcher.os, "open", read_only)
+    with pytest.raises(UserError, match="cannot write in .*: Read-only file system"):
+        with launcher.locked(tmp_path):
+            pass
+
+
 def _read_only(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     path.chmod(0o555)
@@ -104,20 +117,21 @@ def test_read_only_out_is_one_line(tmp_path, capsys):
 
 # --- one writer per results folder; kills and SIGTERM leave nothing running ----------------------------------
 
-def _start_hanging_sweep(out: Path, *extra) -> subprocess.Popen:
-    """`membench run` of a workload whose step sleeps, returned once its worker is running."""
-    proc = subprocess.Popen([sys.executable, "-m", "membench", "run", "--workload", "tests.workloads:hang",
-                             "--techniques", "baseline", "--no-check", "--no-timeline", "--out", str(out), *extra],
+def _start_hanging_sweep(out: Path, *extra, workload: str = "tests.workloads:hang", processes: int = 1,
+                         ) -> subprocess.Popen:
+    """`membench run` of a workload whose step sleeps, returned once its worker processes are running."""
+    proc = subprocess.Popen([sys.executable, "-m", "membench", "run", "--workload", workload, "--techniques",
+                             "baseline", "--no-check", "--no-timeline", "--out", str(out), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while _workers(out) == [] and time.time() < deadline:
+    deadline = time.time() + 120
+    while len(_workers(out)) < processes and time.time() < deadline:
         time.sleep(0.2)
-    assert _workers(out), "the worker never started"
+    assert len(_workers(out)) >= processes, "the workers never started"
     return proc
 
 
 def _workers(out: Path) -> list[int]:
-    """Pids of worker processes writing into `out` (their command line names its spec file)."""
+    """Pids of worker processes writing into `out`, torchrun included (their command line names the result)."""
     pids = []
     for proc in Path("/proc").iterdir():
         try:
@@ -167,6 +181,20 @@ def test_kill_9_of_the_sweep_kills_its_worker(tmp_path):
     sweep.communicate()
     try:
         assert _gone(tmp_path, within=5)
+    finally:
+        _kill_workers(tmp_path)
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds workers through /proc")
+def test_kill_9_of_the_sweep_kills_torchrun_and_its_ranks(tmp_path):
+    # The baseline finishes; the fsdp run, through torchrun with two gloo ranks, hangs: torchrun and 2 ranks.
+    sweep = _start_hanging_sweep(tmp_path, "--techniques", "fsdp", "--device", "cpu", "--nproc-per-node", "2",
+                                 workload="tests.workloads:hang_under_torchrun", processes=3)
+    time.sleep(2)  # the ranks are inside their step
+    sweep.kill()
+    sweep.communicate()
+    try:
+        assert _gone(tmp_path, within=10)
     finally:
         _kill_workers(tmp_path)
 

@@ -41,3 +41,15 @@ def diverging() -> Workload:
 
 def not_a_workload():
     return torch.nn.Linear(2, 2)
+
+
+def hang_under_torchrun() -> Workload:
+    """Hangs only in a torchrun rank (torchrun sets RANK): the baseline finishes, a distributed run hangs."""
+    import os
+
+    def loss(model, batch):
+        if "RANK" in os.environ:
+            time.sleep(600)
+        return classification_loss(model, batch)
+
+    return Workload(build_model=mlp().build_model, make_batch=image_batch(8, 10), loss_fn=loss)
