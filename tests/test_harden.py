@@ -367,3 +367,13 @@ def test_report_does_not_write_through_a_symlink(sweep, tmp_path, capsys):
     assert main(["report", str(sweep)]) == 2
     assert "is a symlink" in _one_error_line(capsys)
     assert list(elsewhere.iterdir()) == []
+
+
+def test_report_replaces_a_symlinked_file_instead_of_writing_through_it(sweep, tmp_path):
+    target = tmp_path / "elsewhere.html"
+    target.write_text("not membench's")
+    (sweep / "report").mkdir()
+    (sweep / "report" / "report.html").symlink_to(target)
+    assert main(["report", str(sweep)]) == 0
+    assert target.read_text() == "not membench's"
+    assert not (sweep / "report" / "report.html").is_symlink()
