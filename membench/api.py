@@ -10,7 +10,7 @@ import torch
 
 from membench import environment
 from membench.errors import UserError
-from membench.launcher import run_all
+from membench.launcher import probe, run_all
 from membench.results import to_frame
 from membench.spec import (
     DEFAULT_BATCH_SIZE,
@@ -23,7 +23,7 @@ from membench.spec import (
     expand,
 )
 from membench.techniques import parse_techniques, resolve
-from membench.workloads import check_workload_name, load_workload
+from membench.workloads import check_workload_name, is_user_workload, load_workload
 
 
 def resolve_device(device: str) -> str:
@@ -52,11 +52,13 @@ def _split_options(options: dict) -> tuple[dict, dict, dict]:
 
 
 def plan(workload: str = DEFAULT_WORKLOAD, techniques: str = DEFAULT_TECHNIQUES, batch_size: int = DEFAULT_BATCH_SIZE,
-         device: str = "auto", target_device: str | None = None, **options) -> list[Job]:
+         device: str = "auto", target_device: str | None = None, in_process: bool = False, **options) -> list[Job]:
     """Validate everything and expand into one Job per run (baseline first). Nothing runs yet.
 
     target_device: the device the numbers are for, when it is not where they are computed (a prediction for
     CUDA is computed on CPU): techniques are checked against it.
+    in_process: the caller runs the workload in this process anyway (predict, fit): validate it here too.
+    A user's `package.module:factory` is otherwise loaded only in a child process (launcher.probe).
     """
     check_workload_name(workload)
     run_opts, measure_opts, launch_opts = _split_options(options)
@@ -64,16 +66,19 @@ def plan(workload: str = DEFAULT_WORKLOAD, techniques: str = DEFAULT_TECHNIQUES,
     base = RunSpec(workload=workload, batch_size=batch_size, device=device, **run_opts).validated()
     measure, launch = MeasureSpec(**measure_opts).validated(), LaunchSpec(**launch_opts).validated()
     specs = expand(base, parse_techniques(techniques))
-    loaded = load_workload(workload)
     jobs = []
     for spec in specs:
-        stack = resolve(spec)
         # --nproc-per-node is for the distributed techniques; the others (and the baseline) are single-device runs,
         # measured per device at --batch-size: what a rank's numbers compare against.
-        if not stack.distributed:
+        if not resolve(spec).distributed:
             spec = dataclasses.replace(spec, nproc_per_node=1)
-        stack.validate(spec, loaded)
         jobs.append(Job(spec, measure, launch))
+    if is_user_workload(workload) and not in_process:
+        probe(jobs, launch.timeout_s)  # the user's code runs in a child process, under the timeout
+    else:
+        loaded = load_workload(workload)
+        for job in jobs:
+            resolve(job.run).validate(job.run, loaded)
     return jobs
 
 

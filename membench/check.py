@@ -8,6 +8,7 @@ caller opts in. Exit codes: 0 within the rules, 1 a regression, 2 a usage error 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,8 +72,8 @@ def parse_rule(text: str) -> Rule:
             value = float(limit[:-1])
         except ValueError:
             raise UserError(f"rule {text!r}: {limit!r} is not a percentage") from None
-        if value < 0:
-            raise UserError(f"rule {text!r}: the limit cannot be negative")
+        if not math.isfinite(value) or value < 0:
+            raise UserError(f"rule {text[:60]!r}: the limit must be a finite, non-negative percentage")
         return Rule(name, value / 100, True, text)
     kind = METRICS[name].kind
     if kind == "bytes":
@@ -83,7 +84,10 @@ def parse_rule(text: str) -> Rule:
     if not m or (kind == "number" and m.group(2)):
         unit = "a time such as 20ms or 0.5s" if kind == "seconds" else "a plain number"
         raise UserError(f"rule {text!r}: write the limit as N% or as {unit}")
-    return Rule(name, float(m.group(1)) / (1000 if m.group(2) == "ms" else 1), False, text)
+    value = float(m.group(1)) / (1000 if m.group(2) == "ms" else 1)
+    if not math.isfinite(value):
+        raise UserError(f"rule {text[:60]!r}: the limit is too large to be a number")
+    return Rule(name, value, False, text)
 
 
 def _machine(result: RunRecord) -> str:

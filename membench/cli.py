@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -20,18 +23,33 @@ def _positive_int(text: str) -> int:
 
 
 def _non_negative_int(text: str) -> int:
-    value = _positive_int(text) if text != "0" else 0
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be zero or a positive integer")
     return value
 
 
 def _positive_float(text: str) -> float:
+    """A finite positive number: 'nan' and '1e400' (inf) parse as floats but mean nothing as a rate or a time."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} must be a finite positive number")
     return value
+
+
+def _shell_words(text: str) -> str:
+    """Extra torchrun arguments, split as a shell would when a run starts: a stray quote is refused now."""
+    try:
+        shlex.split(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"cannot split {text!r} into arguments: {exc}") from None
+    return text
 
 
 def add_workload_options(p: argparse.ArgumentParser, batch: bool = True) -> None:
@@ -78,7 +96,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc-per-node", type=_positive_int, default=1,
                    help="processes (GPUs) per node: >1 runs every technique through torchrun (default 1; "
                         "fsdp always runs through torchrun)")
-    p.add_argument("--torchrun-args", default="",
+    p.add_argument("--torchrun-args", type=_shell_words, default="",
                    help="extra torchrun arguments for several nodes, e.g. \"--nnodes=2 --node-rank=0 "
                         "--rdzv-endpoint=host0:29500\" (default: --standalone)")
     p.add_argument("--timeline", action=argparse.BooleanOptionalAction, default=True,
@@ -92,7 +110,7 @@ def _model_options(args) -> dict:
 
 def cmd_run(args) -> int:
     from membench.api import default_out_dir, plan
-    from membench.launcher import Interrupted, run_all
+    from membench.launcher import Interrupted, check_result_paths, locked, run_all, sigterm_as_interrupt
     from membench.progress import SweepProgress
     from membench.report.table import render
     from membench.units import parse_bytes
@@ -104,12 +122,16 @@ def cmd_run(args) -> int:
                 memory_budget=parse_bytes(args.memory_budget) if args.memory_budget else None,
                 **_model_options(args))
     out = args.out or default_out_dir(jobs[0].run)
-    with SweepProgress(jobs, out) as progress:
-        try:
-            results = run_all(jobs, out, resume=args.resume, on_start=progress.start, on_done=progress.done)
-        except Interrupted as stop:
-            progress.console.print(f"interrupted: {len(stop.results)} finished run(s) kept in {out}")
-            return 130
+    # The folder is locked and checked before the progress display starts: a refusal is then the only line.
+    with locked(out):
+        check_result_paths(jobs, out)
+        with SweepProgress(jobs, out) as progress, sigterm_as_interrupt():
+            try:
+                results = run_all(jobs, out, resume=args.resume, on_start=progress.start, on_done=progress.done,
+                                  on_note=progress.note)
+            except Interrupted as stop:
+                progress.console.print(f"{stop}: {len(stop.results)} finished run(s) kept in {out}", markup=False)
+                return 143 if stop.terminated else 130  # 128 + the signal's number, as a shell reports it
     print(render(results))
     print(f"\nresults: {out}")
     return 0 if all(r.finished for r in results) else 1
@@ -142,13 +164,14 @@ def cmd_report(args) -> int:
 
 
 def cmd_compare(args) -> int:
+    from membench.fsio import atomic_write_text
     from membench.report.compare import render
     from membench.results import load_dir
 
     text = render(load_dir(args.old), load_dir(args.new), fmt=args.format)
     print(text)
     if args.markdown:
-        args.markdown.write_text(render(load_dir(args.old), load_dir(args.new), fmt="github") + "\n")
+        atomic_write_text(args.markdown, render(load_dir(args.old), load_dir(args.new), fmt="github") + "\n")
         print(f"\nwrote {args.markdown}")
     return 0
 
@@ -164,7 +187,7 @@ def _predict_jobs(args, batch_size: int) -> list:
     """The same validation as `run`, against the device predicted for (predictions are computed on cpu)."""
     from membench.api import plan
 
-    return plan(args.workload, args.techniques, batch_size, target_device=args.device,
+    return plan(args.workload, args.techniques, batch_size, target_device=args.device, in_process=True,
                 nproc_per_node=args.world_size, check=False, timeline=False, **_model_options(args))
 
 
@@ -314,13 +337,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from membench.fsio import is_environment_error, user_error
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # The reader went away (`membench list | head -1`): as the Python docs recommend, point stdout at devnull
+        # so that the interpreter's final flush does not fail again, and stop quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except UserError as exc:
         print(f"membench: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except OSError as exc:
+        # A full disk or a read-only folder met outside fsio's writers (a log, a folder): still the user's to fix.
+        if not is_environment_error(exc):
+            raise
+        print(f"membench: error: {user_error(exc, 'use', exc.filename or 'a file')}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as stop:
+        from membench.lifeline import Terminated
+
         print("membench: interrupted", file=sys.stderr)
-        return 130
+        return 143 if isinstance(stop, Terminated) else 130

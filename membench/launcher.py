@@ -2,28 +2,92 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import itertools
 import json
 import os
+import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 
+from membench.errors import UserError
+from membench.fsio import atomic_write_text, is_environment_error, make_dir, user_error
+from membench.lifeline import Terminated, child_env, preexec_for
 from membench.results import Environment, RunRecord, is_finished, read_result, result_path, write_record
 from membench.spec import Job
 from membench.techniques import Stack, resolve
 
 
 class Interrupted(Exception):
-    """Ctrl-C during a sweep: the finished runs are on disk; `results` holds them."""
+    """Ctrl-C or SIGTERM during a sweep: the finished runs are on disk; `results` holds them."""
 
-    def __init__(self, results: list[RunRecord]):
-        super().__init__("interrupted")
+    def __init__(self, results: list[RunRecord], terminated: bool = False):
+        super().__init__("terminated" if terminated else "interrupted")
         self.results = results
+        self.terminated = terminated  # SIGTERM rather than Ctrl-C (SIGINT): exit code 143 rather than 130
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """Inside the block, SIGTERM (kill, systemd, a CI runner's cancel) stops the sweep the way Ctrl-C does."""
+
+    def handler(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+LOCK_NAME = ".membench.lock"
+_HELD: set[Path] = set()  # folders this process has locked: locking one again inside is a no-op
+
+
+@contextlib.contextmanager
+def locked(out_dir: Path):
+    """One writer per results folder: two sweeps into one --out would archive and overwrite each other's runs.
+
+    An flock on <out>/.membench.lock, taken without waiting. The kernel drops it when the holder exits however it
+    exits (kill -9 included), so a stale lock file never blocks the next sweep; the file itself stays (deleting it
+    would race with the next writer taking it). It holds the holder's pid, for the refusal message only.
+    """
+    make_dir(out_dir)
+    key = Path(out_dir).resolve()
+    if key in _HELD:  # this process holds it already (the CLI locks before its progress display starts)
+        yield
+        return
+    path = Path(out_dir) / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by workers (O_CLOEXEC by default)
+    except OSError as exc:
+        if not is_environment_error(exc):
+            raise
+        raise user_error(exc, "write in", Path(out_dir)) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise UserError(f"{out_dir} is in use by another membench run (pid {holder}): wait for it to finish "
+                            "or choose another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        _HELD.add(key)
+        try:
+            yield
+        finally:
+            _HELD.discard(key)
+    finally:
+        os.close(fd)
 
 
 def command_for(job: Job, stack: Stack, spec_path: Path, out_path: Path) -> list[str]:
@@ -44,12 +108,38 @@ def environment_for(stack: Stack) -> dict[str, str]:
     return env
 
 
-def _archive(path: Path) -> None:
-    """Never lose a measurement: an earlier result for the same run moves aside instead of being overwritten."""
-    if path.exists():
-        previous = path.parent / "previous"
-        previous.mkdir(exist_ok=True)
-        shutil.move(str(path), previous / f"{path.stem}.{int(path.stat().st_mtime)}.json")
+# A run's files beside its result: <run>.json, <run>.timeline.json, <run>.snapshot.pickle, <run>.oom.pickle, and
+# the same off rank 0 as <run>.rank<N>.* (worker._stem).
+_RUN_FILE = r"(\.rank\d+)?\.(json|timeline\.json|snapshot\.pickle|oom\.pickle)"
+
+
+def run_files(out_dir: Path, name: str) -> list[Path]:
+    pattern = re.compile(re.escape(name) + _RUN_FILE)
+    return sorted(p for p in Path(out_dir).iterdir() if pattern.fullmatch(p.name) and not p.is_dir())
+
+
+def archive(out_dir: Path, name: str) -> Path | None:
+    """Never lose a measurement: an earlier run's files (result, timeline, snapshots, and its log) move together
+    to previous/<run>.<UTC time of its result, to the microsecond>-<n>/ instead of being overwritten. Together,
+    the archived result's relative file names still point at its own timeline and snapshots; <n> keeps two
+    archives of the same microsecond apart (the folder is created exclusively)."""
+    files = run_files(out_dir, name)
+    if not files:
+        return None
+    result = result_path(out_dir, name)
+    stamp = datetime.fromtimestamp((result if result in files else files[0]).stat().st_mtime, timezone.utc)
+    previous = make_dir(Path(out_dir) / "previous")
+    for n in itertools.count():
+        folder = previous / f"{name}.{stamp:%Y%m%dT%H%M%S.%fZ}-{n}"
+        try:
+            folder.mkdir()
+            break
+        except FileExistsError:
+            continue
+    log = Path(out_dir) / "runs" / f"{name}.log"
+    for path in files + ([log] if log.is_file() else []):
+        os.replace(path, folder / path.name)
+    return folder
 
 
 def _failure(job: Job, status: str, message: str, log: Path) -> RunRecord:
@@ -67,20 +157,23 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def launch(job: Job, out_dir: Path) -> RunRecord:
-    """Run one job in a subprocess (a new process group, so a timeout kills torchrun's children too)."""
+    """Run one job in a subprocess, in a new session (a terminal's Ctrl-C reaches only the sweep, which kills the
+    worker's group itself). The worker dies with this process however it dies, and torchrun's ranks with
+    torchrun (membench.lifeline)."""
     stack = resolve(job.run)
     out_path = result_path(out_dir, job.name)
     runs_dir = out_dir / "runs"
-    runs_dir.mkdir(parents=True, exist_ok=True)
+    make_dir(runs_dir)
     spec_path = runs_dir / f"{job.name}.spec.json"
-    spec_path.write_text(json.dumps(job.to_dict(), indent=1))
+    atomic_write_text(spec_path, json.dumps(job.to_dict(), indent=1))
+    archive(out_dir, job.name)
     log = runs_dir / f"{job.name}.log"
-    _archive(out_path)
     started = time.time()
     timeout = job.launch.timeout_s
     with open(log, "w") as log_file:
         proc = subprocess.Popen(command_for(job, stack, spec_path, out_path), stdout=log_file,
-                                stderr=subprocess.STDOUT, env=environment_for(stack), start_new_session=True)
+                                stderr=subprocess.STDOUT, env=child_env(environment_for(stack)), start_new_session=True,
+                                preexec_fn=preexec_for(os.getpid()))
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -99,24 +192,90 @@ def launch(job: Job, out_dir: Path) -> RunRecord:
     return read_result(out_path)
 
 
+def probe(jobs: list[Job], timeout_s: float) -> None:
+    """Load a user's workload and check the stacks against it in a child process, under the run's timeout: a
+    factory that hangs, aborts or raises is one line (UserError) before anything runs, and never runs in the
+    sweep's own process."""
+    import tempfile
+
+    workload = jobs[0].run.workload
+    with tempfile.TemporaryDirectory(prefix="membench-probe-") as tmp:
+        path = Path(tmp) / "jobs.json"
+        path.write_text(json.dumps([j.to_dict() for j in jobs]))
+        try:
+            proc = subprocess.run([sys.executable, "-m", "membench.worker", "--validate", str(path)],
+                                  capture_output=True, text=True, timeout=timeout_s, env=child_env(dict(os.environ)),
+                                  preexec_fn=preexec_for(os.getpid()))
+        except subprocess.TimeoutExpired:
+            raise UserError(f"workload {workload!r} did not load within {timeout_s:g} s (--timeout): its factory "
+                            "hangs?") from None
+    lines = proc.stdout.strip().splitlines()
+    try:
+        answer = json.loads(lines[-1]) if proc.returncode == 0 and lines else None
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        how = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"
+        tail = (proc.stderr.strip().splitlines() or [""])[-1][:200]
+        raise UserError(f"workload {workload!r} crashed while loading ({how}){': ' + tail if tail else ''}")
+    if answer.get("error"):
+        raise UserError(str(answer["error"]).splitlines()[0])
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    return {k2: v2 for k, v in d.items()
+            for k2, v2 in (_flat(v, f"{prefix}{k}.").items() if isinstance(v, dict) else [(f"{prefix}{k}", v)])}
+
+
+def spec_changes(stored: Job, job: Job) -> list[str]:
+    """How the job a result was measured with differs from `job` ('run.batch_size 4 -> 8'); [] when equal.
+    The whole job is compared (what ran, how it was measured and launched): a result is reused only as is."""
+    old, new = _flat(stored.to_dict()), _flat(job.to_dict())
+    return [f"{k} {old.get(k, '(none)')!r} -> {new.get(k, '(none)')!r}"
+            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+
+
 def run_all(jobs: list[Job], out_dir: Path, resume: bool = False,
             on_start: Callable[[Job], None] | None = None,
-            on_done: Callable[[Job, RunRecord, bool], None] | None = None) -> list[RunRecord]:
-    """Run every job in turn; with resume, keep the results already finished in out_dir."""
+            on_done: Callable[[Job, RunRecord, bool], None] | None = None,
+            on_note: Callable[[Job, str], None] | None = None) -> list[RunRecord]:
+    """Run every job in turn, holding out_dir's lock; with resume, keep the results already finished there
+    with the same job (on_note says why another is run again)."""
+    with locked(out_dir):
+        return _run_all(jobs, out_dir, resume, on_start, on_done, on_note)
+
+
+def check_result_paths(jobs: list[Job], out_dir: Path) -> None:
+    """Before anything runs: a folder where a result goes would fail its run only after it ran."""
+    for job in jobs:
+        path = result_path(out_dir, job.name)
+        if path.exists() and not path.is_file():
+            raise UserError(f"{path} is not a result file (a folder or a device is in its place): move it away "
+                            "or choose another --out")
+
+
+def _run_all(jobs, out_dir, resume, on_start, on_done, on_note) -> list[RunRecord]:
+    check_result_paths(jobs, out_dir)
     results = []
     for job in jobs:
         path = result_path(out_dir, job.name)
         if resume and is_finished(path):
-            results.append(read_result(path))
-            if on_done:
-                on_done(job, results[-1], True)
-            continue
+            kept = read_result(path)
+            changes = spec_changes(kept.spec, job)
+            if not changes:
+                results.append(kept)
+                if on_done:
+                    on_done(job, kept, True)
+                continue
+            if on_note:
+                on_note(job, f"not resumed: {path} was measured with another spec ({'; '.join(changes)}); "
+                              "running it again (the old result moves to previous/)")
         try:
             if on_start:
                 on_start(job)
             results.append(launch(job, out_dir))
-        except KeyboardInterrupt:
-            raise Interrupted(results) from None
+        except KeyboardInterrupt as stop:
+            raise Interrupted(results, terminated=isinstance(stop, Terminated)) from None
         if on_done:
             on_done(job, results[-1], False)
     return results

@@ -1,8 +1,14 @@
-"""A progress display for sweeps (rich): which run is going, and each finished run's headline numbers."""
+"""A progress display for sweeps (rich): which run is going, and each finished run's headline numbers.
+
+Nothing printed here is rich markup: run names, paths, error messages and our own notes may hold '[...]' (a
+shard name, '[noisy timing ...]'), which rich would parse as markup, dropping the text or failing the sweep
+with a MarkupError. Every line goes through rich.markup.escape.
+"""
 
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from membench.results import RunRecord
@@ -16,8 +22,8 @@ class SweepProgress:
                                  MofNCompleteColumn(), TimeElapsedColumn(), console=self.console, transient=True)
         self.task = self.progress.add_task("sweep", total=len(jobs))
         run = jobs[0].run
-        self.console.print(f"membench: {len(jobs)} run(s) of {run.workload} at batch {run.batch_size} "
-                           f"on {run.device} -> {out_dir}")
+        self.console.print(escape(f"membench: {len(jobs)} run(s) of {run.workload} at batch {run.batch_size} "
+                                  f"on {run.device} -> {out_dir}"))
 
     def __enter__(self):
         self.progress.__enter__()
@@ -27,7 +33,10 @@ class SweepProgress:
         return self.progress.__exit__(*exc)
 
     def start(self, job) -> None:
-        self.progress.update(self.task, description=f"running {job.name}")
+        self.progress.update(self.task, description=escape(f"running {job.name}"))
+
+    def note(self, job, message: str) -> None:
+        self.console.print(escape(f"  {job.name}: {message}"), soft_wrap=True)
 
     def done(self, job, result: RunRecord, skipped: bool) -> None:
         mem, timing = result.memory, result.timing
@@ -40,5 +49,5 @@ class SweepProgress:
                 line += f" [noisy timing: IQR {timing.iqr_s / timing.median_s:.0%} of the median]"
         if result.error:
             line += f" ({result.error.splitlines()[0][:160]})"
-        self.console.print(("  (resumed) " if skipped else "  ") + line)
+        self.console.print(escape(("  (resumed) " if skipped else "  ") + line))
         self.progress.advance(self.task)

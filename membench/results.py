@@ -11,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import tempfile
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,11 +18,15 @@ from pathlib import Path
 from typing import Any, Union
 
 from membench.errors import UserError
+from membench.fsio import atomic_write_text, make_dir
 from membench.spec import Job
 
 SCHEMA_VERSION = 2
 MAX_RESULT_BYTES = 64 * 2**20  # a result file is a few KiB; anything this big is not one
-FINISHED = ("ok", "oom")  # a run that measured something: --resume keeps it
+STATUSES = ("ok", "oom", "diverged", "error", "timeout")
+# Runs that measured what they could and would measure the same again: --resume keeps them, and the sweep's exit
+# code counts them as done (a diverged loss or an OOM is the technique's result, not a failure of the sweep).
+FINISHED = ("ok", "oom", "diverged")
 
 
 @dataclass
@@ -158,7 +160,7 @@ class RunRecord:
     """One run's result file: what ran (spec), where (env), and what was measured or why not (status, error)."""
 
     name: str
-    status: str  # ok, oom, error, timeout
+    status: str  # one of STATUSES
     spec: Job
     env: Environment | None = None
     schema_version: int = SCHEMA_VERSION
@@ -172,6 +174,7 @@ class RunRecord:
     ranks: list[RankSummary] | None = None
     oom_snapshot: FileRef | None = None
     error: str | None = None
+    diverged_at_timed_step: int | None = None  # status diverged: the first timed step whose loss was not finite
     traceback: str | None = None
     log_tail: str | None = None
     predicted: bool = False
@@ -337,17 +340,9 @@ def build_checked(cls, data: dict, where: str):
 
 # --- files -------------------------------------------------------------------------------------------------------
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write-then-rename: a reader (or a crash) never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; result files are read by others (CI artifacts)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write-then-rename (fsio): a reader (or a crash) never sees half a file; a full disk is one UserError."""
+    make_dir(path.parent)
+    atomic_write_text(path, text)
 
 
 def write_record(path: Path, record: RunRecord) -> None:
@@ -360,6 +355,8 @@ def result_path(out_dir: Path, run_name: str) -> Path:
 
 def read_result(path: Path) -> RunRecord:
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"results file {path} is a folder, not a result file")
     try:
         if not path.is_file():
             raise FileNotFoundError
@@ -397,7 +394,7 @@ def _is_result_name(p: Path, root: Path) -> bool:
 
 
 def is_finished(path: Path) -> bool:
-    """A run counts as done for --resume when it measured something: ok, or a deterministic OOM."""
+    """A run counts as done for --resume when it measured something: ok, a deterministic OOM, a diverged loss."""
     try:
         return read_result(path).finished
     except UserError:

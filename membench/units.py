@@ -1,5 +1,6 @@
 """Bytes and seconds are stored; these helpers only format and parse them for people (GiB = 2**30)."""
 
+import math
 import re
 
 from membench.errors import UserError
@@ -14,6 +15,8 @@ def parse_bytes(text: str) -> int:
     if not m or m.group(2).lower() not in _UNITS:
         raise UserError(f"cannot read {text!r} as a size: use a number with a unit such as 512MiB, 24GiB or 16GB")
     value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not math.isfinite(value):  # 400 digits read as float are inf, which int() cannot hold
+        raise UserError(f"size {text[:40]!r}... is too large to be a size in bytes")
     if value <= 0:
         raise UserError(f"size {text!r} must be positive")
     return int(value)

@@ -7,7 +7,9 @@ its traceback (in the record and in the run's log).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import sys
 import time
@@ -16,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from membench import distributed, environment, equivalence
+from membench import distributed, environment, equivalence, lifeline
+from membench.errors import UserError
 from membench.measure import Build, Session
 from membench.results import (
     Environment,
@@ -70,13 +73,17 @@ class Worker:
             self.memory = self._with_build(session.measure(1)[0])
         if how.timeline and self.out is not None:
             self.timeline = session.record_timeline(_stem(self.out))
+        tensor_bytes = meter.current()
         session.detach()
         if meter.device == "cuda":  # the allocator's counters cost nothing: time and measure the same steps
             memory, times, losses = session.measure(how.steps, run_steps=timing.time_steps)
             self.memory = self._with_build(memory)
+            flops = timing.count_flops(lambda: session.bare_step(-1))
         else:
-            times, losses = timing.time_steps(session.bare_step, session.timed_indices(how.steps))
-        flops = timing.count_flops(lambda: session.bare_step(-1))
+            # With nothing of membench in the steps, a budget on CPU holds through host memory (RSS) instead.
+            with _host_budget(spec.memory_budget, tensor_bytes, "the timed steps"):
+                times, losses = timing.time_steps(session.bare_step, session.timed_indices(how.steps))
+                flops = timing.count_flops(lambda: session.bare_step(-1))
         self.timing = self._timing(times, losses, flops, workload, stack, world)
         session.state = None  # free the model and optimizer before the equivalence check builds two more
         fields = {"memory": self.memory, "timing": self.timing, "timeline": self.timeline}
@@ -113,6 +120,21 @@ class Worker:
 
     def _equivalence(self, workload: Workload, stack: Stack) -> Equivalence:
         return equivalence.check(self.spec, stack, workload, self.job.measure.check_steps)
+
+
+def _mark_diverged(record: RunRecord) -> None:
+    """A run whose loss became NaN or inf measured a broken training: status 'diverged', not 'ok'."""
+    losses = (record.timing.losses if record.timing else None) or []
+    first = next((i for i, loss in enumerate(losses) if loss is None or not math.isfinite(loss)), None)
+    if first is not None:
+        record.status, record.diverged_at_timed_step = "diverged", first
+        record.error = f"the loss became {losses[first]} at timed step {first + 1} of {len(losses)}"
+
+
+def _host_budget(budget: int | None, tensor_bytes: int, what: str):
+    from membench.trackers.host import rss_budget
+
+    return rss_budget(budget, tensor_bytes, what) if budget else contextlib.nullcontext()
 
 
 def _rank_summary(rank: int, memory: Memory, timing_summary: Timing) -> dict:
@@ -157,6 +179,7 @@ def _run(job: Job, out: Path) -> RunRecord:
     try:
         for key, value in worker.execute().items():
             setattr(record, key, value)
+        _mark_diverged(record)
     except torch.OutOfMemoryError as exc:
         record.status = "oom"
         record.error = f"out of memory during {worker.stage}: {str(exc).splitlines()[0]}"
@@ -177,7 +200,30 @@ def _run(job: Job, out: Path) -> RunRecord:
     return record
 
 
+def validate(jobs: list[Job]) -> str | None:
+    """Load the workload and check every job's stack against it; the reason it cannot run, or None.
+
+    The launcher's probe runs this in a child process before a sweep of a user's `package.module:factory`, so
+    that the user's code (which may hang, abort or raise) never runs in the sweep's own process.
+    """
+    try:
+        workload = load_workload(jobs[0].run.workload)
+        for job in jobs:
+            resolve(job.run).validate(job.run, workload)
+    except UserError as exc:
+        return str(exc)
+    except Exception as exc:  # noqa: BLE001 - the user's factory raising: its message is the answer
+        return f"workload {jobs[0].run.workload!r} raised {type(exc).__name__}: {exc}"
+    return None
+
+
 def main(argv: list[str]) -> int:
+    if argv[0] == "--validate":  # the launcher's probe: JOBS.json in, one line of JSON out
+        lifeline.tie_worker_to_sweep()
+        jobs = [Job.from_dict(d) for d in json.loads(Path(argv[1]).read_text())]
+        print(json.dumps({"error": validate(jobs)}))
+        return 0
+    lifeline.tie_worker_to_sweep()  # a worker never outlives the sweep that launched it
     job = Job.from_dict(json.loads(Path(argv[0]).read_text()))
     run(job, Path(argv[1]))
     return 0

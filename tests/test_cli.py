@@ -1,5 +1,7 @@
 """A user's mistake gets one clear line and exit code 2, never a traceback."""
 
+import json
+import os
 import subprocess
 import sys
 
@@ -19,6 +21,23 @@ CASES = [
     (["run", "--workload", "tests.workloads:not_a_workload"], "must return membench.workloads.Workload"),
     (["run", "--memory-budget", "lots"], "cannot read 'lots' as a size"),
     (["report", "does/not/exist"], "does not exist"),
+    # Workload names: package.module:factory, checked before anything is imported.
+    (["run", "--workload", ":"], "is not package.module:factory"),
+    (["run", "--workload", ".x:f"], "is not package.module:factory"),
+    (["run", "--workload", "../../etc:passwd"], "is not package.module:factory"),
+    (["run", "--workload", "a" + ".a" * 3000 + ":f"], "characters) is not package.module:factory"),
+    (["run", "--workload", "a" * 190 + ":f"], "cannot import workload module"),
+    # Numbers: finite, in range.
+    (["run", "--timeout", "nan"], "'nan' must be a finite positive number"),
+    (["run", "--lr", "nan"], "'nan' must be a finite positive number"),
+    (["run", "--lr", "1e400"], "'1e400' must be a finite positive number"),
+    (["run", "--warmup", "-1"], "'-1' must be zero or a positive integer"),
+    (["run", "--memory-budget", "9" * 400], "is too large to be a size in bytes"),
+    (["run", "--torchrun-args", "'"], "cannot split \"'\" into arguments: No closing quotation"),
+    (["check", "x", "--baseline", "y", "--rule", "peak_allocated:1e400%"], "finite, non-negative percentage"),
+    (["check", "x", "--baseline", "y", "--rule", "peak_allocated:" + "9" * 400], "too large to be a size"),
+    (["check", "x", "--baseline", "y", "--rule", "step_time:" + "9" * 400], "too large to be a number"),
+    (["run", "--out", "x" * 300, "--workload", "vit-tiny", "--batch-size", "4"], "File name too long"),
 ]
 
 
@@ -34,6 +53,79 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
     assert len(lines) == 1, proc.stderr
     assert message in lines[0]
     assert "Traceback" not in proc.stderr
+
+
+FAST = ["--workload", "vit-tiny", "--batch-size", "2", "--techniques", "baseline", "--steps", "1", "--warmup", "1",
+        "--no-check", "--no-timeline"]
+
+
+def _file(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    return str(tmp_path / "a-file")
+
+
+def _results(tmp_path):
+    """A minimal result folder, for commands that read one."""
+    (tmp_path / "r").mkdir(exist_ok=True)
+    (tmp_path / "r" / "baseline.json").write_text(json.dumps({
+        "schema_version": 2, "name": "baseline", "status": "ok", "env": {"device": "cpu"},
+        "spec": {"run": {"workload": "vit-tiny", "batch_size": 1}}}))
+    return str(tmp_path / "r")
+
+
+def _folder_for_a_result(tmp_path):
+    (tmp_path / "out" / "baseline.json").mkdir(parents=True)
+    return str(tmp_path / "out")
+
+
+PATH_CASES = [
+    (lambda t: ["run", *FAST, "--out", _file(t)], "a file of that name is in the way"),
+    (lambda t: ["run", *FAST, "--out", _folder_for_a_result(t), "--resume"], "is not a result file"),
+    (lambda t: ["run", *FAST, "--out", _folder_for_a_result(t)], "is not a result file"),
+    (lambda t: ["compare", _results(t), _results(t), "--markdown", str(t / "missing" / "x.md")],
+     "No such file or directory"),
+    (lambda t: ["compare", _results(t), _results(t), "--markdown", str(t)], "Is a directory"),
+    (lambda t: ["report", _results(t), "--out", _file(t)], "a file of that name is in the way"),
+    (lambda t: ["predict", "--workload", "vit-tiny", "--batch-size", "2", "--techniques", "baseline", "--out",
+                _file(t)], "a file of that name is in the way"),
+]
+
+
+@pytest.mark.parametrize("make_args,message", PATH_CASES)
+def test_bad_paths_are_one_line_and_exit_2(tmp_path, make_args, message):
+    test_bad_input_is_one_line_and_exit_2(make_args(tmp_path), message)
+
+
+def test_read_only_out_is_one_line_and_exit_2(tmp_path):
+    out = tmp_path / "ro"
+    out.mkdir()
+    out.chmod(0o555)
+    try:
+        if os.access(out, os.W_OK):
+            pytest.skip("running as root: a read-only folder is still writable")
+        test_bad_input_is_one_line_and_exit_2(["run", *FAST, "--out", str(out)], "Permission denied")
+    finally:
+        out.chmod(0o755)
+
+
+@pytest.mark.parametrize("warmup", ["0", "00", "1"])
+def test_warmup_zero_is_accepted_however_written(warmup):
+    from membench.cli import build_parser
+
+    args = build_parser().parse_args(["run", "--warmup", warmup])
+    assert args.warmup == int(warmup)
+
+
+def test_a_closed_pipe_is_not_a_traceback():
+    """`membench list | head -1`, made deterministic: the reader is gone before membench writes anything."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "membench", "list"], stdout=write, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert proc.stderr == "" and proc.returncode == 1
 
 
 def test_cuda_asked_for_without_cuda():
@@ -57,3 +149,14 @@ def test_techniques_lists_every_technique_with_its_trade_off():
     assert proc.returncode == 0
     for name, cls in REGISTRY.items():
         assert name in proc.stdout and cls.summary[:30] in proc.stdout
+
+
+@pytest.mark.parametrize("args", [["predict", "--timeout", "5"], ["predict", "--resume"], ["predict", "--steps", "3"],
+                                  ["predict", "--nproc-per-node", "2"], ["predict", "--peak-tflops", "10"],
+                                  ["fit", "--budget", "1GiB", "--batch-size", "4"],
+                                  ["fit", "--budget", "1GiB", "--memory-budget", "1GiB"]])
+def test_subcommands_refuse_options_they_do_not_use(args):
+    """predict and fit neither time nor launch runs, and fit searches the batch size: such options are errors,
+    not silently ignored."""
+    proc = run(args)
+    assert proc.returncode == 2 and "unrecognized arguments" in proc.stderr

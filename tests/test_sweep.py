@@ -66,7 +66,7 @@ def test_resume_skips_finished_runs_and_reruns_keep_history(tmp_path):
     assert run_cli(*args, "--resume") == 0
     assert (tmp_path / "baseline.json").stat().st_mtime_ns == stamp
     assert run_cli(*args) == 0  # a fresh run moves the earlier results aside rather than overwriting them
-    assert len(list((tmp_path / "previous").glob("baseline.*.json"))) == 1
+    assert len(list((tmp_path / "previous").glob("baseline.*/baseline.json"))) == 1
 
 
 def test_ctrl_c_keeps_finished_runs(tmp_path):

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import matplotlib
@@ -16,15 +17,20 @@ matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+from membench.fsio import atomic_write_bytes, atomic_write_text, make_dir, read_bounded, side_file  # noqa: E402
 from membench.report.explain import breakdown, find_baseline  # noqa: E402
 from membench.results import RunRecord  # noqa: E402
-from membench.trackers import timeline as tl  # noqa: E402
 from membench.vocab import CATEGORIES  # noqa: E402
 
 COLORS = {"parameters": "#4C72B0", "gradients": "#DD8452", "optimizer_state": "#55A868",
           "activations": "#C44E52", "temporaries": "#8172B3", "inputs": "#937860", "other": "#9a9a9a"}
 PHASE_COLORS = {"inputs": "#e8e8e8", "forward": "#dbe9f6", "backward": "#fbe3d0", "optimizer": "#dcefdc"}
 UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
+
+
+def _text(value) -> str:
+    """Text from a result file, shown as it is: matplotlib would read $...$ as math (and fail on a bad one)."""
+    return str(value).replace("$", r"\$")
 
 
 def unit_for(nbytes: float) -> tuple[str, int]:
@@ -34,12 +40,14 @@ def unit_for(nbytes: float) -> tuple[str, int]:
 
 def save(fig: Figure, out_dir: Path, name: str) -> dict:
     """Write name.png and name.svg; return their paths and the SVG text (for inlining in HTML)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_dir(out_dir)
     png, svg = out_dir / f"{name}.png", out_dir / f"{name}.svg"
-    fig.savefig(png, dpi=110, bbox_inches="tight", metadata={"Software": None})
+    png_bytes = io.BytesIO()
+    fig.savefig(png_bytes, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
+    atomic_write_bytes(png, png_bytes.getvalue())
     buf = io.StringIO()
     fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
-    svg.write_text(buf.getvalue())
+    atomic_write_text(svg, buf.getvalue())
     return {"png": png, "svg": svg, "svg_text": buf.getvalue()}
 
 
@@ -55,7 +63,7 @@ def peak_chart(results: list[RunRecord]) -> Figure | None:
     unit, scale = unit_for(max(peaks))
     fig = Figure(figsize=(max(5.0, 1.1 * len(runs) + 2.5), 4.2))
     ax = fig.subplots()
-    names = [r.name for r in runs]
+    names = [_text(r.name) for r in runs]
     xs = range(len(runs))
     bottoms = [0.0] * len(runs)
     for c in CATEGORIES:
@@ -81,11 +89,37 @@ def peak_chart(results: list[RunRecord]) -> Figure | None:
 
 
 def load_timeline(result: RunRecord) -> dict | None:
+    """The run's timeline, if its result names a readable one: a regular file in the result's folder, of at most
+    fsio.MAX_SIDE_FILE_BYTES (a crafted name never reads /dev/zero or a file elsewhere), holding JSON."""
     info = result.timeline
     if info is None or result.path is None:
         return None
-    path = result.path.parent / info.file
-    return tl.load(path) if path.exists() else None
+    path = side_file(result.path.parent, info.file)
+    data = read_bounded(path) if path is not None else None
+    try:
+        timeline = json.loads(data) if data is not None else None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    return timeline if _is_timeline(timeline) else None
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_timeline(t) -> bool:
+    """The shape the timeline chart reads (trackers/timeline.compact writes it); a file of another shape is a
+    crafted or foreign one: no chart for that run, rather than a crash of the whole report."""
+    try:
+        n = len(t["x"])
+        return (all(_number(x) for x in t["x"]) and isinstance(t["steps"], int) and 0 < t["steps"] <= 10_000
+                and _number(t["peak"]["bytes"]) and isinstance(t["peak"]["x"], (int, float))
+                and all(isinstance(t["bytes"].get(c), list) and len(t["bytes"][c]) == n
+                        and all(_number(v) for v in t["bytes"][c]) for c in CATEGORIES)
+                and all(isinstance(s, dict) and isinstance(s.get("phase"), str) and _number(s.get("start"))
+                        and _number(s.get("end")) for s in t["spans"]))
+    except (KeyError, TypeError, AttributeError):
+        return False
 
 
 def timeline_chart(results: list[RunRecord]) -> Figure | None:
@@ -109,11 +143,11 @@ def timeline_chart(results: list[RunRecord]) -> Figure | None:
                      labels=[c.replace("_", " ") for c in CATEGORIES], rasterized=True)
         peak = t["peak"]
         ax.plot([peak["x"]], [peak["bytes"] / scale], "kv", ms=6)
-        ax.annotate(f"peak {peak['bytes'] / scale:.3g} {unit}\n({peak['phase']})", (peak["x"], peak["bytes"] / scale),
-                    xytext=(4, 4), textcoords="offset points", fontsize=7)
+        ax.annotate(f"peak {peak['bytes'] / scale:.3g} {unit}\n({_text(peak.get('phase'))})",
+                    (peak["x"], peak["bytes"] / scale), xytext=(4, 4), textcoords="offset points", fontsize=7)
         for step in range(1, t["steps"]):
             ax.axvline(step, color="black", lw=0.6, ls=":")
-        ax.set_title(result.name, fontsize=10)
+        ax.set_title(_text(result.name), fontsize=10)
         ax.set_xlim(0, t["steps"])
         ax.set_ylim(0, top / scale * 1.2)
     for ax in axes[len(runs):]:
@@ -156,9 +190,9 @@ def pareto_chart(results: list[RunRecord]) -> Figure | None:
         on_front = i in front
         ax.scatter([m / scale], [t], s=50 if on_front else 30, color="#55A868" if on_front else "#888888",
                    marker="*" if r.name == "baseline" else "o", zorder=2)
-        ax.annotate(r.name, (m / scale, t), xytext=(5, 4), textcoords="offset points", fontsize=8)
+        ax.annotate(_text(r.name), (m / scale, t), xytext=(5, 4), textcoords="offset points", fontsize=8)
     ax.set_xlabel(f"peak allocated ({unit})")
-    ax.set_ylabel(f"throughput ({runs[0].timing.unit or 'samples/s'})")
+    ax.set_ylabel(f"throughput ({_text(runs[0].timing.unit or 'samples/s')})")
     ax.set_title("Memory vs throughput (lower-right is worse, upper-left better)")
     ax.legend(fontsize=8)
     ax.margins(0.15)

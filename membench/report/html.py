@@ -1,6 +1,8 @@
 """report.html: one self-contained file. Charts are inline SVG, the CSS is inline, there is no script, no font
 and nothing fetched from the network, so it opens offline and can be mailed or attached to a CI run as is.
-Every piece of text that comes from a result file goes through html.escape.
+Every piece of text that comes from a result file goes through html.escape, and a file a result names is linked
+only where it is a regular file inside that result's folder (fsio.side_file), by a relative, percent-encoded
+path: a crafted name ('javascript:...', '../../', an absolute path) links to nothing.
 """
 
 from __future__ import annotations
@@ -8,8 +10,10 @@ from __future__ import annotations
 import html
 import os
 import re
+import urllib.parse
 from pathlib import Path
 
+from membench.fsio import side_file
 from membench.report import explain as ex
 from membench.report.table import BREAKDOWN_HEADERS, breakdown_rows
 from membench.report.table import rows as table_rows
@@ -27,7 +31,7 @@ td:first-child,th:first-child{text-align:left}
 .chart{margin:1em 0;overflow-x:auto}.chart svg{max-width:100%;height:auto}
 .run{border:1px solid #ddd;border-radius:6px;padding:.4em 1em;margin:1em 0}
 .verdict-bitwise,.verdict-equivalent{color:#1a7f37}.verdict-not-equivalent{color:#b42318;font-weight:bold}
-.status-oom,.status-error,.status-timeout{color:#b42318;font-weight:bold}
+.status-oom,.status-diverged,.status-error,.status-timeout{color:#b42318;font-weight:bold}
 .muted{color:#666;font-size:.9em}code{background:#f5f5f5;padding:0 .2em}
 """
 
@@ -50,9 +54,18 @@ def _table(headers: list[str], body: list[list], cls: str = "") -> str:
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
 
 
-def _link(path: Path, report_dir: Path, label: str) -> str:
-    href = Path(os.path.relpath(path, report_dir)).as_posix()
+def _link(folder: Path, name: object, report_dir: Path, label: str) -> str | None:
+    """A link to the file `name` in a result's folder, or None where it is not a regular file there."""
+    path = side_file(folder, name)
+    if path is None:
+        return None
+    # Percent-encoded, so no file name can read as a scheme ('javascript:' becomes 'javascript%3A').
+    href = urllib.parse.quote(Path(os.path.relpath(path, Path(report_dir).resolve())).as_posix())
     return f'<a href="{_E(href, quote=True)}">{_E(label)}</a>'
+
+
+def _size(nbytes: object) -> str:
+    return fmt_bytes(nbytes) if isinstance(nbytes, (int, float)) else "-"
 
 
 def _environment(results: list[RunRecord]) -> str:
@@ -70,13 +83,14 @@ def _files(result: RunRecord, report_dir: Path) -> str:
     links = []
     info = result.timeline
     if info is not None:
-        links.append(_link(where / info.file, report_dir, f"timeline ({fmt_bytes(info.file_bytes)})"))
+        links.append(_link(where, info.file, report_dir, f"timeline ({_size(info.file_bytes)})"))
         if info.snapshot:
-            links.append(_link(where / info.snapshot, report_dir,
-                               f"CUDA snapshot ({fmt_bytes(info.snapshot_bytes)}; open it in pytorch.org/memory_viz)"))
+            links.append(_link(where, info.snapshot, report_dir,
+                               f"CUDA snapshot ({_size(info.snapshot_bytes)}; open it in pytorch.org/memory_viz)"))
     if result.oom_snapshot is not None:
         oom = result.oom_snapshot
-        links.append(_link(where / oom.file, report_dir, f"snapshot at OOM ({fmt_bytes(oom.file_bytes)})"))
+        links.append(_link(where, oom.file, report_dir, f"snapshot at OOM ({_size(oom.file_bytes)})"))
+    links = [link for link in links if link]
     return f'<p class="muted">Files: {" · ".join(links)}</p>' if links else ""
 
 

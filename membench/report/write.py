@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from tabulate import tabulate
 
 from membench.errors import UserError
+from membench.fsio import atomic_write_text, make_dir
 from membench.report import charts as ch
 from membench.report import explain as ex
 from membench.report import html
@@ -60,16 +62,19 @@ def write_report(results: list[RunRecord], out_dir: Path) -> dict[str, Path]:
     check_one_sweep(results)
     results = ordered(results)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir.is_symlink():  # a planted `report` link would have membench overwrite files wherever it points
+        raise UserError(f"report folder {out_dir} is a symlink (to {os.readlink(out_dir)}): membench does not write "
+                        "through links; remove it, or pass --out")
+    make_dir(out_dir)
     title = title_for(results)
     chart_files = ch.write_all(results, out_dir)
     written: dict[str, Path] = {}
     for name, files in chart_files.items():
         written[f"{name}.png"], written[f"{name}.svg"] = files["png"], files["svg"]
     written["results.csv"] = out_dir / "results.csv"
-    to_frame(results).to_csv(written["results.csv"], index=False)
+    atomic_write_text(written["results.csv"], to_frame(results).to_csv(index=False))
     written["report.md"] = out_dir / "report.md"
-    written["report.md"].write_text(markdown(results, chart_files, title))
+    atomic_write_text(written["report.md"], markdown(results, chart_files, title))
     written["report.html"] = out_dir / "report.html"
-    written["report.html"].write_text(html.render(results, chart_files, out_dir, title), encoding="utf-8")
+    atomic_write_text(written["report.html"], html.render(results, chart_files, out_dir, title))
     return written

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from membench.fsio import atomic_write_bytes
 from membench.trackers import private
 
 MAX_ENTRIES = 100_000  # alloc/free events kept (a ring buffer); ~ tens of MB of pickle with stack traces
@@ -23,10 +24,7 @@ MAX_ENTRIES = 100_000  # alloc/free events kept (a ring buffer); ~ tens of MB of
 
 def save_snapshot(path: Path) -> int:
     """Pickle the allocator's state (and history, if recorded) the way memory_viz reads it; returns its size."""
-    snapshot = private.memory_snapshot()
-    with open(path, "wb") as f:
-        pickle.dump(snapshot, f, protocol=4)
-    return path.stat().st_size
+    return atomic_write_bytes(path, pickle.dumps(private.memory_snapshot(), protocol=4))
 
 
 def trace_summary(snapshot: dict, device: int, start_bytes: int, max_entries: int) -> dict:
@@ -65,9 +63,8 @@ def recorded_history(path: Path, max_entries: int = MAX_ENTRIES):
         yield info
         torch.cuda.synchronize()
         snapshot = private.memory_snapshot()
-        with open(path, "wb") as f:
-            pickle.dump(snapshot, f, protocol=4)
-        info.update({"snapshot": path.name, "snapshot_bytes": path.stat().st_size, "snapshot_max_entries": max_entries,
+        size = atomic_write_bytes(path, pickle.dumps(snapshot, protocol=4))
+        info.update({"snapshot": path.name, "snapshot_bytes": size, "snapshot_max_entries": max_entries,
                      **trace_summary(snapshot, torch.cuda.current_device(), start, max_entries)})
     finally:
         private.record_memory_history(enabled=None)

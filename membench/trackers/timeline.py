@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from membench.fsio import atomic_write_text
 from membench.trackers.storage import StorageTracker
 from membench.vocab import CATEGORIES
 
@@ -97,8 +98,7 @@ def totals(timeline: dict) -> list[int]:
 
 def write(path: Path, timeline: dict) -> int:
     """Write without indentation (it is data for charts, not for reading); returns the file size in bytes."""
-    path.write_text(json.dumps(timeline, separators=(",", ":")))
-    return path.stat().st_size
+    return atomic_write_text(path, json.dumps(timeline, separators=(",", ":")))
 
 
 def load(path: Path) -> dict:

@@ -1,0 +1,105 @@
+"""Workers die with their sweep: a kill -9 of `membench run` must not leave a worker (or torchrun and its ranks)
+training on, holding the GPU and writing into a folder the next sweep uses.
+
+Workers run in their own session (so a terminal's Ctrl-C reaches only the sweep, which then kills them in order),
+so nothing kills them by default when the sweep itself is killed. Two mechanisms, each enough on its own:
+
+- Linux: prctl(PR_SET_PDEATHSIG, SIGKILL), set in the child before it runs anything (`preexec`), and again at the
+  top of every worker (torchrun's ranks: their parent is torchrun, which gets the first one). The kernel kills
+  the child as soon as its parent is gone, whatever killed the parent; torchrun's death then kills its ranks
+  (which torchrun starts in sessions of their own, out of reach of a kill of torchrun's process group).
+- Anywhere: the worker watches the sweep's pid (MEMBENCH_PARENT_PID) from a daemon thread and, once the sweep is
+  gone, kills its own process group: a plain worker, or a torchrun rank (torchrun then stops: its workers
+  failed).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import sys
+import threading
+import time
+
+PARENT_ENV = "MEMBENCH_PARENT_PID"
+_PR_SET_PDEATHSIG = 1
+_POLL_S = 0.5
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised wherever the sweep is (launcher.sigterm_as_interrupt), so that it stops as on Ctrl-C:
+    the worker killed, the finished runs kept."""
+
+
+def _libc_prctl():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _libc_prctl()  # looked up here, in the parent: the child after fork must not load libraries
+
+
+def die_with_parent(expected_parent: int | None = None) -> None:
+    """Ask the kernel for SIGKILL when our parent exits (Linux; elsewhere nothing). The parent may already be
+    gone by then (the request would never fire): if so, die now."""
+    if _PRCTL is None:
+        return
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if expected_parent is not None and os.getppid() != expected_parent:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def preexec_for(parent: int):
+    """A Popen preexec_fn: the child dies with `parent` (the sweep)."""
+    return lambda: die_with_parent(parent)
+
+
+def child_env(env: dict[str, str]) -> dict[str, str]:
+    """The worker's environment, naming the sweep to watch."""
+    return {**env, PARENT_ENV: str(os.getpid())}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def watch(pid: int, interval: float = _POLL_S) -> threading.Thread:
+    """Kill this process's group once `pid` is gone (the portable fallback; see the module docstring). A pid whose
+    process has exited but not been reaped (a zombie) still counts as alive: where prctl exists it fires first."""
+
+    def loop():
+        while _alive(pid):
+            time.sleep(interval)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    thread = threading.Thread(target=loop, name="membench-lifeline", daemon=True)
+    thread.start()
+    return thread
+
+
+def tie_worker_to_sweep() -> None:
+    """At the top of a worker: die with its parent (torchrun's ranks: with torchrun), and with the sweep that
+    launched it. Only a worker the launcher started watches: it runs in a process group of its own, which is
+    what the watch kills."""
+    die_with_parent()
+    sweep = os.environ.get(PARENT_ENV, "")
+    if not sweep.isdigit():
+        return
+    try:
+        if os.getpgid(int(sweep)) == os.getpgrp():  # not in a group of its own: killing it would hit others
+            return
+    except ProcessLookupError:  # the sweep is gone already
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    watch(int(sweep))

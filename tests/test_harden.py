@@ -1,0 +1,385 @@
+"""Nothing lost, nothing hung, nothing trusted that should not be (issue 11): full disks, read-only folders,
+kills, concurrent writers, re-runs, diverged losses and hostile result files."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from membench import fsio
+from membench.cli import main
+from membench.errors import UserError
+from membench.results import read_result
+
+TINY = ("--workload", "tests.workloads:mlp", "--batch-size", "4", "--techniques", "baseline", "--steps", "1",
+        "--warmup", "1", "--no-check", "--no-timeline")
+
+
+def run_cli(*args) -> int:
+    return main(["run", *TINY, *args])
+
+
+def _one_error_line(capsys) -> str:
+    """The one error line (the sweep's progress lines may come before it), and no traceback."""
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("membench: error:")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    return errors[0]
+
+
+# --- atomic writes, full disk, read-only folders -------------------------------------------------------------
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    target = tmp_path / "baseline.json"
+    fsio.atomic_write_text(target, "old")
+    assert stat.S_IMODE(target.stat().st_mode) == fsio.FILE_MODE  # not mkstemp's 0600
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(UserError, match=r"cannot write .*baseline.json: No space left on device"):
+        fsio.atomic_write_text(target, "new" * 100_000)
+    monkeypatch.undo()
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["baseline.json"]
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS])
+def test_full_disk_during_a_sweep_is_one_line_and_keeps_finished_runs(tmp_path, monkeypatch, capsys, code):
+    assert run_cli("--out", str(tmp_path)) == 0
+    before = (tmp_path / "baseline.json").read_bytes()
+
+    def full(fd, data):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "write", full)
+    capsys.readouterr()
+    assert run_cli("--out", str(tmp_path)) == 2
+    assert os.strerror(code) in _one_error_line(capsys)
+    monkeypatch.undo()
+    assert (tmp_path / "baseline.json").read_bytes() == before
+    assert read_result(tmp_path / "baseline.json").status == "ok"
+
+
+def test_full_disk_while_writing_a_report_is_one_line(tmp_path, monkeypatch, capsys):
+    assert run_cli("--out", str(tmp_path)) == 0
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    capsys.readouterr()
+    assert main(["report", str(tmp_path)]) == 2
+    assert "No space left on device" in _one_error_line(capsys)
+
+
+def test_a_lock_file_that_cannot_be_created_is_one_line(tmp_path, monkeypatch):
+    """A read-only --out, even as root (who may write anywhere): the lock is the sweep's first write."""
+    from membench import launcher
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(tmp_path / launcher.LOCK_NAME))
+
+    monkeypatch.setattr(launcher.os, "open", read_only)
+    with pytest.raises(UserError, match="cannot write in .*: Read-only file system"):
+        with launcher.locked(tmp_path):
+            pass
+
+
+def _read_only(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o555)
+    if os.access(path, os.W_OK):  # root ignores permissions
+        path.chmod(0o755)
+        pytest.skip("running as root: a read-only folder is still writable")
+    return path
+
+
+def test_read_only_out_is_one_line(tmp_path, capsys):
+    out = _read_only(tmp_path / "ro")
+    try:
+        assert run_cli("--out", str(out)) == 2
+        assert str(out) in _one_error_line(capsys)
+    finally:
+        out.chmod(0o755)
+
+
+# --- one writer per results folder; kills and SIGTERM leave nothing running ----------------------------------
+
+def _start_hanging_sweep(out: Path, *extra, workload: str = "tests.workloads:hang", processes: int = 1,
+                         ) -> subprocess.Popen:
+    """`membench run` of a workload whose step sleeps, returned once its worker processes are running."""
+    proc = subprocess.Popen([sys.executable, "-m", "membench", "run", "--workload", workload, "--techniques",
+                             "baseline", "--no-check", "--no-timeline", "--out", str(out), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while len(_workers(out)) < processes and time.time() < deadline:
+        time.sleep(0.2)
+    assert len(_workers(out)) >= processes, "the workers never started"
+    return proc
+
+
+def _workers(out: Path) -> list[int]:
+    """Pids of worker processes writing into `out`, torchrun included (their command line names the result)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"membench.worker" in cmd and any(str(out).encode() in part for part in cmd):
+            pids.append(int(proc.name))
+    return pids
+
+
+def _gone(out: Path, within: float = 10.0) -> bool:
+    deadline = time.time() + within
+    while _workers(out) and time.time() < deadline:
+        time.sleep(0.2)
+    return not _workers(out)
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds workers through /proc")
+def test_a_second_writer_is_refused_and_a_killed_ones_lock_is_released(tmp_path, capsys):
+    from membench.launcher import locked
+
+    first = _start_hanging_sweep(tmp_path)
+    try:
+        capsys.readouterr()
+        assert run_cli("--out", str(tmp_path)) == 2
+        assert f"in use by another membench run (pid {first.pid})" in _one_error_line(capsys)
+    finally:
+        first.kill()  # kill -9: nothing of membench's runs, the kernel drops the lock
+        first.communicate()
+        _kill_workers(tmp_path)
+    with locked(tmp_path):
+        pass
+
+
+def _kill_workers(out: Path) -> None:
+    """Clean up after a test whose workers outlived their sweep (what the test is about)."""
+    for pid in _workers(out):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds workers through /proc")
+def test_kill_9_of_the_sweep_kills_its_worker(tmp_path):
+    sweep = _start_hanging_sweep(tmp_path)
+    sweep.kill()
+    sweep.communicate()
+    try:
+        assert _gone(tmp_path, within=5)
+    finally:
+        _kill_workers(tmp_path)
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds workers through /proc")
+def test_kill_9_of_the_sweep_kills_torchrun_and_its_ranks(tmp_path):
+    # The baseline finishes; the fsdp run, through torchrun with two gloo ranks, hangs: torchrun and 2 ranks.
+    sweep = _start_hanging_sweep(tmp_path, "--techniques", "fsdp", "--device", "cpu", "--nproc-per-node", "2",
+                                 workload="tests.workloads:hang_under_torchrun", processes=3)
+    time.sleep(2)  # the ranks are inside their step
+    sweep.kill()
+    sweep.communicate()
+    try:
+        assert _gone(tmp_path, within=10)
+    finally:
+        _kill_workers(tmp_path)
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds workers through /proc")
+def test_sigterm_stops_the_sweep_like_ctrl_c(tmp_path):
+    sweep = _start_hanging_sweep(tmp_path)
+    sweep.terminate()
+    _, err = sweep.communicate(timeout=60)
+    try:
+        assert sweep.returncode == 143
+        assert "terminated: 0 finished run(s) kept" in err and "Traceback" not in err
+        assert _gone(tmp_path, within=5)
+    finally:
+        _kill_workers(tmp_path)
+
+
+def test_the_portable_watch_kills_the_workers_group_once_the_sweep_is_gone():
+    """The fallback where prctl does not exist: a process watching a pid dies (with its group) once it is gone."""
+    sweep = subprocess.Popen(["sleep", "60"])
+    watcher = subprocess.Popen([sys.executable, "-c", "import sys, time; from membench import lifeline; "
+                                "lifeline.watch(int(sys.argv[1]), 0.1); time.sleep(60)", str(sweep.pid)],
+                               start_new_session=True)
+    time.sleep(1)
+    assert watcher.poll() is None
+    sweep.kill()
+    sweep.wait()
+    assert watcher.wait(timeout=10) == -signal.SIGKILL
+
+
+# --- resume reuses only runs of the same spec -----------------------------------------------------------------
+
+def test_resume_reuses_only_runs_measured_with_the_same_spec(tmp_path, capsys):
+    assert run_cli("--out", str(tmp_path), "--optimizer", "adam") == 0
+    first = read_result(tmp_path / "baseline.json")
+    capsys.readouterr()
+    assert run_cli("--out", str(tmp_path), "--optimizer", "sgd", "--batch-size", "8", "--resume") == 0
+    again = read_result(tmp_path / "baseline.json")
+    assert again.started != first.started
+    assert again.spec.run.optimizer == "sgd" and again.spec.run.batch_size == 8
+    err = capsys.readouterr().err
+    assert "baseline: not resumed" in err and "optimizer 'adam' -> 'sgd'" in err and "batch_size 4 -> 8" in err
+    # The same spec again: kept, and said so.
+    assert run_cli("--out", str(tmp_path), "--optimizer", "sgd", "--batch-size", "8", "--resume") == 0
+    assert read_result(tmp_path / "baseline.json").started == again.started
+    assert "(resumed) baseline: ok" in capsys.readouterr().err
+
+
+# --- the progress display prints text, never markup -----------------------------------------------------------
+
+def test_progress_prints_brackets_as_text():
+    import io
+
+    from rich.console import Console
+
+    from membench.progress import SweepProgress
+    from membench.results import RunRecord, Timing
+    from membench.spec import Job, RunSpec
+
+    spec = Job(RunSpec("tests.workloads:mlp", 4, ("ckpt",)))
+    progress = SweepProgress([spec], Path("/data/[bold]results"))
+    progress.console = Console(file=io.StringIO(), width=400)
+    failed = RunRecord(name="ckpt", status="error", spec=spec,
+                       error="OSError: could not open shard [/data/train-000.tar]")
+    noisy = RunRecord(name="ckpt", status="ok", spec=spec,
+                      timing=Timing(step_times_s=[1.0], median_s=1.0, iqr_s=0.5, min_s=1.0, max_s=1.0, noisy=True,
+                                    throughput=10.0, unit="samples/s"))
+    progress.done(spec, failed, False)
+    progress.done(spec, noisy, False)
+    progress.note(spec, "[red]not markup[/red]")
+    text = progress.console.file.getvalue()
+    assert "could not open shard [/data/train-000.tar]" in text
+    assert "[noisy timing: IQR 50% of the median]" in text
+    assert "[red]not markup[/red]" in text
+
+
+# --- a re-run archives every file of the earlier run, under a name of its own ----------------------------------
+
+def test_a_rerun_archives_the_result_with_its_timeline(tmp_path):
+    assert run_cli("--out", str(tmp_path), "--timeline") == 0
+    first = read_result(tmp_path / "baseline.json")
+    first_timeline = (tmp_path / "baseline.timeline.json").read_bytes()
+    assert run_cli("--out", str(tmp_path), "--timeline") == 0
+    [folder] = (tmp_path / "previous").iterdir()
+    archived = read_result(folder / "baseline.json")
+    assert archived.started == first.started
+    assert (folder / archived.timeline.file).read_bytes() == first_timeline  # still its own timeline
+    assert (folder / "baseline.log").exists()
+    assert read_result(tmp_path / "baseline.json").started != first.started
+    assert (tmp_path / "baseline.timeline.json").exists()
+
+
+def test_two_archives_in_the_same_microsecond_do_not_collide(tmp_path):
+    from membench.launcher import archive
+
+    folders = []
+    for text in ("first", "second"):
+        for name in ("baseline.json", "baseline.timeline.json", "baseline.rank1.oom.pickle", "ckpt+amp.json"):
+            (tmp_path / name).write_text(text)
+            os.utime(tmp_path / name, (1_700_000_000.5, 1_700_000_000.5))
+        folders.append(archive(tmp_path, "baseline"))
+    assert folders[0] != folders[1]
+    for folder, text in zip(folders, ("first", "second")):
+        assert folder.name.startswith("baseline.20231114T221320.500000Z-")
+        assert sorted(p.name for p in folder.iterdir()) == ["baseline.json", "baseline.rank1.oom.pickle",
+                                                            "baseline.timeline.json"]
+        assert (folder / "baseline.timeline.json").read_text() == text
+    assert (tmp_path / "ckpt+amp.json").exists()  # another run's file stays
+
+
+# --- a NaN loss is a diverged run, written as strict JSON ------------------------------------------------------
+
+def test_a_nan_loss_is_diverged_and_the_json_is_strict(tmp_path, capsys):
+    args = ("--workload", "tests.workloads:diverging", "--steps", "2", "--out", str(tmp_path))
+    assert run_cli(*args) == 0  # like an OOM: the technique's result, not a failed sweep
+    text = (tmp_path / "baseline.json").read_text()
+    record = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in a result file"))
+    assert record["status"] == "diverged" and record["diverged_at_timed_step"] == 0
+    assert "the loss became nan at timed step 1 of 2" in record["error"]
+    assert record["timing"]["losses"] == [None, None]
+    assert run_cli(*args, "--resume") == 0  # finished: resume keeps it
+    assert read_result(tmp_path / "baseline.json").started == record["started"]
+    assert "(resumed) baseline: diverged" in capsys.readouterr().err
+
+
+# --- report.html links and reads only files inside the results folder; it writes through no symlink ------------
+
+def _hrefs(page: str) -> list[str]:
+    from tests.test_report import Refs
+
+    refs = Refs()
+    refs.feed(page)
+    return [v for t, n, v in refs.urls if n == "href"]
+
+
+@pytest.fixture()
+def sweep(tmp_path) -> Path:
+    from tests.sweeps import tiny_sweep
+
+    return tiny_sweep(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["javascript:alert(1)", "../../../../etc/passwd", "/etc/passwd", "/dev/zero",
+                                  "."])
+def test_crafted_side_file_names_are_neither_linked_nor_read(sweep, name):
+    from membench.report import charts
+    from membench.report.write import write_report
+    from membench.results import load_dir
+
+    (sweep / "javascript:alert(1)").write_text("not a timeline")  # even with a file of that name in the folder
+    record = json.loads((sweep / "opt-in-bwd.json").read_text())
+    record["timeline"]["file"] = name
+    (sweep / "opt-in-bwd.json").write_text(json.dumps(record))
+    results = load_dir(sweep)
+    assert charts.load_timeline(next(r for r in results if r.name == "opt-in-bwd")) is None
+    write_report(results, sweep)  # the report next to the results: relative links have no '../' in front
+    hrefs = _hrefs((sweep / "report.html").read_text())
+    assert "baseline.timeline.json" in hrefs
+    assert not [h for h in hrefs if ":" in h.split("/")[0] or "passwd" in h or "zero" in h], hrefs
+
+
+def test_side_files_are_read_up_to_a_bound(sweep, monkeypatch):
+    from membench.report import charts
+    from membench.results import load_dir
+
+    [base] = [r for r in load_dir(sweep) if r.name == "baseline"]
+    assert charts.load_timeline(base) is not None
+    monkeypatch.setattr(fsio, "MAX_SIDE_FILE_BYTES", 100)
+    assert charts.load_timeline(base) is None
+
+
+def test_report_does_not_write_through_a_symlink(sweep, tmp_path, capsys):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (sweep / "report").symlink_to(elsewhere)
+    assert main(["report", str(sweep)]) == 2
+    assert "is a symlink" in _one_error_line(capsys)
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_report_replaces_a_symlinked_file_instead_of_writing_through_it(sweep, tmp_path):
+    target = tmp_path / "elsewhere.html"
+    target.write_text("not membench's")
+    (sweep / "report").mkdir()
+    (sweep / "report" / "report.html").symlink_to(target)
+    assert main(["report", str(sweep)]) == 0
+    assert target.read_text() == "not membench's"
+    assert not (sweep / "report" / "report.html").is_symlink()
