@@ -1,0 +1,143 @@
+"""Property-based fuzzing of what reads untrusted result folders (a CI artifact, a colleague's folder).
+
+Whatever a result file holds, loading it either gives a typed RunRecord or refuses with one UserError naming the
+file, and whatever loads renders: the table, the explanations, the comparison, the gate and the whole report
+(charts and HTML) raise nothing but UserError.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from membench.check import check
+from membench.errors import UserError
+from membench.report import compare, explain
+from membench.report.table import render
+from membench.report.write import write_report
+from membench.results import RunRecord, load_dir, read_result
+from tests.sweeps import tiny_sweep
+
+HOSTILE_TEXT = ["", "$\\frac{", "$\\frac{$", "$x^{2}$", "[bold]x[/bold]", "<script>alert(1)</script>",
+                "../../etc/passwd", "javascript:alert(1)", "/dev/zero", "\x00", "é" * 300, "-", "nan", "a\nb"]
+json_leaf = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+                      st.floats(allow_nan=False, allow_infinity=False), st.sampled_from(HOSTILE_TEXT),
+                      st.text(max_size=20))
+json_value = st.recursive(json_leaf, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                            st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+                          max_leaves=12)
+
+
+@pytest.fixture(scope="module")
+def valid(tmp_path_factory) -> dict:
+    """A real result file's JSON (baseline and opt-in-bwd runs of vit-tiny, with a timeline each)."""
+    sweep = tiny_sweep(tmp_path_factory.mktemp("fuzz"))
+    return {p.name: json.loads(p.read_text()) for p in sweep.glob("*.json") if ".timeline." not in p.name} | {
+        "_dir": str(sweep)}
+
+
+def _paths(data, prefix=()):
+    """Every path to a value inside the JSON, so a mutation can land anywhere."""
+    yield prefix
+    if isinstance(data, dict):
+        for k, v in data.items():
+            yield from _paths(v, (*prefix, k))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            yield from _paths(v, (*prefix, i))
+
+
+def _mutate(data, path, value, delete: bool):
+    if not path:
+        return value
+    target = data
+    for key in path[:-1]:
+        target = target[key]
+    if delete and isinstance(target, dict):
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    return data
+
+
+def _loads_or_refuses(text: str) -> RunRecord | None:
+    try:
+        return RunRecord.from_json(text, "results file x.json")
+    except UserError as exc:
+        assert "\n" not in str(exc) and "x.json" in str(exc)
+        return None
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.one_of(st.text(max_size=200), json_value.map(json.dumps)))
+def test_any_text_loads_or_is_refused_with_one_line(text):
+    _loads_or_refuses(text)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), value=json_value, delete=st.booleans())
+def test_a_mutated_result_loads_typed_or_is_refused(valid, data, value, delete):
+    record = copy.deepcopy(valid["baseline.json"])
+    path = data.draw(st.sampled_from(list(_paths(record))))
+    mutated = _mutate(record, path, value, delete)
+    loaded = _loads_or_refuses(json.dumps(mutated))
+    if loaded is not None:
+        render([loaded])
+        explain.explain_all([loaded])
+        compare.render([loaded], [loaded])
+
+
+def test_deep_nesting_is_refused_not_a_crash():
+    deep = "[" * 100_000 + "]" * 100_000
+    assert _loads_or_refuses(deep) is None
+    assert _loads_or_refuses(json.dumps({"schema_version": 2, "status": "ok", "name": "x",
+                                         "spec": json.loads("[" * 500 + "]" * 500)})) is None
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), value=json_value, delete=st.booleans())
+def test_whatever_loads_renders_a_report_and_passes_through_the_gate(valid, data, value, delete, tmp_path_factory):
+    """The whole report (charts, HTML, markdown, CSV) and `check` on a folder with one mutated file."""
+    folder = tmp_path_factory.mktemp("mutated")
+    shutil.copytree(valid["_dir"], folder, dirs_exist_ok=True)
+    record = copy.deepcopy(valid["opt-in-bwd.json"])
+    path = data.draw(st.sampled_from(list(_paths(record))))
+    (folder / "opt-in-bwd.json").write_text(json.dumps(_mutate(record, path, value, delete)))
+    try:
+        results = load_dir(folder)
+    except UserError:
+        return
+    try:
+        write_report(results, folder / "report")
+    except UserError:
+        pass
+    try:
+        check(folder, folder, ["peak_allocated:0%"])
+    except UserError:
+        pass
+
+
+def test_a_truncated_timeline_does_not_break_the_report(valid, tmp_path):
+    folder = tmp_path / "sweep"
+    shutil.copytree(valid["_dir"], folder)
+    timeline = folder / read_result(folder / "baseline.json").timeline.file
+    timeline.write_text(timeline.read_text()[: timeline.stat().st_size // 2])
+    written = write_report(load_dir(folder), folder / "report")
+    assert Path(written["report.html"]).exists()
+
+
+@pytest.mark.parametrize("text", [t for t in HOSTILE_TEXT if t])
+def test_hostile_names_and_units_render_in_every_chart(valid, tmp_path, text):
+    folder = tmp_path / "sweep"
+    shutil.copytree(valid["_dir"], folder)
+    record = copy.deepcopy(valid["opt-in-bwd.json"])
+    record["name"], record["timing"]["unit"] = text, text
+    (folder / "opt-in-bwd.json").write_text(json.dumps(record))
+    written = write_report(load_dir(folder), folder / "report")
+    assert {"peak.png", "timelines.png", "pareto.png", "report.html"} <= set(written)
