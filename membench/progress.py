@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from membench.report.table import module_phrase
 from membench.results import RunRecord
 from membench.units import fmt_bytes
 
@@ -34,6 +35,8 @@ class SweepProgress:
         line = f"{job.name}: {result.status}"
         if mem is not None:
             line += f", peak {fmt_bytes(mem.peak_allocated_bytes)} in {mem.peak_phase}"
+            if mem.top_modules:
+                line += f" (most: {module_phrase(mem.top_modules[0])})"
         if timing is not None and timing.throughput:
             line += f", {timing.throughput:.1f} {timing.unit}"
             if timing.noisy:
