@@ -29,10 +29,11 @@ import torch
 
 from membench.check import Rule, parse_rule
 from membench.errors import UserError
-from membench.trackers.modules import ModuleScopes
+from membench.trackers.modules import ModuleScopes, parameter_owners
 from membench.trackers.private import tree_flatten
 from membench.trackers.storage import StorageTracker
 from membench.units import fmt_bytes
+from membench.vocab import GRADS
 
 BASELINE_FILE = "memory_peaks.json"
 FORMAT_VERSION = 1
@@ -89,7 +90,7 @@ class MemoryPeak:
 
     def __call__(self, name_or_fn="peak", *args, model: torch.nn.Module | None = None, **kwargs):
         if callable(name_or_fn):
-            name = getattr(name_or_fn, "__name__", "peak")
+            name = getattr(name_or_fn, "__name__", None) or type(name_or_fn).__name__  # a module: its class
             with self._measure(name, model) as m:
                 m.result = name_or_fn(*args, **kwargs)
             return m
@@ -112,6 +113,13 @@ class _Block:
         self.owner = _Owner()
         self.scopes = ModuleScopes(self.model, self.owner) if self.model is not None else None
         self.tracker = self.owner.tracker = BlockTracker(device_types=("cpu",))
+        self.handles = []
+        if self.model is not None:  # gradients of the model's parameters: category and owner known
+            owners = parameter_owners(self.model)
+            for p in self.model.parameters():
+                if p.requires_grad:
+                    self.handles.append(p.register_post_accumulate_grad_hook(
+                        lambda p, owner=owners.get(p): self.tracker.track(p.grad, GRADS, owner)))
         self.tracker.__enter__()
         self.measurement = Measurement(self.name)
         return self.measurement
@@ -121,6 +129,8 @@ class _Block:
         self.owner.tracker = None
         if self.scopes is not None:
             self.scopes.remove()
+        for handle in self.handles:
+            handle.remove()
         m, t = self.measurement, self.tracker
         m.peak_bytes, m.breakdown = t.peak.bytes, {c: b for c, b in t.peak.breakdown.items() if b}
         m.top_modules = t.top_modules(5) if self.model is not None else []

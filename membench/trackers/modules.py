@@ -20,6 +20,9 @@ import functools
 import torch
 from torch import nn
 
+from membench.trackers.private import queue_backward_callback
+from membench.trackers.storage import NO_MODULE
+
 CLAIM = "membench_module"  # key in an autograd node's metadata: the innermost module that produced it
 
 
@@ -31,6 +34,7 @@ class ModuleScopes:
         self.owner = owner
         self.names = module_names(model)
         self._handles = []
+        self._callback_queued = False
         for module, name in self.names.items():
             self._handles.append(module.register_forward_pre_hook(functools.partial(self._enter, name)))
             self._handles.append(module.register_forward_hook(functools.partial(self._exit, name)))
@@ -53,8 +57,18 @@ class ModuleScopes:
 
     def _backward(self, name: str, grad_outputs) -> None:
         tracker = self.owner.tracker
+        if tracker is None:
+            return
+        tracker.backward_module(name)
+        if not self._callback_queued:  # when this backward ends, what follows (an optimizer step) is no module's
+            queue_backward_callback(self._backward_done)
+            self._callback_queued = True
+
+    def _backward_done(self) -> None:
+        self._callback_queued = False
+        tracker = self.owner.tracker
         if tracker is not None:
-            tracker.backward_module(name)
+            tracker.backward_module(NO_MODULE)
 
     def remove(self) -> None:
         for handle in self._handles:
