@@ -19,6 +19,7 @@ bytes. Rules are `membench check`'s (membench/check.py): `peak:5%`, `peak:0%`, `
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -163,7 +164,7 @@ class _Gate:
             raise pytest.UsageError(f"--membench-compare-fail {text!r}: a test measures its peak; write peak:N% "
                                     "or peak:amount (e.g. peak:5%, peak:0%, peak:64MiB)")
         try:
-            return parse_rule(f"{metric}{sep}{limit}")
+            return dataclasses.replace(parse_rule(f"{metric}{sep}{limit}"), text=text)  # as the user wrote it
         except UserError as exc:
             raise pytest.UsageError(f"--membench-compare-fail: {exc}") from None
 
