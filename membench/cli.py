@@ -112,7 +112,7 @@ def cmd_run(args) -> int:
     from membench.api import default_out_dir, plan
     from membench.launcher import Interrupted, check_result_paths, locked, run_all, sigterm_as_interrupt
     from membench.progress import SweepProgress
-    from membench.report.table import render
+    from membench.report.table import render, top_modules_text
     from membench.units import parse_bytes
 
     jobs = plan(args.workload, args.techniques, args.batch_size, args.device, steps=args.steps,
@@ -133,6 +133,9 @@ def cmd_run(args) -> int:
                 progress.console.print(f"{stop}: {len(stop.results)} finished run(s) kept in {out}", markup=False)
                 return 143 if stop.terminated else 130  # 128 + the signal's number, as a shell reports it
     print(render(results))
+    top = next((t for r in results if r.name == "baseline" for t in [top_modules_text(r)] if t), None)
+    if top:
+        print("\n" + top)
     print(f"\nresults: {out}")
     return 0 if all(r.finished for r in results) else 1
 

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from membench.report.table import module_phrase
 from membench.results import RunRecord
 from membench.units import fmt_bytes
 
@@ -43,6 +44,8 @@ class SweepProgress:
         line = f"{job.name}: {result.status}"
         if mem is not None:
             line += f", peak {fmt_bytes(mem.peak_allocated_bytes)} in {mem.peak_phase}"
+            if mem.top_modules:
+                line += f" (most: {module_phrase(mem.top_modules[0])})"
         if timing is not None and timing.throughput:
             line += f", {timing.throughput:.1f} {timing.unit}"
             if timing.noisy:

@@ -47,6 +47,25 @@ class Environment:
 
 
 @dataclass
+class ModuleBytes:
+    """Bytes of one category held at the peak by one module (its qualified name, e.g. blocks.3.mlp): what it
+    allocated while running (forward or its backward) or owns (its parameters, their gradients and Adam state)."""
+
+    module: str
+    category: str
+    bytes: int
+
+
+@dataclass
+class SiteBytes:
+    """CUDA: bytes live at the peak of the allocator's trace, by the Python line that allocated them."""
+
+    site: str  # file:line (function)
+    bytes: int
+    blocks: int
+
+
+@dataclass
 class Memory:
     """Peak memory of the measured step(s), the phase and step it happened in, and its make-up by category."""
 
@@ -73,6 +92,8 @@ class Memory:
     fragmentation_at_peak_bytes: int | None = None  # reserved minus allocated at the peak of reserved
     segments_allocated: int | None = None  # cudaMalloc calls
     reserved_oom: bool | None = None  # the simulated allocator ran out of the budget
+    top_modules: list[ModuleBytes] | None = None  # the largest (module, category) at the peak, largest first
+    top_sites: list[SiteBytes] | None = None  # CUDA: the largest allocation sites at the trace's peak
 
 
 @dataclass
@@ -133,6 +154,8 @@ class TimelineInfo:
     trace_entries: int | None = None
     trace_truncated: bool | None = None
     trace_peak_allocated_bytes: int | None = None
+    top_modules: list[ModuleBytes] | None = None  # at the recording pass's peak
+    top_sites: list[SiteBytes] | None = None  # CUDA: from the snapshot's frames at the trace's peak
 
 
 @dataclass

@@ -77,6 +77,8 @@ class Worker:
         session.detach()
         if meter.device == "cuda":  # the allocator's counters cost nothing: time and measure the same steps
             memory, times, losses = session.measure(how.steps, run_steps=timing.time_steps)
+            if self.timeline is not None:  # where the peak comes from: seen in the recording pass only on CUDA
+                memory.top_modules, memory.top_sites = self.timeline.top_modules, self.timeline.top_sites
             self.memory = self._with_build(memory)
             flops = timing.count_flops(lambda: session.bare_step(-1))
         else:

@@ -41,7 +41,11 @@ def external_refs(page: str) -> list:
     bad = [(t, n, v) for t, n, v in refs.urls
            if not (v.startswith(("#", "data:")) or (t == "a" and n == "href" and ":" not in v.split("/")[0]))]
     css = re.findall(r"@import|url\((?!#)[^)]*\)", "".join(re.findall(r"<style[^>]*>(.*?)</style>", page, re.S)))
-    return bad + css + [t for t in refs.tags if t in ("script", "link", "iframe", "object", "embed", "base")]
+    # An inline script is part of the page (the timeline's); one with src is caught above as a URL.
+    scripts = re.findall(r"<script\b[^>]*>(.*?)</script>", page, re.S | re.I)
+    fetching = [m for js in scripts for m in re.findall(r"\bfetch\(|XMLHttpRequest|\bimport\(|WebSocket|"
+                                                         r"EventSource|sendBeacon|\.src\s*=|\bhref\s*=", js)]
+    return bad + css + fetching + [t for t in refs.tags if t in ("link", "iframe", "object", "embed", "base")]
 
 
 @pytest.fixture()
@@ -70,7 +74,9 @@ def test_html_is_self_contained_and_complete(sweep, tmp_path):
     write_report(load_dir(sweep), tmp_path / "r")
     page = (tmp_path / "r" / "report.html").read_text()
     assert external_refs(page) == []
-    assert page.count("<svg") == 3 and 'id="chart-timelines"' in page
+    # The peak and pareto charts, and the interactive timeline: two SVGs (phase band, plot) per run.
+    assert page.count("<svg") == 2 + 2 * 2 and 'id="timeline"' in page and 'id="chart-timelines"' not in page
+    assert page.count('class="tl-row"') == 2 and "<script>" in page
     # Each technique's breakdown, phase, verdict, and the environment.
     assert "optimizer step phase to the backward phase" in page
     assert "bitwise" in page and "Peak phase: <b>optimizer</b>" in page and "torch" in page
@@ -92,7 +98,9 @@ def test_the_external_ref_check_can_fail():
     assert external_refs('<img src="https://cdn.example/x.png">')
     assert external_refs('<link rel="stylesheet" href="x.css">')
     assert external_refs("<style>@import url(https://fonts.example/a.css);</style>")
-    assert external_refs("<script>1</script>")
+    assert external_refs('<script src="https://cdn.example/x.js"></script>')
+    assert external_refs("<script>fetch('https://x.example/')</script>")
+    assert not external_refs("<script>document.title = 'x'</script>")
     assert not external_refs('<a href="../baseline.timeline.json">t</a><svg><use xlink:href="#c0-x"/></svg>')
 
 
@@ -106,8 +114,8 @@ def test_hostile_text_from_results_is_escaped(sweep, tmp_path):
     page = (tmp_path / "r" / "report.html").read_text()
     refs = Refs()
     refs.feed(page)
-    assert "script" not in refs.tags and "img" not in refs.tags
-    assert "<script" not in page and page.count("&lt;script&gt;") >= 3  # name, error, detail, device name
+    assert "img" not in refs.tags and refs.tags.count("script") == 2  # the timeline's data and code only
+    assert HOSTILE not in page and page.count("&lt;script&gt;") >= 3  # name, error, detail, device name
     assert external_refs(page) == []
 
 
@@ -170,4 +178,22 @@ def test_run_then_report_end_to_end(tmp_path, capsys):
     assert (out / "runs" / "baseline.spec.json").exists() and (out / "baseline.timeline.json").exists()
     assert main(["report", str(out)]) == 0
     page = (out / "report" / "report.html").read_text()
-    assert page.count("<svg") == 3 and external_refs(page) == []
+    assert page.count("<svg") == 2 + 2 * 2 and external_refs(page) == []  # peak, pareto; the timeline's rows
+
+
+def test_hostile_names_in_the_timeline_data_stay_data(sweep, tmp_path):
+    """A run or module name from a result file reaches the timeline's embedded JSON: it must not end the script."""
+    import json
+
+    from membench.report import timeline_html
+    from membench.trackers import timeline as tl
+
+    planted = read_result(sweep / "opt-in-bwd.json")
+    planted.name = HOSTILE
+    data = tl.load(sweep / planted.timeline.file)
+    data["modules"] = [HOSTILE + "</script>" for _ in data["modules"]]
+    (sweep / planted.timeline.file).write_text(json.dumps(data))
+    section = timeline_html.render([planted])
+    embedded = section.split('<script type="application/json" id="tl-data">', 1)[1].split("</script>", 1)[0]
+    assert "<" not in embedded and json.loads(embedded)["runs"][0]["name"] == HOSTILE
+    assert HOSTILE not in section and "&lt;script&gt;" in section

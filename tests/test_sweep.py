@@ -32,6 +32,8 @@ def test_sweep_writes_one_result_per_run_with_spec_and_environment(tmp_path, cap
         assert r.timing.median_s > 0 and r.timing.flops_per_step > 0
         assert len(r.timing.step_times_s) == 2
         assert name in table
+    # Where the baseline's peak comes from: its top 5 modules, below the table.
+    assert "where baseline's peak" in table and "top 5 modules" in table
     verdicts = {n: read_result(tmp_path / f"{n}.json").equivalence.verdict
                 for n in ("baseline", "accum", "ckpt", "opt-in-bwd")}
     assert verdicts == {"baseline": "reference", "accum": "equivalent", "ckpt": "bitwise", "opt-in-bwd": "bitwise"}

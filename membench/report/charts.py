@@ -22,9 +22,11 @@ from membench.report.explain import breakdown, find_baseline  # noqa: E402
 from membench.results import RunRecord  # noqa: E402
 from membench.vocab import CATEGORIES  # noqa: E402
 
-COLORS = {"parameters": "#4C72B0", "gradients": "#DD8452", "optimizer_state": "#55A868",
-          "activations": "#C44E52", "temporaries": "#8172B3", "inputs": "#937860", "other": "#9a9a9a"}
-PHASE_COLORS = {"inputs": "#e8e8e8", "forward": "#dbe9f6", "backward": "#fbe3d0", "optimizer": "#dcefdc"}
+# Categories: the Okabe-Ito palette (told apart with the common colour-vision deficiencies). Phases: greys only, so
+# a phase never looks like a category (green optimizer state on a green optimizer phase did).
+COLORS = {"parameters": "#0072B2", "gradients": "#E69F00", "optimizer_state": "#009E73",
+          "activations": "#D55E00", "temporaries": "#CC79A7", "inputs": "#56B4E9", "other": "#999999"}
+PHASE_COLORS = {"inputs": "#f7f7f7", "forward": "#e6e6e6", "backward": "#c4c4c4", "optimizer": "#8f8f8f"}
 UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
 
 
@@ -117,7 +119,9 @@ def _is_timeline(t) -> bool:
                 and all(isinstance(t["bytes"].get(c), list) and len(t["bytes"][c]) == n
                         and all(_number(v) for v in t["bytes"][c]) for c in CATEGORIES)
                 and all(isinstance(s, dict) and isinstance(s.get("phase"), str) and _number(s.get("start"))
-                        and _number(s.get("end")) for s in t["spans"]))
+                        and _number(s.get("end")) for s in t["spans"])
+                and all(isinstance(p, str) for p in t["phases"]) and len(t["phase"]) == n
+                and all(isinstance(i, int) and 0 <= i < len(t["phases"]) for i in t["phase"]))
     except (KeyError, TypeError, AttributeError):
         return False
 

@@ -1,6 +1,7 @@
-"""report.html: one self-contained file. Charts are inline SVG, the CSS is inline, there is no script, no font
-and nothing fetched from the network, so it opens offline and can be mailed or attached to a CI run as is.
-Every piece of text that comes from a result file goes through html.escape, and a file a result names is linked
+"""report.html: one self-contained file. Charts are inline SVG, the CSS and the timeline's script are inline,
+there is no font and nothing fetched from the network, so it opens offline and can be mailed or attached to a CI
+run as is. Every piece of text that comes from a result file goes through html.escape (and, in the timeline's
+embedded data, JSON escaping with no '<'; the script sets only textContent), and a file a result names is linked
 only where it is a regular file inside that result's folder (fsio.side_file), by a relative, percent-encoded
 path: a crafted name ('javascript:...', '../../', an absolute path) links to nothing.
 """
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from membench.fsio import side_file
 from membench.report import explain as ex
+from membench.report import timeline_html
 from membench.report.table import BREAKDOWN_HEADERS, breakdown_rows
 from membench.report.table import rows as table_rows
 from membench.results import Environment, RunRecord
@@ -33,7 +35,7 @@ td:first-child,th:first-child{text-align:left}
 .verdict-bitwise,.verdict-equivalent{color:#1a7f37}.verdict-not-equivalent{color:#b42318;font-weight:bold}
 .status-oom,.status-diverged,.status-error,.status-timeout{color:#b42318;font-weight:bold}
 .muted{color:#666;font-size:.9em}code{background:#f5f5f5;padding:0 .2em}
-"""
+""" + timeline_html.CSS
 
 _E = html.escape
 
@@ -112,6 +114,14 @@ def _run_section(result: RunRecord, baseline: RunRecord | None, report_dir: Path
         parts.append(_table(headers, body))
     if memory is not None:
         parts.append(f"<p>Peak phase: <b>{_E(memory.peak_phase)}</b> (step {memory.peak_step}).</p>")
+    if memory is not None and memory.top_modules:
+        parts.append("<p>Where the peak comes from, by module (what each held at the peak):</p>")
+        parts.append(_table(["module", "category", "size", "bytes"],
+                            [[m.module, m.category.replace("_", " "), fmt_bytes(m.bytes), m.bytes]
+                             for m in memory.top_modules], "modules"))
+    if memory is not None and memory.top_sites:
+        parts.append(_table(["allocation site (CUDA trace, at its peak)", "size", "blocks"],
+                            [[s.site, fmt_bytes(s.bytes), s.blocks] for s in memory.top_sites], "sites"))
     eq = result.equivalence
     if eq is not None:
         v = eq.verdict
@@ -129,10 +139,13 @@ def render(results: list[RunRecord], charts: dict[str, dict], report_dir: Path, 
     captions = {"peak": "Peak memory by technique (stacked by category at the peak; dashed line: the baseline)",
                 "timelines": "Memory timelines on one scale: baseline vs each technique",
                 "pareto": "Memory vs throughput, with the Pareto front"}
+    timeline = timeline_html.render(results)
+    # The interactive timeline replaces the static one in the page (report.md keeps timelines.png).
+    shown = {n: c for n, c in charts.items() if not (timeline and n == "timelines")}
     chart_html = "".join(
         f'<figure class="chart" id="chart-{name}">{inline_svg(c["svg_text"], f"c{i}")}'
         f"<figcaption>{_E(captions.get(name, name))}</figcaption></figure>"
-        for i, (name, c) in enumerate(charts.items()))
+        for i, (name, c) in enumerate(shown.items()))
     sections = "\n".join(_run_section(r, baseline, report_dir) for r in results)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{_E(title)}</title>
@@ -144,6 +157,8 @@ Categories and phases come from membench's storage tracker; on CUDA they come fr
 rounded to the allocator's 512-byte blocks.</p>
 <h2>Summary</h2>
 {_table(headers, body, "summary")}
+<h2>Memory timeline</h2>
+{timeline or '<p>No timeline: no run recorded one (<code>--no-timeline</code>, or none finished).</p>'}
 <h2>The peak by category</h2>
 {_table(BREAKDOWN_HEADERS, breakdown_rows(results))}
 <h2>Charts</h2>

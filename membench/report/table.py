@@ -63,3 +63,20 @@ def breakdown_rows(results: list[RunRecord]) -> list[list[str]]:
         body.append([r.name, fmt_bytes(r.peak), (r.memory.peak_phase if r.memory else None) or "-"]
                     + [fmt_bytes(parts[c]) if c in parts else "-" for c in CATEGORIES])
     return body
+
+
+def module_phrase(m) -> str:
+    """'blocks.3.mlp: 412.00 MiB activations' (one ModuleBytes)."""
+    return f"{m.module}: {fmt_bytes(m.bytes)} {m.category.replace('_', ' ')}"
+
+
+def top_modules_text(result: RunRecord, n: int = 5) -> str | None:
+    """Where a run's peak comes from, for the terminal: its n largest (module, category) at the peak."""
+    top = result.memory.top_modules if result.memory else None
+    if not top:
+        return None
+    width = max(len(m.module) for m in top[:n])
+    lines = [f"  {m.module:<{width}}  {fmt_bytes(m.bytes):>11}  {m.category.replace('_', ' ')}" for m in top[:n]]
+    share = sum(m.bytes for m in top[:n]) / result.peak * 100 if result.peak else 0
+    return "\n".join([f"where {result.name}'s peak ({fmt_bytes(result.peak)}, {result.memory.peak_phase}) comes "
+                      f"from, top {min(n, len(top))} modules ({share:.0f}% of it):", *lines])

@@ -54,6 +54,11 @@ def markdown(results: list[RunRecord], chart_files: dict[str, dict], title: str)
             rows = [[c.replace("_", " "), fmt_bytes(parts.get(c, 0)), parts.get(c, 0)] for c in CATEGORIES]
             lines += [tabulate(rows, headers=["category at the peak", "size", "bytes"], tablefmt="github",
                                disable_numparse=True), ""]
+        top = r.memory.top_modules if r.memory else None
+        if top:
+            rows = [[m.module, m.category.replace("_", " "), fmt_bytes(m.bytes), m.bytes] for m in top[:5]]
+            lines += [tabulate(rows, headers=["module at the peak", "category", "size", "bytes"], tablefmt="github",
+                               disable_numparse=True), ""]
     return "\n".join(lines)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from membench.fsio import atomic_write_bytes
+from membench.results import SiteBytes
 from membench.trackers import private
 
 MAX_ENTRIES = 100_000  # alloc/free events kept (a ring buffer); ~ tens of MB of pickle with stack traces
@@ -49,6 +50,50 @@ def trace_summary(snapshot: dict, device: int, start_bytes: int, max_entries: in
     return summary
 
 
+def allocation_site(frames: list[dict]) -> str:
+    """The Python line that asked for a block: the innermost frame outside torch itself (the user's code or the
+    workload's), else the innermost Python frame. Frames are innermost first, as memory_viz shows them."""
+    python = [f for f in frames or () if str(f.get("filename", "")).endswith(".py")]
+    outside = [f for f in python if "/torch/" not in str(f["filename"]).replace("\\", "/")]
+    frame = (outside or python or [None])[0]
+    if frame is None:
+        return "(no Python frame)"
+    return f"{frame['filename']}:{frame.get('line', '?')} ({frame.get('name', '?')})"
+
+
+def top_sites(snapshot: dict, device: int = 0, n: int = 10) -> list[SiteBytes]:
+    """The blocks live at the peak of the recorded trace, summed by allocation site, largest first.
+
+    Only what the trace saw allocated counts (blocks allocated before recording began have no frames here). The
+    live set is copied at the first free after a new peak, not at every allocation that raises it."""
+    traces = snapshot.get("device_traces") or []
+    trace = traces[device] if device < len(traces) else []
+    live: dict[int, tuple[int, str]] = {}
+    current = peak = 0
+    at_peak: dict[int, tuple[int, str]] = {}
+    pending = False
+    for entry in trace:
+        action = entry.get("action")
+        if action == "alloc":
+            live[entry["addr"]] = (entry["size"], allocation_site(entry.get("frames", [])))
+            current += entry["size"]
+            if current > peak:
+                peak, pending = current, True
+        elif action == "free_completed" and entry["addr"] in live:
+            if pending:
+                at_peak, pending = dict(live), False
+            current -= live.pop(entry["addr"])[0]
+    if pending:
+        at_peak = dict(live)
+    by_site: dict[str, list[int]] = {}
+    for size, site in at_peak.values():
+        total = by_site.setdefault(site, [0, 0])
+        total[0] += size
+        total[1] += 1
+    ranked = sorted(by_site.items(), key=lambda kv: (-kv[1][0], kv[0]))[:n]
+    return [SiteBytes(site=site, bytes=b, blocks=k) for site, (b, k) in ranked]
+
+
 @contextlib.contextmanager
 def recorded_history(path: Path, max_entries: int = MAX_ENTRIES):
     """Record the allocator's history inside the block, then save the snapshot at `path`.
@@ -65,7 +110,8 @@ def recorded_history(path: Path, max_entries: int = MAX_ENTRIES):
         snapshot = private.memory_snapshot()
         size = atomic_write_bytes(path, pickle.dumps(snapshot, protocol=4))
         info.update({"snapshot": path.name, "snapshot_bytes": size, "snapshot_max_entries": max_entries,
-                     **trace_summary(snapshot, torch.cuda.current_device(), start, max_entries)})
+                     **trace_summary(snapshot, torch.cuda.current_device(), start, max_entries),
+                     "top_sites": top_sites(snapshot, torch.cuda.current_device())})
     finally:
         private.record_memory_history(enabled=None)
 

@@ -12,13 +12,15 @@ import torch
 from torch import nn
 
 from membench import vocab as cat
-from membench.results import Memory
+from membench.results import Memory, ModuleBytes
+from membench.trackers.modules import ModuleScopes, parameter_owners
 from membench.trackers.storage import StorageTracker
 from membench.trackers.timeline import Recording
 
 
 class _Categorised:
-    """Tells a StorageTracker (when there is one) which tensors are parameters, gradients, optimizer state.
+    """Tells a StorageTracker (when there is one) which tensors are parameters, gradients, optimizer state, and
+    which module owns them or is running (trackers/modules.py).
 
     The hooks go on at build time, before any technique's own hooks (opt-in-bwd frees a gradient in its hook),
     do nothing while `tracker` is None (CUDA outside its recording pass), and all come off at `detach`, so the
@@ -28,8 +30,13 @@ class _Categorised:
     tracker: StorageTracker | None = None
 
     def attach_model(self, model: nn.Module) -> None:
+        """Called at build, and again by a technique that replaces the parameters (FSDP): hooks go on once."""
         self.model = model
         self._handles = getattr(self, "_handles", [])
+        if getattr(self, "_scopes", None) is not None:
+            self._scopes.remove()
+        self._scopes = ModuleScopes(model, self)
+        self._owners = parameter_owners(model)
         self._register_model()
         for p in model.parameters():
             if p.requires_grad:
@@ -37,13 +44,15 @@ class _Categorised:
 
     def _register_model(self) -> None:
         if self.tracker is not None:
-            self.tracker.track_all(self.model.parameters(), cat.PARAMS)
-            self.tracker.track_all(self.model.buffers(), cat.PARAMS)
-            self.tracker.track_all((p.grad for p in self.model.parameters()), cat.GRADS)
+            for tensor, owner in self._owners.items():
+                self.tracker.track(tensor, cat.PARAMS, owner)
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    self.tracker.track(p.grad, cat.GRADS, self._owners.get(p))
 
     def _track_grad(self, param) -> None:
         if self.tracker is not None and param.grad is not None:
-            self.tracker.track(param.grad, cat.GRADS)
+            self.tracker.track(param.grad, cat.GRADS, self._owners.get(param))
 
     def attach_optimizers(self, optimizers) -> None:
         self.optimizers = list(optimizers)
@@ -52,15 +61,26 @@ class _Categorised:
 
     def _track_state(self, optimizer, args=(), kwargs=None) -> None:
         if self.tracker is not None:
-            for state in optimizer.state.values():
-                self.tracker.track_all(state.values(), cat.OPTIMIZER)
+            owners = getattr(self, "_owners", {})
+            for param, state in optimizer.state.items():
+                self.tracker.track_all(state.values(), cat.OPTIMIZER, owners.get(param))
 
     def detach(self) -> None:
         """Remove every hook membench put on the model and optimizers."""
         for handle in getattr(self, "_handles", []):
             handle.remove()
         self._handles = []
+        if getattr(self, "_scopes", None) is not None:
+            self._scopes.remove()
+            self._scopes = None
         self.detached = True
+
+
+TOP_MODULES = 10  # kept in the result; the terminal shows 5
+
+
+def top_modules(tracker: StorageTracker, n: int = TOP_MODULES) -> list[ModuleBytes]:
+    return [ModuleBytes(module=m, category=c, bytes=b) for m, c, b in tracker.top_modules(n)]
 
 
 class CpuMeter(_Categorised):
@@ -80,7 +100,7 @@ class CpuMeter(_Categorised):
     def recording(self, stem: Path):
         """The tracker again, now keeping every event: the recording pass (see worker._record_timeline)."""
         t = self.tracker
-        t.events.clear()
+        t.clear_events()
         t.record_timeline = True
         try:
             with t:
@@ -109,7 +129,8 @@ class CpuMeter(_Categorised):
         method = "storage-tracker" + (f", {rounding}-byte blocks" if rounding > 1 else "")
         return Memory(device="cpu", method=method, peak_allocated_bytes=peak.bytes, peak_active_bytes=peak.bytes,
                       peak_phase=peak.phase, peak_step=peak.step, breakdown_at_peak=dict(peak.breakdown),
-                      current_bytes=self.tracker.current, current_breakdown=dict(self.tracker.by_category))
+                      current_bytes=self.tracker.current, current_breakdown=dict(self.tracker.by_category),
+                      top_modules=top_modules(self.tracker))
 
 
 class CudaMeter(_Categorised):

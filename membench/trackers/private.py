@@ -87,3 +87,10 @@ def memory_snapshot() -> dict:
 
 def attach_out_of_memory_observer(observer) -> None:
     torch._C._cuda_attach_out_of_memory_observer(observer)
+
+
+# --- the end of a backward pass (trackers/modules.py) --------------------------------------------------------------
+# The autograd engine runs a queued callback once the current backward finishes: where the module whose backward
+# ran last stops owning what is allocated. torch.utils.module_tracker does the same. checked: 2.14.1
+def queue_backward_callback(fn) -> None:
+    torch.autograd.Variable._execution_engine.queue_callback(fn)

@@ -3,6 +3,11 @@
 A TorchDispatchMode sees every tensor an op returns; a weakref finalizer on its untyped storage sees it freed.
 Sizes are summed per category, so the peak and its breakdown are exact to the byte and repeatable, with no
 allocator in between (rounding to the CUDA allocator's 512-byte blocks is optional, for predictions).
+
+Each storage also belongs to a module: the one that owns it (parameters, their gradients and optimizer state) or
+the one that was running when it was allocated (trackers/modules.py tells the tracker which, in forward and in
+backward). Live bytes are summed per (module, category) too, and the sums at the peak say where the peak comes
+from.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from membench.trackers.private import (
 )
 from membench.vocab import CATEGORIES, OTHER, PHASE_CATEGORY
 
+NO_MODULE = "(no module)"  # allocated outside any tracked module: the loss, the optimizer step, the inputs
+
 
 @dataclass
 class Peak:
@@ -30,6 +37,7 @@ class Peak:
     phase: str = "setup"
     step: int = -1
     breakdown: dict[str, int] = field(default_factory=dict)
+    modules: dict[tuple[str, str], int] | None = None  # (module, category) -> bytes; filled lazily, see _changed
 
 
 class StorageTracker(TorchDispatchMode):
@@ -53,13 +61,23 @@ class StorageTracker(TorchDispatchMode):
         self.record_timeline = timeline
         self.phase = "setup"
         self.step = -1
-        self.live: dict[int, tuple[int, str]] = {}  # storage key -> (bytes, category)
+        self.live: dict[int, tuple[int, str, str]] = {}  # storage key -> (bytes, category, module)
         self._keys = WeakIdKeyDictionary()  # storage -> key
         self._counter = itertools.count()
         self.by_category = dict.fromkeys(CATEGORIES, 0)
         self.current = 0
         self.peak = Peak()
         self.events: list[tuple[str, int, tuple[int, ...]]] = []
+        self.event_modules: list[str] = []  # beside events: the module running at each one (the timeline's hover)
+        # Which module is running: a stack in forward (module hooks push and pop), and in backward the module
+        # whose backward node last started (a checkpointed block's recomputed forward pushes on top of it).
+        self.module = NO_MODULE
+        self._module_stack: list[str] = []
+        self._backward_module = NO_MODULE
+        self.by_module: dict[tuple[str, str], int] = {}
+        # The per-module sums are copied at the peak only when the peak is over (the next free): copying them at
+        # every allocation that raises the peak would cost a dict copy per allocation while memory grows.
+        self._peak_modules_pending = True
 
     # --- the dispatch hook ---------------------------------------------------------------------------------
     def __enter__(self):
@@ -78,11 +96,11 @@ class StorageTracker(TorchDispatchMode):
         return out
 
     # --- registering and categorising ----------------------------------------------------------------------
-    def track(self, tensor: torch.Tensor, category: str | None = None) -> None:
-        """Count a tensor's storage if not yet counted; with a category, (re)classify it."""
+    def track(self, tensor: torch.Tensor, category: str | None = None, module: str | None = None) -> None:
+        """Count a tensor's storage if not yet counted; with a category (and owning module), (re)classify it."""
         if is_traceable_wrapper_subclass(tensor):  # e.g. FSDP's DTensor: the memory is in its local shards
             inner = (getattr(tensor, name) for name in tensor.__tensor_flatten__()[0])
-            self.track_all(inner, category)
+            self.track_all(inner, category, module)
             return
         if tensor.layout != torch.strided or (self.device_types and tensor.device.type not in self.device_types):
             return
@@ -97,15 +115,15 @@ class StorageTracker(TorchDispatchMode):
             self._keys[storage] = key
             weakref.finalize(storage, self._free, key)
             self._traced("alloc", key, nbytes)
-            self._add(key, size, category or PHASE_CATEGORY.get(self.phase, OTHER))
+            self._add(key, size, category or PHASE_CATEGORY.get(self.phase, OTHER), module or self.module)
         else:
-            old_size, old_category = self.live[key]
+            old_size, old_category, old_module = self.live[key]
             if size != old_size:
                 self._traced("free", key)
                 self._traced("alloc", key, nbytes)
-            if size != old_size or (category and category != old_category):
+            if size != old_size or (category and category != old_category) or (module and module != old_module):
                 self._remove(key)
-                self._add(key, size, category or old_category)
+                self._add(key, size, category or old_category, module or old_module)
 
     def resized(self, tensor: torch.Tensor) -> None:
         """A storage resized in place (FSDP frees and re-allocates unsharded parameters so): a new allocation."""
@@ -115,33 +133,75 @@ class StorageTracker(TorchDispatchMode):
             self._traced("free", key)
             self._traced("alloc", key, nbytes)
             self._remove(key)
-            self._add(key, self._rounded(nbytes), PHASE_CATEGORY.get(self.phase, OTHER))
+            self._add(key, self._rounded(nbytes), PHASE_CATEGORY.get(self.phase, OTHER), self.module)
 
-    def track_all(self, tensors, category: str) -> None:
+    def track_all(self, tensors, category: str, module: str | None = None) -> None:
         for t in tensors:
             if isinstance(t, torch.Tensor):
-                self.track(t, category)
+                self.track(t, category, module)
 
     # --- phases --------------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def in_phase(self, phase: str):
         previous, self.phase = self.phase, phase
+        self._clear_modules()  # a phase starts outside any module (and a forward that raised leaves no stack)
         try:
             yield
         finally:
             self.phase = previous
+            self._clear_modules()
 
     def reset_peak(self) -> None:
         self.peak = Peak(self.current, self.phase, self.step, dict(self.by_category))
+        self._peak_modules_pending = True
+
+    # --- modules (called by trackers/modules.py) ----------------------------------------------------------
+    def enter_module(self, name: str) -> None:
+        self._module_stack.append(name)
+        self.module = name
+
+    def exit_module(self, name: str) -> None:
+        stack = self._module_stack
+        if stack and stack[-1] == name:
+            stack.pop()
+        self.module = stack[-1] if stack else self._backward_module
+
+    def backward_module(self, name: str) -> None:
+        """The backward of `name` starts: what backward allocates from now on is its."""
+        self._backward_module = name
+        if not self._module_stack:
+            self.module = name
+
+    def _clear_modules(self) -> None:
+        self._module_stack.clear()
+        self.module = self._backward_module = NO_MODULE
+
+    def peak_modules(self) -> dict[tuple[str, str], int]:
+        """Live bytes per (module, category) at the peak."""
+        if self._peak_modules_pending:  # the peak is now: nothing was freed since it was reached
+            self.peak.modules = dict(self.by_module)
+            self._peak_modules_pending = False
+        return self.peak.modules or {}
+
+    def top_modules(self, n: int = 10) -> list[tuple[str, str, int]]:
+        """The n largest (module, category, bytes) at the peak, largest first (ties by name: deterministic)."""
+        held = sorted(self.peak_modules().items(), key=lambda kv: (-kv[1], kv[0]))
+        return [(module, category, size) for (module, category), size in held[:n] if size > 0]
+
+    def clear_events(self) -> None:
+        self.events.clear()
+        self.event_modules.clear()
 
     # --- bookkeeping ---------------------------------------------------------------------------------------
     def _rounded(self, nbytes: int) -> int:
         r = self.round_to
         return -(-nbytes // r) * r if r > 1 else nbytes
 
-    def _add(self, key: int, size: int, category: str) -> None:
-        self.live[key] = (size, category)
+    def _add(self, key: int, size: int, category: str, module: str) -> None:
+        self.live[key] = (size, category, module)
         self.by_category[category] += size
+        held = self.by_module
+        held[module, category] = held.get((module, category), 0) + size
         self.current += size
         self._changed()
         if self.budget is not None and self.current > self.budget:
@@ -149,8 +209,16 @@ class StorageTracker(TorchDispatchMode):
                 f"membench: live tensor memory {self.current} bytes passed the budget of {self.budget} bytes")
 
     def _remove(self, key: int) -> None:
-        size, category = self.live.pop(key)
+        if self._peak_modules_pending:  # the first free after the peak: the sums are still those at the peak
+            self.peak_modules()
+        size, category, module = self.live.pop(key)
         self.by_category[category] -= size
+        held = self.by_module
+        left = held.get((module, category), 0) - size  # absent: a 0-byte storage (FSDP's resize_(0))
+        if left:
+            held[module, category] = left
+        else:
+            held.pop((module, category), None)  # keep the dict small: copied at every peak
         self.current -= size
 
     def _free(self, key: int) -> None:
@@ -166,8 +234,10 @@ class StorageTracker(TorchDispatchMode):
     def _changed(self) -> None:
         if self.current > self.peak.bytes:
             self.peak = Peak(self.current, self.phase, self.step, dict(self.by_category))
+            self._peak_modules_pending = True
         if self.record_timeline:
             self.events.append((self.phase, self.step, tuple(self.by_category[c] for c in CATEGORIES)))
+            self.event_modules.append(self.module)
 
 
 def _see_fsdp_storage_resizes(tracker: StorageTracker):

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from membench.fsio import atomic_write_text
+from membench.results import ModuleBytes
 from membench.trackers.storage import StorageTracker
 from membench.vocab import CATEGORIES
 
@@ -65,8 +66,9 @@ def _spans(events, xs: list[float]) -> list[dict]:
 
 
 def compact(events: list[tuple[str, int, tuple[int, ...]]], max_points: int = MAX_POINTS,
-            round_to: int = 1) -> dict:
-    """The timeline file's content from the tracker's events (phase, step, bytes per category)."""
+            round_to: int = 1, modules: list[str] | None = None) -> dict:
+    """The timeline file's content from the tracker's events (phase, step, bytes per category) and, when given,
+    the module running at each event (kept as an index into the file's `modules` list, for the report's hover)."""
     if not events:
         raise ValueError("no memory events were recorded")
     totals = [sum(b) for _, _, b in events]
@@ -76,6 +78,11 @@ def compact(events: list[tuple[str, int, tuple[int, ...]]], max_points: int = MA
     phases = list(dict.fromkeys(p for p, _, _ in events))  # in order of first appearance
     phase_index = {p: i for i, p in enumerate(phases)}
     phase, step, breakdown = events[peak]
+    extra = {}
+    if modules is not None:
+        names = list(dict.fromkeys(modules[i] for i in kept))
+        index = {m: i for i, m in enumerate(names)}
+        extra = {"modules": names, "module": [index[modules[i]] for i in kept]}
     return {
         "version": FORMAT_VERSION,
         "categories": list(CATEGORIES),
@@ -89,6 +96,7 @@ def compact(events: list[tuple[str, int, tuple[int, ...]]], max_points: int = MA
         "spans": _spans(events, xs),
         "peak": {"bytes": totals[peak], "x": xs[peak], "phase": phase, "step": int(xs[peak]),
                  "breakdown": dict(zip(CATEGORIES, breakdown))},
+        **extra,
     }
 
 
@@ -114,11 +122,13 @@ class Recording:
 
     def save(self, stem: Path) -> dict:
         """Write `<stem>.timeline.json`; returns what the result JSON says about it (names relative to it)."""
-        timeline = compact(self.tracker.events, round_to=self.tracker.round_to)
+        t = self.tracker
+        timeline = compact(t.events, round_to=t.round_to, modules=t.event_modules)
         path = stem.parent / f"{stem.name}.timeline.json"
         size = write(path, timeline)
         return {"file": path.name, "file_bytes": size, "events": timeline["events"], "points": len(timeline["x"]),
                 "steps": timeline["steps"], "round_to": timeline["round_to"],
                 "peak_bytes": timeline["peak"]["bytes"], "peak_phase": timeline["peak"]["phase"],
                 "peak_step": timeline["peak"]["step"], "breakdown_at_peak": timeline["peak"]["breakdown"],
+                "top_modules": [ModuleBytes(module=m, category=c, bytes=b) for m, c, b in t.top_modules()],
                 **self.files}

@@ -1,0 +1,262 @@
+"""The memory gate where tests already live: a pytest plugin (entry point `membench` in pyproject's pytest11).
+
+    def test_training_step_memory(memory_peak):
+        model = make_model()
+        with memory_peak("step", model=model) as m:      # or: m = memory_peak(train_step, model, batch)
+            train_step(model, batch)
+        assert m.peak_bytes < 64 * 2**20
+
+The fixture measures, exactly and on CPU, the peak of tensor memory allocated inside the block (membench's
+storage tracker: every storage counted to the byte, the same on every run; tensors that existed before the block,
+such as the model's weights, are not counted unless the block copies them). Like pytest-benchmark:
+
+    pytest --membench-save=.membench                          # record baselines (JSON keyed by test node id)
+    pytest --membench-compare=.membench --membench-compare-fail=peak:5%
+
+A measurement that breaks a rule fails its test with one line naming the test, the baseline and the current
+bytes. Rules are `membench check`'s (membench/check.py): `peak:5%`, `peak:0%`, `peak:64MiB`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from membench.check import Rule, parse_rule
+from membench.errors import UserError
+from membench.trackers.modules import ModuleScopes, parameter_owners
+from membench.trackers.private import tree_flatten
+from membench.trackers.storage import StorageTracker
+from membench.units import fmt_bytes
+from membench.vocab import GRADS
+
+BASELINE_FILE = "memory_peaks.json"
+FORMAT_VERSION = 1
+ALIASES = {"peak": "peak_allocated"}  # what a test measures is the peak of allocated tensor memory
+
+
+class BlockTracker(StorageTracker):
+    """The storage tracker for a block of user code: a view or in-place result of a tensor made before the block
+    (a weight's transpose, `x.add_(1)`) shares that tensor's storage, which is not new memory and is not counted.
+    (Inside a membench run every such tensor is registered up front; a test's tensors are not.)"""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = None
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor):
+                continue
+            if t.layout == torch.strided and t.device.type == "cpu" and t.untyped_storage() not in self._keys:
+                if inputs is None:
+                    inputs = {a.untyped_storage().data_ptr() for a in tree_flatten((args, kwargs))[0]
+                              if isinstance(a, torch.Tensor) and a.layout == torch.strided}
+                if t.untyped_storage().data_ptr() in inputs:
+                    continue  # an alias of memory from before the block
+            self.track(t)
+        return out
+
+
+@dataclass
+class Measurement:
+    """One measured block: its peak (bytes), make-up by category and, with model=, by module."""
+
+    name: str
+    peak_bytes: int = 0
+    breakdown: dict[str, int] = field(default_factory=dict)
+    top_modules: list[tuple[str, str, int]] = field(default_factory=list)
+
+    def as_json(self) -> dict:
+        return {"peak_bytes": self.peak_bytes, "breakdown": self.breakdown,
+                "top_modules": [{"module": m, "category": c, "bytes": b} for m, c, b in self.top_modules]}
+
+
+class _Owner:
+    tracker = None
+
+
+class MemoryPeak:
+    """The `memory_peak` fixture's value. `memory_peak(name, model=None)` is a context manager yielding a
+    Measurement; `memory_peak(fn, *args, **kwargs)` measures one call, returns the Measurement (`.result`: what
+    fn returned)."""
+
+    def __init__(self, request: pytest.FixtureRequest, gate: _Gate):
+        self.request, self.gate = request, gate
+        self.measured: list[Measurement] = []
+
+    def __call__(self, name_or_fn="peak", *args, model: torch.nn.Module | None = None, **kwargs):
+        if callable(name_or_fn):
+            name = getattr(name_or_fn, "__name__", None) or type(name_or_fn).__name__  # a module: its class
+            with self._measure(name, model) as m:
+                m.result = name_or_fn(*args, **kwargs)
+            return m
+        if args or kwargs:
+            raise TypeError("memory_peak(name, model=None) takes no other arguments; to measure a call, pass "
+                            "the function first: memory_peak(fn, *args)")
+        return self._measure(str(name_or_fn), model)
+
+    def _measure(self, name: str, model):
+        return _Block(self, name, model)
+
+
+class _Block:
+    def __init__(self, peak: MemoryPeak, name: str, model):
+        if any(m.name == name for m in peak.measured):
+            raise ValueError(f"memory_peak: this test already measured a block named {name!r}; name each block")
+        self.peak, self.name, self.model = peak, name, model
+
+    def __enter__(self) -> Measurement:
+        self.owner = _Owner()
+        self.scopes = ModuleScopes(self.model, self.owner) if self.model is not None else None
+        self.tracker = self.owner.tracker = BlockTracker(device_types=("cpu",))
+        self.handles = []
+        if self.model is not None:  # gradients of the model's parameters: category and owner known
+            owners = parameter_owners(self.model)
+            for p in self.model.parameters():
+                if p.requires_grad:
+                    self.handles.append(p.register_post_accumulate_grad_hook(
+                        lambda p, owner=owners.get(p): self.tracker.track(p.grad, GRADS, owner)))
+        self.tracker.__enter__()
+        self.measurement = Measurement(self.name)
+        return self.measurement
+
+    def __exit__(self, *exc):
+        self.tracker.__exit__(*exc)
+        self.owner.tracker = None
+        if self.scopes is not None:
+            self.scopes.remove()
+        for handle in self.handles:
+            handle.remove()
+        m, t = self.measurement, self.tracker
+        m.peak_bytes, m.breakdown = t.peak.bytes, {c: b for c, b in t.peak.breakdown.items() if b}
+        m.top_modules = t.top_modules(5) if self.model is not None else []
+        self.peak.measured.append(m)
+        if exc[0] is None:
+            self.peak.gate.check(self.peak.request.node.nodeid, m)
+        return False
+
+
+class _Gate:
+    """The session's baselines: what --membench-save writes and --membench-compare reads."""
+
+    def __init__(self, config: pytest.Config):
+        self.save_dir = config.getoption("membench_save")
+        compare = config.getoption("membench_compare")
+        self.rules = [self._rule(r) for r in config.getoption("membench_compare_fail") or ()]
+        if self.rules and not compare:
+            raise pytest.UsageError("--membench-compare-fail needs --membench-compare=DIR (the saved baselines)")
+        self.baseline_path = Path(compare) / BASELINE_FILE if compare else None
+        self.baselines = self._load(self.baseline_path) if self.baseline_path else {}
+        self.results: dict[str, dict[str, Measurement]] = {}
+        self.rows: list[tuple] = []
+        self.saved: Path | None = None
+
+    @staticmethod
+    def _rule(text: str) -> Rule:
+        metric, sep, limit = text.partition(":")
+        metric = ALIASES.get(metric.strip(), metric.strip())
+        if metric != "peak_allocated":
+            raise pytest.UsageError(f"--membench-compare-fail {text!r}: a test measures its peak; write peak:N% "
+                                    "or peak:amount (e.g. peak:5%, peak:0%, peak:64MiB)")
+        try:
+            return dataclasses.replace(parse_rule(f"{metric}{sep}{limit}"), text=text)  # as the user wrote it
+        except UserError as exc:
+            raise pytest.UsageError(f"--membench-compare-fail: {exc}") from None
+
+    @staticmethod
+    def _load(path: Path) -> dict:
+        if not path.is_file():
+            raise pytest.UsageError(f"--membench-compare: no baselines at {path} (record them with "
+                                    f"--membench-save={path.parent})")
+        try:
+            data = json.loads(path.read_text())
+            return {test: dict(blocks) for test, blocks in data["tests"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise pytest.UsageError(f"--membench-compare: {path} is not a membench baseline file") from None
+
+    def check(self, nodeid: str, m: Measurement) -> None:
+        self.results.setdefault(nodeid, {})[m.name] = m
+        base = self.baselines.get(nodeid, {}).get(m.name)
+        base_bytes = base.get("peak_bytes") if isinstance(base, dict) else None
+        self.rows.append((nodeid, m.name, base_bytes, m.peak_bytes))
+        if base_bytes is None or not isinstance(base_bytes, int):
+            return
+        for rule in self.rules:
+            if rule.broken(base_bytes, m.peak_bytes):
+                change = f"{(m.peak_bytes - base_bytes) / base_bytes * 100:+.2f}%" if base_bytes else "new"
+                pytest.fail(f"membench: {nodeid} [{m.name}] peak {m.peak_bytes} B ({fmt_bytes(m.peak_bytes)}) vs "
+                            f"baseline {base_bytes} B ({fmt_bytes(base_bytes)}) in {self.baseline_path}: "
+                            f"{change}, breaks rule {rule.text}", pytrace=False)
+
+    def save(self) -> Path | None:
+        """Merge this session's measurements into DIR/memory_peaks.json (tests not run this time are kept)."""
+        if not self.save_dir or not self.results:
+            return None
+        path = Path(self.save_dir) / BASELINE_FILE
+        tests = {}
+        if path.is_file():
+            try:
+                tests = json.loads(path.read_text()).get("tests", {})
+            except ValueError:
+                tests = {}
+        for nodeid, blocks in self.results.items():
+            tests[nodeid] = {name: m.as_json() for name, m in blocks.items()}
+        data = {"version": FORMAT_VERSION, "torch": torch.__version__, "tests": dict(sorted(tests.items()))}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        os.replace(tmp, path)
+        return path
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("membench", "membench memory gate (the memory_peak fixture)")
+    group.addoption("--membench-save", metavar="DIR", default=None,
+                    help=f"save each memory_peak measurement as the baseline, in DIR/{BASELINE_FILE}")
+    group.addoption("--membench-compare", metavar="DIR", default=None,
+                    help="compare each memory_peak measurement with the baseline saved in DIR")
+    group.addoption("--membench-compare-fail", metavar="RULE", action="append", default=None,
+                    help="fail a test whose peak grows past RULE: peak:5%%, peak:0%%, peak:64MiB (repeatable)")
+
+
+_GATE = pytest.StashKey[_Gate]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_GATE] = _Gate(config)
+
+
+@pytest.fixture
+def memory_peak(request: pytest.FixtureRequest) -> MemoryPeak:
+    """Measure the exact peak of tensor memory (CPU) of a block: `with memory_peak("name") as m:` or
+    `memory_peak(fn, *args)`; see membench.pytest_plugin."""
+    return MemoryPeak(request, request.config.stash[_GATE])
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    gate = session.config.stash.get(_GATE, None)
+    if gate is not None:
+        gate.saved = gate.save()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    gate = config.stash.get(_GATE, None)
+    if gate is None or not gate.rows:
+        return
+    tr = terminalreporter
+    tr.section("membench memory peaks")
+    compare = gate.baseline_path is not None
+    for nodeid, name, base, current in gate.rows:
+        line = f"{nodeid} [{name}]: {fmt_bytes(current)} ({current} B)"
+        if compare:
+            line += ("  no baseline" if base is None else
+                     f"  baseline {fmt_bytes(base)} ({base} B), "
+                     + (f"{(current - base) / base * 100:+.2f}%" if base else "new"))
+        tr.write_line(line)
+    if gate.saved:
+        tr.write_line(f"saved {len(gate.results)} test(s)' memory peaks to {gate.saved}")
