@@ -191,7 +191,8 @@ def cmd_check(args) -> int:
     from membench.check import check
 
     code, report = check(args.baseline, args.current, args.rule, allow_machine_mismatch=args.allow_machine_mismatch,
-                         allow_predicted_vs_measured=args.allow_predicted_vs_measured)
+                         allow_predicted_vs_measured=args.allow_predicted_vs_measured,
+                         allow_missing=args.allow_missing)
     print(report)
     return code
 
@@ -282,6 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compare runs from different machines (device, torch or CUDA version) anyway")
     p.add_argument("--allow-predicted-vs-measured", action="store_true",
                    help="compare predictions with measurements anyway")
+    p.add_argument("--allow-missing", action="store_true",
+                   help="pass when baseline runs are missing from CURRENT, or a current run measured no memory "
+                        "(default: that is a failure, exit 1)")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("fit", help="the largest batch per technique under a memory budget, from predictions")
