@@ -96,11 +96,27 @@ class Timing:
 
 
 @dataclass
+class StateDiff:
+    """How one part of the trained state (parameters, buffers, optimizer state) differs from the baseline's."""
+
+    part: str
+    tensors: int  # how many tensors were compared
+    max_abs_diff: float
+    scale: float  # what the difference is measured against: the largest update (or value, for optimizer state)
+    relative_diff: float
+    worst: str | None = None  # the tensor with the largest difference
+    within_tolerance: bool = True
+
+
+@dataclass
 class Equivalence:
     """Whether the run trains the same model as the baseline, and how that was decided."""
 
     verdict: str  # reference, bitwise, equivalent, not-equivalent, precision
     detail: str = ""
+    parts: list[StateDiff] | None = None  # what was compared, part by part
+    random_ops: list[str] | None = None  # random ops seen in the training step (dropout, ...)
+    apart_from: str | None = None  # "dropout masks": equivalent once those were made deterministic for the check
     mode: str | None = None
     compared: str | None = None
     max_abs_param_diff: float | None = None

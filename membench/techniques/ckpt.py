@@ -15,6 +15,7 @@ class ActivationCheckpointing(Technique):
     name = "ckpt"
     summary = "recompute each block's activations in backward: less activation memory, ~1/3 more compute"
     order = 30
+    recomputes_forward = True
 
     def validate(self, spec, workload) -> None:
         if workload.blocks is None:
