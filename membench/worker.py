@@ -72,10 +72,11 @@ class Worker:
             self.timeline = session.record_timeline(_stem(self.out))
         session.detach()
         if meter.device == "cuda":  # the allocator's counters cost nothing: time and measure the same steps
-            memory, times, losses = session.measure(how.steps, run_steps=timing.time_steps)
+            memory, times, losses = session.measure(
+                how.steps, run_steps=lambda step, idx: timing.time_steps(step, idx, how.min_time_s))
             self.memory = self._with_build(memory)
         else:
-            times, losses = timing.time_steps(session.bare_step, session.timed_indices(how.steps))
+            times, losses = timing.time_steps(session.bare_step, session.timed_indices(how.steps), how.min_time_s)
         flops = timing.count_flops(lambda: session.bare_step(-1))
         self.timing = self._timing(times, losses, flops, workload, stack, world)
         session.state = None  # free the model and optimizer before the equivalence check builds two more

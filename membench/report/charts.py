@@ -16,7 +16,10 @@ matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+from membench import units  # noqa: E402
+from membench.report import noise  # noqa: E402
 from membench.report.explain import breakdown, find_baseline  # noqa: E402
+from membench.report.recommend import changes_precision  # noqa: E402
 from membench.results import RunRecord  # noqa: E402
 from membench.trackers import timeline as tl  # noqa: E402
 from membench.vocab import CATEGORIES  # noqa: E402
@@ -24,12 +27,9 @@ from membench.vocab import CATEGORIES  # noqa: E402
 COLORS = {"parameters": "#4C72B0", "gradients": "#DD8452", "optimizer_state": "#55A868",
           "activations": "#C44E52", "temporaries": "#8172B3", "inputs": "#937860", "other": "#9a9a9a"}
 PHASE_COLORS = {"inputs": "#e8e8e8", "forward": "#dbe9f6", "backward": "#fbe3d0", "optimizer": "#dcefdc"}
-UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
-
-
 def unit_for(nbytes: float) -> tuple[str, int]:
-    """The largest binary unit in which the biggest value is at least 1 (labels say which)."""
-    return next(((u, s) for u, s in UNITS if nbytes >= s), UNITS[-1])
+    """The largest binary unit in which the biggest value is at least 1 (labels say which): as the tables pick."""
+    return units.unit_for([nbytes])
 
 
 def save(fig: Figure, out_dir: Path, name: str) -> dict:
@@ -142,6 +142,8 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
 
 
 def pareto_chart(results: list[RunRecord]) -> Figure | None:
+    """Peak (exact) against throughput, with each run's throughput interval as an error bar: two runs whose bars
+    overlap are within noise of each other. Runs that change precision are marked: not the same model."""
     runs = [r for r in _ok(results) if r.timing and r.timing.throughput]
     if not runs:
         return None
@@ -152,13 +154,24 @@ def pareto_chart(results: list[RunRecord]) -> Figure | None:
     front = pareto_front(points)
     ax.plot([points[i][0] / scale for i in front], [points[i][1] for i in front], "-", color="#55A868", lw=1.5,
             label="Pareto front", zorder=1)
+    marked_precision = False
     for i, (r, (m, t)) in enumerate(zip(runs, points)):
         on_front = i in front
-        ax.scatter([m / scale], [t], s=50 if on_front else 30, color="#55A868" if on_front else "#888888",
-                   marker="*" if r.name == "baseline" else "o", zorder=2)
-        ax.annotate(r.name, (m / scale, t), xytext=(5, 4), textcoords="offset points", fontsize=8)
+        color = "#55A868" if on_front else "#888888"
+        interval = noise.throughput_interval(r.timing)
+        if interval is not None:
+            ax.errorbar([m / scale], [t], yerr=[[t - interval[0]], [interval[1] - t]], fmt="none", ecolor=color,
+                        elinewidth=1, capsize=3, zorder=1.5)
+        precision = changes_precision(r)
+        marker = "*" if r.name == "baseline" else "D" if precision else "o"
+        ax.scatter([m / scale], [t], s=50 if on_front else 30, color=color, marker=marker, zorder=2,
+                   edgecolors="#b42318" if precision else "none",
+                   label="changes precision (not the same model)" if precision and not marked_precision else None)
+        marked_precision = marked_precision or precision
+        ax.annotate(r.name + (" (precision)" if precision else ""), (m / scale, t), xytext=(5, 4),
+                    textcoords="offset points", fontsize=8)
     ax.set_xlabel(f"peak allocated ({unit})")
-    ax.set_ylabel(f"throughput ({runs[0].timing.unit or 'samples/s'})")
+    ax.set_ylabel(f"throughput ({runs[0].timing.unit or 'samples/s'}; bars: 95% CI)")
     ax.set_title("Memory vs throughput (lower-right is worse, upper-left better)")
     ax.legend(fontsize=8)
     ax.margins(0.15)
