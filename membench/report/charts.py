@@ -25,7 +25,8 @@ from membench.trackers import timeline as tl  # noqa: E402
 from membench.vocab import CATEGORIES  # noqa: E402
 
 COLORS = {"parameters": "#4C72B0", "gradients": "#DD8452", "optimizer_state": "#55A868",
-          "activations": "#C44E52", "temporaries": "#8172B3", "inputs": "#937860", "other": "#9a9a9a"}
+          "activations": "#C44E52",
+          "recomputed_activations": "#E8A0A2", "temporaries": "#8172B3", "inputs": "#937860", "other": "#9a9a9a"}
 PHASE_COLORS = {"inputs": "#e8e8e8", "forward": "#dbe9f6", "backward": "#fbe3d0", "optimizer": "#dcefdc"}
 def unit_for(nbytes: float) -> tuple[str, int]:
     """The largest binary unit in which the biggest value is at least 1 (labels say which): as the tables pick."""
@@ -103,7 +104,8 @@ def timeline_chart(results: list[RunRecord]) -> Figure | None:
     for ax, (result, t) in zip(axes, runs):
         for span in t["spans"]:
             ax.axvspan(span["start"], span["end"], color=PHASE_COLORS.get(span["phase"], "#f4f4f4"), lw=0)
-        ys = [[v / scale for v in t["bytes"][c]] for c in CATEGORIES]
+        # A timeline written before a category existed has no column for it: zeros.
+        ys = [[v / scale for v in t["bytes"].get(c, [0] * len(t["x"]))] for c in CATEGORIES]
         # Rasterized: thousands of points x 7 categories as SVG paths would make megabytes; axes stay vector.
         ax.stackplot(t["x"], *ys, colors=[COLORS[c] for c in CATEGORIES], step="post",
                      labels=[c.replace("_", " ") for c in CATEGORIES], rasterized=True)

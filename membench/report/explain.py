@@ -15,7 +15,8 @@ from membench.vocab import CATEGORIES
 MENTION_SHARE = 0.01
 
 CATEGORY_WORDS = {"parameters": "parameters", "gradients": "gradients", "optimizer_state": "optimizer state",
-                  "activations": "activations", "temporaries": "temporaries", "inputs": "inputs",
+                  "activations": "activations", "recomputed_activations": "recomputed activations",
+                  "temporaries": "temporaries", "inputs": "inputs",
                   "other": "other tensors"}
 PHASE_WORDS = {"setup": "setup (between steps)", "inputs": "input copy", "forward": "forward",
                "backward": "backward", "optimizer": "optimizer step"}
