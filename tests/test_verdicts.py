@@ -46,6 +46,8 @@ def test_median_interval_from_order_statistics():
     assert level >= 0.95 and 0 < low < 9.5 < high < 19  # narrower than min..max once there are enough steps
     summary = timing.summarize(values)
     assert (summary.ci_low_s, summary.ci_high_s, summary.ci_level) == (low, high, level)
+    one = timing.summarize([0.25])  # one step: no interval, and its time is not shown as exact
+    assert one.ci_low_s is None and noise.step_ms(one) == "250.0 (1 step)"
 
 
 def test_timing_is_calibrated_to_a_time_budget_within_a_cap():

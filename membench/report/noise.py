@@ -23,6 +23,8 @@ def step_ms(timing: Timing | None) -> str:
     if timing is None:
         return "-"
     s = spread(timing)
+    if s is None and len(timing.step_times_s) == 1:
+        return f"{timing.median_s * 1e3:.1f} (1 step)"
     return f"{timing.median_s * 1e3:.1f}" + (f" ±{s:.1%}" if s is not None else "")
 
 

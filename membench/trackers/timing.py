@@ -73,9 +73,11 @@ def summarize(times: list[float]) -> Timing:
     q = statistics.quantiles(times, n=4) if len(times) >= 2 else [times[0]] * 3
     median = statistics.median(times)
     iqr = q[2] - q[0]
-    low, high, level = median_ci(times)
+    # One step has no spread to speak of: no interval (a difference against it cannot be told from noise).
+    low, high, level = median_ci(times) if len(times) > 1 else (None, None, None)
     return Timing(step_times_s=list(times), median_s=median, iqr_s=iqr, min_s=min(times), max_s=max(times),
-                  noisy=median > 0 and (iqr / median > NOISY_SPREAD or (high - low) / 2 / median > NOISY_SPREAD),
+                  noisy=median > 0 and (iqr / median > NOISY_SPREAD or
+                                        (low is not None and (high - low) / 2 / median > NOISY_SPREAD)),
                   ci_low_s=low, ci_high_s=high, ci_level=level)
 
 
