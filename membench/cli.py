@@ -151,8 +151,8 @@ def cmd_report(args) -> int:
     groups = sweeps(results)
     print(render(results, fmt=args.format))
     for group in groups:
-        title = f" ({sweep_title(group)})" if len(groups) > 1 else ""
-        print(f"\n{title.strip()}\n" * bool(title) + "\n".join(recommend(group, goal)))
+        print(f"\n{sweep_title(group)}:" if len(groups) > 1 else "")
+        print("\n".join(recommend(group, goal)))
     if args.no_files:
         return 0
     out = args.out or (args.results if args.results.is_dir() else args.results.parent) / "report"

@@ -35,7 +35,7 @@ def chromium(page: Path, tmp_path: Path, *args: str) -> tuple[str, list[dict]]:
     assert proc.returncode == 0, proc.stderr[-2000:]
     log = json.loads(net_log.read_text())
     types = {v: k for k, v in log["constants"]["logEventTypes"].items()}
-    requests = [e["params"] for e in log.events
+    requests = [e["params"] for e in log["events"]
                 if types.get(e["type"]) == "URL_REQUEST_START_JOB" and "url" in e.get("params", {})
                 and e["params"].get("initiator") != "not an origin"]
     return proc.stdout, requests

@@ -66,7 +66,7 @@ def test_a_difference_inside_the_noise_is_not_printed_as_fact(sweep):
     assert noise.delta(overlapping.timing, base.timing).startswith("within noise (+")
     assert noise.delta(apart.timing, base.timing) == "+100.0%"
     head, body = rows([base, overlapping])
-    assert head[7] == "step ms (95% CI)" and body[0][7] == "100.0 ±10.0%"
+    assert head[7] == "step ms ±CI" and body[0][7] == "100.0 ±10.0%"
     assert body[1][9].startswith("within noise")
     text = " ".join(explain.explain(overlapping, base))
     assert "within noise" in text and "faster" not in text

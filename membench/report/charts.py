@@ -173,7 +173,7 @@ def pareto_chart(results: list[RunRecord]) -> Figure | None:
         ax.annotate(r.name + (" (precision)" if precision else ""), (m / scale, t), xytext=(5, 4),
                     textcoords="offset points", fontsize=8)
     ax.set_xlabel(f"peak allocated ({unit})")
-    ax.set_ylabel(f"throughput ({runs[0].timing.unit or 'samples/s'}; bars: 95% CI)")
+    ax.set_ylabel(f"throughput ({runs[0].timing.unit or 'samples/s'}; bars: CI of the median)")
     ax.set_title("Memory vs throughput (lower-right is worse, upper-left better)")
     ax.legend(fontsize=8)
     ax.margins(0.15)

@@ -141,8 +141,9 @@ rounded to the allocator's 512-byte blocks.</p>
 <h2>Summary</h2>
 {_table(headers, body, "summary")}
 {f'<p class="muted">Note: {_E(note)}</p>' if note else ''}
-<p class="muted">Step times: median and its 95% confidence interval (order statistics) as ±; a throughput change
-whose intervals overlap the baseline's is marked "within noise" and is not a measured difference.</p>
+<p class="muted">Step times: median ± its confidence interval (order statistics: 95%, or min to max below 6
+steps); a throughput change whose intervals overlap the baseline's is marked "within noise" and is not a measured
+difference.</p>
 <h2>The peak by category</h2>
 {_table(BREAKDOWN_HEADERS, breakdown_rows(results))}
 <h2>Charts</h2>

@@ -55,7 +55,7 @@ def rows(results: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
     mem = ByteFormat([v for r in results if r.memory for v in (r.memory.peak_allocated_bytes,
                                                                 r.memory.peak_reserved_bytes)])
     headers = ["run", "workload", "status", ("predicted" if predicted else "peak") + f" alloc {mem.unit}", "vs base",
-               "peak phase", ("predicted " if predicted else "") + f"reserved {mem.unit}", "step ms (95% CI)",
+               "peak phase", ("predicted " if predicted else "") + f"reserved {mem.unit}", "step ms ±CI",
                "throughput", "vs base", "equivalence"]
     body = []
     for r in results:
