@@ -201,9 +201,10 @@ def _describe(diffs: list[StateDiff]) -> str:
         if d.max_abs_diff == 0:
             out.append(f"{d.part} identical")
         else:
-            out.append(f"{d.part} differ by up to {d.max_abs_diff:.3g} ({d.relative_diff:.2g} of "
-                       f"{'their largest value' if d.part == 'optimizer state' else 'the update size'}; "
-                       f"largest in {d.worst})")
+            against = {"parameters": "the update size", "buffers": "their own change over the steps",
+                       "optimizer state": "their largest value"}[d.part]
+            out.append(f"{d.part} differ by up to {d.max_abs_diff:.3g} (largest in {d.worst}; {d.relative_diff:.2g} "
+                       f"of {against})")
     return "; ".join(out)
 
 
