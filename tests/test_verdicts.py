@@ -166,3 +166,22 @@ def test_report_and_html_put_the_recommendation_first(tmp_path, capsys):
     assert page.index("Recommendation") < page.index("<h2>Summary</h2>")
     md = (sweep_dir / "report" / "report.md").read_text()
     assert md.index("## Recommendation") < md.index("| run")
+
+
+def test_a_real_oom_baseline_is_not_the_reference(tmp_path):
+    """A memory budget between accum's peak and the baseline's: the baseline ends as oom at a partial peak."""
+    from membench.worker import run
+
+    def sweep(out, budget=None):
+        return [run(spec("vit-tiny", t, batch_size=4, memory_budget=budget), out / f"{t[0] if t else 'baseline'}.json")
+                for t in ((), ("accum",))]
+
+    base, accum = sweep(tmp_path / "free")
+    assert accum.peak < base.peak
+    budget = (accum.peak + base.peak) // 2
+    oom_base, accum = sweep(tmp_path / "budget", budget)
+    assert oom_base.status == "oom" and accum.status == "ok"
+    head, body = rows([oom_base, accum])
+    assert body[1][4] == "-"  # never a saving against a peak that stopped at the budget
+    assert "baseline did not finish (oom)" in render([oom_base, accum])
+    assert any("did not finish (oom)" in s for s in recommend([oom_base, accum]))
