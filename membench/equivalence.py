@@ -31,7 +31,9 @@ TOLERANCE = {"exact": EXACT_RTOL, "batch-split": BATCH_SPLIT_RTOL, "rounding": R
 PARAM_ULPS = 2
 
 
-PARTS = ("parameters", "buffers", "optimizer state")
+# Buffers are split: running statistics (floating point, compared against their own change) and counters
+# (integers such as BatchNorm's num_batches_tracked, which must match exactly): a verdict names both.
+PARTS = ("parameters", "buffers", "buffer counters", "optimizer state")
 
 
 @dataclass
@@ -100,7 +102,9 @@ def _whole_state(state) -> dict[str, dict[str, torch.Tensor]]:
     statistics and counter), and the optimizer's state, named after the parameter it belongs to."""
     model = state.model
     params = {n: _full(p).float().cpu().clone() for n, p in model.named_parameters()}
-    buffers = {n: _full(b).cpu().clone() for n, b in model.named_buffers()}
+    all_buffers = {n: _full(b).cpu().clone() for n, b in model.named_buffers()}
+    buffers = {n: b for n, b in all_buffers.items() if b.is_floating_point()}
+    counters = {n: b for n, b in all_buffers.items() if not b.is_floating_point()}
     names = {id(p): n for n, p in model.named_parameters()}
     ordered = [n for n, _ in model.named_parameters()]
     in_optimizers = [p for opt in state.optimizers for g in opt.param_groups for p in g["params"]]
@@ -113,7 +117,7 @@ def _whole_state(state) -> dict[str, dict[str, torch.Tensor]]:
             for key, value in opt.state.get(p, {}).items():
                 if isinstance(value, torch.Tensor):
                     optimizer[f"{name}:{key}"] = _full(value).float().cpu().clone()
-    return {"parameters": params, "buffers": buffers, "optimizer state": optimizer}
+    return {"parameters": params, "buffers": buffers, "buffer counters": counters, "optimizer state": optimizer}
 
 
 def _loader(init: dict[str, torch.Tensor]):
@@ -182,6 +186,7 @@ def _compare(ref: Trained, run: Trained, tolerance: float) -> tuple[list[StateDi
 
     scales = {"parameters": lambda name, b: largest_update,
               "buffers": buffer_scale,
+              "buffer counters": lambda name, b: 1.0,  # a count: its difference is itself
               # Optimizer state starts at zero: its size is its change.
               "optimizer state": lambda name, b: float(b.abs().max()) if b.numel() else 0.0}
     diffs = []
@@ -201,6 +206,9 @@ def _describe(diffs: list[StateDiff]) -> str:
         if d.max_abs_diff == 0:
             out.append(f"{d.part} identical")
         else:
+            if d.part == "buffer counters":
+                out.append(f"buffer counters differ by up to {d.max_abs_diff:.3g} (in {d.worst})")
+                continue
             against = {"parameters": "the update size", "buffers": "their own change over the steps",
                        "optimizer state": "their largest value"}[d.part]
             out.append(f"{d.part} differ by up to {d.max_abs_diff:.3g} (largest in {d.worst}; {d.relative_diff:.2g} "
@@ -304,7 +312,7 @@ def check(spec: RunSpec, stack: Stack, workload: Workload, check_steps: int = 2)
             detail = f"{detail} (the step draws random numbers: {words}; {extra})"
     recomputes = any(t.recomputes_forward for t in stack.techniques)
     if verdict == "not-equivalent" and recomputes and batchnorm and why is None and any(
-            d.part == "buffers" and not d.within_tolerance for d in diffs):
+            d.part in ("buffers", "buffer counters") and not d.within_tolerance for d in diffs):
         detail = ("the model has BatchNorm: recomputation runs its forward again in backward and updates its "
                   f"running statistics twice, so the trained model differs ({detail})")
     if mode == "batch-split" and batchnorm:
