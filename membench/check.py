@@ -2,7 +2,9 @@
 
 Only like is compared with like: a run is paired with the baseline run of the same name and the same workload
 spec, measured on the same machine (device model, torch, CUDA), and predictions only with predictions, unless the
-caller opts in. Exit codes: 0 within the rules, 1 a regression, 2 a usage error (raised as UserError).
+caller opts in. A gate must not pass by seeing less: a baseline run with no current run, or a current run with no
+memory measured, is a failure unless the caller allows missing runs. Exit codes: 0 within the rules, 1 a
+regression, 2 a usage error (raised as UserError).
 """
 
 from __future__ import annotations
@@ -72,8 +74,10 @@ def parse_rule(text: str) -> Rule:
             value = float(limit[:-1])
         except ValueError:
             raise UserError(f"rule {text!r}: {limit!r} is not a percentage") from None
-        if not math.isfinite(value) or value < 0:
-            raise UserError(f"rule {text[:60]!r}: the limit must be a finite, non-negative percentage")
+        if not math.isfinite(value):  # float() reads "nan" and "inf": a limit nothing can break is no rule
+            raise UserError(f"rule {text!r}: the limit must be a finite number, such as 5%")
+        if value < 0:
+            raise UserError(f"rule {text!r}: the limit cannot be negative")
         return Rule(name, value / 100, True, text)
     kind = METRICS[name].kind
     if kind == "bytes":
@@ -119,6 +123,8 @@ def _pairs(baseline: list[dict], current: list[dict], allow_machine_mismatch: bo
     for r in baseline:
         by_key.setdefault(r.spec.run, []).append(r)
     pairs, unmatched = [], []
+    current_specs = {cur.spec.run for cur in current}
+    missing = [b for b in baseline if b.spec.run not in current_specs]
     for cur in current:
         candidates = by_key.get(cur.spec.run)
         if not candidates:
@@ -135,24 +141,37 @@ def _pairs(baseline: list[dict], current: list[dict], allow_machine_mismatch: bo
                             f"on {_machine(base)}: record a baseline on this machine, or pass "
                             "--allow-machine-mismatch to compare anyway")
         pairs.append((base, cur))
-    return pairs, unmatched
+    return pairs, unmatched, missing
+
+
+_MEMORY_METRICS = {name for name, m in METRICS.items() if m.section == "memory"}
 
 
 def check(baseline: Path, current: Path, rules: list[str], allow_machine_mismatch: bool = False,
-          allow_predicted_vs_measured: bool = False) -> tuple[int, str]:
+          allow_predicted_vs_measured: bool = False, allow_missing: bool = False) -> tuple[int, str]:
     """Compare; return (exit code, report text). Usage errors raise UserError (exit 2)."""
     if not rules:
         raise UserError("no --rule given: write e.g. --rule peak_allocated:5% (metrics: " + ", ".join(METRICS) + ")")
     parsed = [parse_rule(r) for r in rules]
     base_results, cur_results = load_dir(baseline), load_dir(current)
-    pairs, unmatched = _pairs(base_results, cur_results, allow_machine_mismatch, allow_predicted_vs_measured)
+    pairs, unmatched, missing = _pairs(base_results, cur_results, allow_machine_mismatch,
+                                       allow_predicted_vs_measured)
     if not pairs:
         have = sorted({f"{r.name} ({r.label})" for r in base_results})
         got = sorted({f"{r.name} ({r.label})" for r in cur_results})
         raise UserError(f"nothing comparable: no run in {current} has the name and workload spec of a run in "
                         f"{baseline} (baseline: {', '.join(have)}; current: {', '.join(got)})")
 
-    rows, regressions, compared = [], 0, 0
+    rows, regressions, compared, skipped = [], 0, 0, []
+    for base in missing:
+        # A run that vanished is not a run that stayed within the rules.
+        if allow_missing:
+            skipped.append(f"note: baseline run {base.name} ({base.label}) has no current run; allowed by "
+                           "--allow-missing")
+            continue
+        regressions += 1
+        rows.append(["MISSING", base.name, base.label, "run", base.status, "-", "-",
+                     "must be present (or --allow-missing)"])
     for base, cur in pairs:
         if base.status == "ok" and cur.status != "ok":
             regressions += 1
@@ -160,7 +179,16 @@ def check(baseline: Path, current: Path, rules: list[str], allow_machine_mismatc
             continue
         for rule in parsed:
             b, c = _value(base, rule.metric), _value(cur, rule.metric)
+            if b is not None and c is None and rule.metric in _MEMORY_METRICS and not allow_missing:
+                # The baseline measured it and this run did not: an empty record must not pass the gate.
+                regressions += 1
+                rows.append(["MISSING", cur.name, cur.label, rule.metric, _show(rule.metric, b), "-", "-",
+                             "must be measured (or --allow-missing)"])
+                continue
             if b is None or c is None:
+                if b is not None:
+                    skipped.append(f"note: {cur.name} ({cur.label}) has no {rule.metric}; allowed by "
+                                   "--allow-missing")
                 continue
             compared += 1
             broken = rule.broken(b, c)
@@ -173,12 +201,13 @@ def check(baseline: Path, current: Path, rules: list[str], allow_machine_mismatc
         metrics = ", ".join(sorted({r.metric for r in parsed}))
         raise UserError(f"nothing comparable: no paired run has {metrics} in both files "
                         "(peak_reserved and driver_used exist only for CUDA runs; timing only for measured runs)")
-    rows.sort(key=lambda r: r[0] != "REGRESSED")
+    rows.sort(key=lambda r: r[0] == "ok")
     table = tabulate(rows, headers=["verdict", "run", "workload", "metric", "baseline", "current", "change", "rule"],
                      tablefmt="simple", disable_numparse=True)
     lines = [table, ""]
     for r in unmatched:
         lines.append(f"note: {r.name} ({r.label}) has no baseline with the same run spec; not checked")
+    lines.extend(skipped)
     if regressions:
         lines.append(f"membench check: {regressions} regression(s) against {baseline}")
         return REGRESSION, "\n".join(lines)

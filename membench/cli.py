@@ -86,6 +86,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    help="e.g. 16GiB: runs above it end as OOM (CUDA: a memory fraction; CPU: the exact tracker)")
     p.add_argument("--steps", type=_positive_int, default=5, help="timed steps after warm-up (default 5)")
     p.add_argument("--warmup", type=_non_negative_int, default=2, help="untimed steps first (default 2)")
+    p.add_argument("--min-time", type=float, default=0.0, dest="min_time",
+                   help="keep timing past --steps until this many seconds were timed (at most 20x --steps): "
+                        "more steps, a narrower confidence interval (default 0)")
     p.add_argument("--no-check", action="store_true", help="skip the numerical-equivalence check")
     p.add_argument("--timeout", type=_positive_float, default=1800.0, help="seconds per run (default 1800)")
     p.add_argument("--peak-tflops", type=_positive_float, default=None,
@@ -99,9 +102,14 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--torchrun-args", type=_shell_words, default="",
                    help="extra torchrun arguments for several nodes, e.g. \"--nnodes=2 --node-rank=0 "
                         "--rdzv-endpoint=host0:29500\" (default: --standalone)")
+    p.add_argument("--goal", default="lowest-peak", help=GOAL_HELP)
     p.add_argument("--timeline", action=argparse.BooleanOptionalAction, default=True,
                    help="after the measured step, record a categorised memory timeline in a few extra untimed steps "
                         "(CUDA: also a snapshot for pytorch.org/memory_viz) (default: on)")
+
+
+GOAL_HELP = ("what the recommendation optimises: lowest-peak (default: the lowest peak that trains the same model) "
+             "or fits:SIZE, e.g. fits:16GiB (the highest throughput that fits and trains the same model)")
 
 
 def _model_options(args) -> dict:
@@ -112,11 +120,15 @@ def cmd_run(args) -> int:
     from membench.api import default_out_dir, plan
     from membench.launcher import Interrupted, check_result_paths, locked, run_all, sigterm_as_interrupt
     from membench.progress import SweepProgress
-    from membench.report.table import render, top_modules_text
+    from membench.report.recommend import parse_goal, recommend
+    from membench.report.table import render, sweeps, top_modules_text
     from membench.units import parse_bytes
 
+    goal = parse_goal(args.goal)
+
     jobs = plan(args.workload, args.techniques, args.batch_size, args.device, steps=args.steps,
-                warmup=args.warmup, check=not args.no_check, timeout_s=args.timeout, timeline=args.timeline,
+                warmup=args.warmup, min_time_s=args.min_time, check=not args.no_check, timeout_s=args.timeout,
+                timeline=args.timeline,
                 peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
                 nproc_per_node=args.nproc_per_node, torchrun_args=args.torchrun_args,
                 memory_budget=parse_bytes(args.memory_budget) if args.memory_budget else None,
@@ -136,6 +148,8 @@ def cmd_run(args) -> int:
     top = next((t for r in results if r.name == "baseline" for t in [top_modules_text(r)] if t), None)
     if top:
         print("\n" + top)
+    for group in sweeps(results):
+        print("\n" + "\n".join(recommend(group, goal)))
     print(f"\nresults: {out}")
     return 0 if all(r.finished for r in results) else 1
 
@@ -152,17 +166,27 @@ def cmd_techniques(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from membench.report.table import render
+    from membench.report.recommend import parse_goal, recommend
+    from membench.report.table import render, sweep_title, sweeps
     from membench.report.write import ordered, write_report
     from membench.results import load_dir
 
+    goal = parse_goal(args.goal)
     results = ordered(load_dir(args.results))
+    groups = sweeps(results)
     print(render(results, fmt=args.format))
+    for group in groups:
+        print(f"\n{sweep_title(group)}:" if len(groups) > 1 else "")
+        print("\n".join(recommend(group, goal)))
     if args.no_files:
         return 0
     out = args.out or (args.results if args.results.is_dir() else args.results.parent) / "report"
-    written = write_report(results, out)
-    print(f"\nwrote {', '.join(sorted(written))} to {out}\nopen {written['report.html']}")
+    # One report per sweep: runs of different workloads, batch sizes or devices never share a baseline.
+    for group in groups:
+        run = group[0].spec.run
+        where = out if len(groups) == 1 else out / f"{run.workload}-bs{run.batch_size}-{group[0].sweep_key[2]}"
+        written = write_report(group, where, goal)
+        print(f"\nwrote {', '.join(sorted(written))} to {where}\nopen {written['report.html']}")
     return 0
 
 
@@ -171,10 +195,11 @@ def cmd_compare(args) -> int:
     from membench.report.compare import render
     from membench.results import load_dir
 
-    text = render(load_dir(args.old), load_dir(args.new), fmt=args.format)
+    old, new = load_dir(args.old), load_dir(args.new)
+    text = render(old, new, fmt=args.format)
     print(text)
     if args.markdown:
-        atomic_write_text(args.markdown, render(load_dir(args.old), load_dir(args.new), fmt="github") + "\n")
+        atomic_write_text(args.markdown, render(old, new, fmt="github") + "\n")
         print(f"\nwrote {args.markdown}")
     return 0
 
@@ -217,7 +242,8 @@ def cmd_check(args) -> int:
     from membench.check import check
 
     code, report = check(args.baseline, args.current, args.rule, allow_machine_mismatch=args.allow_machine_mismatch,
-                         allow_predicted_vs_measured=args.allow_predicted_vs_measured)
+                         allow_predicted_vs_measured=args.allow_predicted_vs_measured,
+                         allow_missing=args.allow_missing)
     print(report)
     return code
 
@@ -228,7 +254,7 @@ def cmd_fit(args) -> int:
 
     from membench.fit import confirm_on_gpu, largest_batch
     from membench.predict import predict_memory
-    from membench.units import fmt_bytes, parse_bytes
+    from membench.units import ByteFormat, fmt_bytes, parse_bytes
 
     budget = parse_bytes(args.budget)
     by = args.by or ("reserved" if args.device == "cuda" else "allocated")
@@ -237,14 +263,17 @@ def cmd_fit(args) -> int:
     field = f"peak_{by}_bytes"
     jobs = _predict_jobs(args, 1)
     confirm = args.device == "cuda" and torch.cuda.is_available() and not args.no_confirm
-    rows = []
+    fits = []
     for job in jobs:
         fit = largest_batch(job, budget, lambda j: getattr(predict_memory(j), field), args.max_batch)
         if confirm:
             fit = confirm_on_gpu(job, fit, budget, args.out or Path("results") / "fit")
-        over = f"{fit.over_batch}: {fmt_bytes(fit.over_peak)}" if fit.over_batch else "-"
-        rows.append([fit.run, fit.batch, fmt_bytes(fit.peak), over, fit.probes,
-                     "-" if fit.confirmed is None else fit.confirmed, fit.note or "-"])
+        fits.append(fit)
+    # One unit for the table, with enough decimals that peaks either side of the budget never print the same.
+    fmt = ByteFormat([budget] + [v for f in fits for v in (f.peak, f.over_peak if f.over_batch else None)])
+    rows = [[f.run, f.batch, fmt.with_unit(f.peak), f"{f.over_batch}: {fmt.with_unit(f.over_peak)}"
+             if f.over_batch else "-", f.probes, "-" if f.confirmed is None else f.confirmed, f.note or "-"]
+            for f in fits]
     print(tabulate(rows, headers=["run", "max batch (predicted)", f"predicted peak {by}", "first batch over: peak",
                                   "predictions", "max batch (measured)", "note"],
                    tablefmt="simple", disable_numparse=True))
@@ -283,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default="simple", help="a tabulate format: simple, github (markdown), ...")
     p.add_argument("--out", type=Path, default=None, help="where to write the report (default RESULTS/report)")
     p.add_argument("--no-files", action="store_true", help="only print the table")
+    p.add_argument("--goal", default="lowest-peak", help=GOAL_HELP)
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("compare", help="two result sets side by side (before/after a change), with deltas")
     p.add_argument("old", type=Path)
@@ -308,6 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compare runs from different machines (device, torch or CUDA version) anyway")
     p.add_argument("--allow-predicted-vs-measured", action="store_true",
                    help="compare predictions with measurements anyway")
+    p.add_argument("--allow-missing", action="store_true",
+                   help="pass when baseline runs are missing from CURRENT, or a current run measured no memory "
+                        "(default: that is a failure, exit 1)")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("fit", help="the largest batch per technique under a memory budget, from predictions")

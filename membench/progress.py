@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from membench.report.noise import step_ms
 from membench.report.table import module_phrase
 from membench.results import RunRecord
 from membench.units import fmt_bytes
@@ -47,10 +48,11 @@ class SweepProgress:
             if mem.top_modules:
                 line += f" (most: {module_phrase(mem.top_modules[0])})"
         if timing is not None and timing.throughput:
-            line += f", {timing.throughput:.1f} {timing.unit}"
+            line += f", {timing.throughput:.1f} {timing.unit} (step {step_ms(timing)} ms)"
             if timing.noisy:
-                line += f" [noisy timing: IQR {timing.iqr_s / timing.median_s:.0%} of the median]"
+                line += " [noisy timing: treat small differences as noise]"
         if result.error:
             line += f" ({result.error.splitlines()[0][:160]})"
-        self.console.print(escape(("  (resumed) " if skipped else "  ") + line))
+        # markup=False: "[noisy timing ...]" is text, not a rich style tag (as markup it vanished from the line).
+        self.console.print(("  (resumed) " if skipped else "  ") + line, markup=False, soft_wrap=True)
         self.progress.advance(self.task)

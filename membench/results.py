@@ -116,6 +116,24 @@ class Timing:
     mfu: float | None = None
     losses: list[float | None] | None = None
     build_s: float | None = None
+    # A confidence interval for the median step time (order statistics) and its confidence: two runs whose
+    # intervals overlap are within noise of each other.
+    ci_low_s: float | None = None
+    ci_high_s: float | None = None
+    ci_level: float | None = None
+
+
+@dataclass
+class StateDiff:
+    """How one part of the trained state (parameters, buffers, optimizer state) differs from the baseline's."""
+
+    part: str
+    tensors: int  # how many tensors were compared
+    max_abs_diff: float
+    scale: float  # what the difference is measured against: the largest update (or value, for optimizer state)
+    relative_diff: float
+    worst: str | None = None  # the tensor with the largest difference
+    within_tolerance: bool = True
 
 
 @dataclass
@@ -124,6 +142,9 @@ class Equivalence:
 
     verdict: str  # reference, bitwise, equivalent, not-equivalent, precision
     detail: str = ""
+    parts: list[StateDiff] | None = None  # what was compared, part by part
+    random_ops: list[str] | None = None  # random ops seen in the training step (dropout, ...)
+    apart_from: str | None = None  # "dropout masks": equivalent once those were made deterministic for the check
     mode: str | None = None
     compared: str | None = None
     max_abs_param_diff: float | None = None
@@ -445,6 +466,8 @@ def to_frame(results: list[RunRecord]):
             "peak_phase": mem.peak_phase if mem else None,
             "median_step_s": timing.median_s if timing else None,
             "iqr_step_s": timing.iqr_s if timing else None,
+            "ci_low_step_s": timing.ci_low_s if timing else None,
+            "ci_high_step_s": timing.ci_high_s if timing else None,
             "noisy": timing.noisy if timing else None,
             "throughput": timing.throughput if timing else None,
             "throughput_unit": timing.unit if timing else None,
@@ -454,8 +477,13 @@ def to_frame(results: list[RunRecord]):
             "error": r.error,
         })
     df = pd.DataFrame(rows)
-    base = df[df["run"] == "baseline"]
+    # Deltas against the baseline of the same sweep, and only one that finished: an OOM baseline's peak is partial.
+    key = ["workload", "batch_size", "device", "predicted"]
     for col, delta in (("peak_allocated_bytes", "peak_vs_baseline_pct"), ("throughput", "throughput_vs_baseline_pct")):
-        ref = base[col].iloc[0] if len(base) and base[col].notna().iloc[0] else None
-        df[delta] = (df[col] / ref - 1) * 100 if ref else None
+        df[delta] = None
+        for _, group in df.groupby(key, dropna=False, sort=False):
+            base = group[(group["run"] == "baseline") & (group["status"] == "ok")]
+            ref = base[col].iloc[0] if len(base) and base[col].notna().iloc[0] else None
+            if ref:
+                df.loc[group.index, delta] = (group[col] / ref - 1) * 100
     return df

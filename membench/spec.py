@@ -76,6 +76,9 @@ class MeasureSpec:
 
     steps: int = 5  # timed steps, after warm-up
     warmup: int = 2
+    # Calibration to a time budget (as pytest-benchmark's min_time, torch.utils.benchmark's blocked_autorange):
+    # timing goes on past `steps` until this many seconds were timed, up to MAX_STEPS_FACTOR x steps.
+    min_time_s: float = 0.0
     check: bool = True  # train baseline and technique side by side and compare (equivalence)
     check_steps: int = 2
     timeline: bool = True  # a few extra untimed steps that record a categorised memory timeline
@@ -88,6 +91,9 @@ class MeasureSpec:
             raise UserError(f"--warmup must be zero or a positive integer, got {self.warmup!r}")
         if self.peak_flops is not None:
             _positive_number("peak_tflops", self.peak_flops)
+        if isinstance(self.min_time_s, bool) or not isinstance(self.min_time_s, (int, float)) or \
+                not 0 <= self.min_time_s < float("inf"):
+            raise UserError(f"--min-time must be zero or a positive number of seconds, got {self.min_time_s!r}")
         return self
 
 

@@ -38,3 +38,34 @@ def fmt_bytes(nbytes: float | None) -> str:
 def pct_change(new: float, old: float) -> float:
     """The change from old to new, in percent of old."""
     return (new / old - 1) * 100
+
+
+UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
+
+
+def unit_for(values) -> tuple[str, int]:
+    """The largest binary unit in which the largest magnitude among `values` is at least 1 (B for small ones)."""
+    top = max((abs(v) for v in values if v is not None), default=0)
+    return next(((u, s) for u, s in UNITS if top >= s), UNITS[-1])
+
+
+class ByteFormat:
+    """One unit and one number of decimals for a whole table, picked from the values it shows: a table of
+    kilobyte-sized peaks reads in KiB, not as 0.001 GiB everywhere, and values that differ are shown differing."""
+
+    def __init__(self, values, min_decimals: int = 2, max_decimals: int = 4):
+        values = [v for v in values if v is not None]
+        self.unit, self.scale = unit_for(values)
+        self.decimals = 0
+        if self.scale > 1:
+            distinct = set(values)
+            self.decimals = next((d for d in range(min_decimals, max_decimals + 1)
+                                  if len({round(v / self.scale, d) for v in distinct}) == len(distinct)), max_decimals)
+
+    def __call__(self, nbytes: float | None, sign: bool = False) -> str:
+        if nbytes is None:
+            return "-"
+        return format(nbytes / self.scale, f"{'+' if sign else ''}.{self.decimals}f")
+
+    def with_unit(self, nbytes: float | None, sign: bool = False) -> str:
+        return "-" if nbytes is None else f"{self(nbytes, sign)} {self.unit}"

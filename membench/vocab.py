@@ -8,10 +8,12 @@ GRADS = "gradients"
 OPTIMIZER = "optimizer_state"
 ACTIVATIONS = "activations"  # allocated in forward (saved for backward, or forward temporaries)
 TEMPORARIES = "temporaries"  # allocated in backward or the optimizer step and not kept
+# Activations a checkpointed block computes again in backward (ckpt, sac): what recomputation costs in memory.
+RECOMPUTED = "recomputed_activations"
 INPUTS = "inputs"
 OTHER = "other"
 
-CATEGORIES = (PARAMS, GRADS, OPTIMIZER, ACTIVATIONS, TEMPORARIES, INPUTS, OTHER)
+CATEGORIES = (PARAMS, GRADS, OPTIMIZER, ACTIVATIONS, RECOMPUTED, TEMPORARIES, INPUTS, OTHER)
 
 # The phases of one training step, in order, and the category of what is allocated in each.
 PHASE_CATEGORY = {"setup": OTHER, "inputs": INPUTS, "forward": ACTIVATIONS, "backward": TEMPORARIES,

@@ -76,7 +76,8 @@ class Worker:
         tensor_bytes = meter.current()
         session.detach()
         if meter.device == "cuda":  # the allocator's counters cost nothing: time and measure the same steps
-            memory, times, losses = session.measure(how.steps, run_steps=timing.time_steps)
+            memory, times, losses = session.measure(
+                how.steps, run_steps=lambda step, idx: timing.time_steps(step, idx, how.min_time_s))
             if self.timeline is not None:  # where the peak comes from: seen in the recording pass only on CUDA
                 memory.top_modules, memory.top_sites = self.timeline.top_modules, self.timeline.top_sites
             self.memory = self._with_build(memory)
@@ -84,7 +85,8 @@ class Worker:
         else:
             # With nothing of membench in the steps, a budget on CPU holds through host memory (RSS) instead.
             with _host_budget(spec.memory_budget, tensor_bytes, "the timed steps"):
-                times, losses = timing.time_steps(session.bare_step, session.timed_indices(how.steps))
+                times, losses = timing.time_steps(session.bare_step, session.timed_indices(how.steps),
+                                                  how.min_time_s)
                 flops = timing.count_flops(lambda: session.bare_step(-1))
         self.timing = self._timing(times, losses, flops, workload, stack, world)
         session.state = None  # free the model and optimizer before the equivalence check builds two more

@@ -34,7 +34,7 @@ CASES = [
     (["run", "--warmup", "-1"], "'-1' must be zero or a positive integer"),
     (["run", "--memory-budget", "9" * 400], "is too large to be a size in bytes"),
     (["run", "--torchrun-args", "'"], "cannot split \"'\" into arguments: No closing quotation"),
-    (["check", "x", "--baseline", "y", "--rule", "peak_allocated:1e400%"], "finite, non-negative percentage"),
+    (["check", "x", "--baseline", "y", "--rule", "peak_allocated:1e400%"], "the limit must be a finite number"),
     (["check", "x", "--baseline", "y", "--rule", "peak_allocated:" + "9" * 400], "too large to be a size"),
     (["check", "x", "--baseline", "y", "--rule", "step_time:" + "9" * 400], "too large to be a number"),
     (["run", "--out", "x" * 300, "--workload", "vit-tiny", "--batch-size", "4"], "File name too long"),

@@ -36,7 +36,7 @@ def test_cuda_only_exact_techniques_are_bitwise_on_cpu(monkeypatch):
 
 def test_fused_adam_is_equivalent_within_rounding():
     v = verdict("gpt-tiny", ("fused-adam",))
-    assert v.verdict == "equivalent" and v.compared == "parameters after 1 adam steps"
+    assert v.verdict == "equivalent" and v.compared == "parameters, optimizer state after 1 adam steps"
     assert 0 < v.max_abs_param_diff < 1e-6  # measured here: 1.2e-7, one ulp of a parameter near 1
 
 
@@ -106,3 +106,61 @@ def test_a_planted_bug_is_caught_even_as_rounding():
 def test_init_on_device_starts_from_the_baselines_values():
     v = verdict("gpt-tiny", ("init-on-device",))
     assert v.verdict == "bitwise" and "initial values" in v.compared
+
+
+def test_the_whole_state_is_compared_and_named():
+    v = verdict("gpt-tiny", ("ckpt",))
+    assert v.verdict == "bitwise"
+    assert [d.part for d in v.parts] == ["parameters", "optimizer state"]  # gpt-tiny has no buffers
+    assert "optimizer state" in v.compared and all(d.max_abs_diff == 0 for d in v.parts)
+
+
+def test_resnet18_under_ckpt_is_not_bitwise_batchnorm_runs_twice():
+    """Recomputation runs BatchNorm's forward again: its running statistics are updated twice."""
+    v = verdict("tests.workloads:resnet18", ("ckpt",), batch_size=4, check_steps=1)
+    assert v.verdict == "not-equivalent", v
+    parts = {d.part: d for d in v.parts}
+    assert parts["buffer counters"].max_abs_diff == 1 and "num_batches_tracked" in parts["buffer counters"].worst
+    assert not parts["buffers"].within_tolerance and "running_" in parts["buffers"].worst  # updated twice
+    assert "BatchNorm" in v.detail and "twice" in v.detail and "num_batches_tracked" in v.detail
+    params = next(d for d in v.parts if d.part == "parameters")
+    assert params.max_abs_diff == 0  # the parameters alone would have said "bitwise"
+
+
+def test_a_technique_that_changes_only_the_optimizer_state_is_caught():
+    class DoublesAdamState(Technique):
+        """Planted bug: the parameters step right, but the optimizer state is off for the next step."""
+
+        name = "planted-state"
+        summary = "test only"
+
+        def configure(self, state) -> None:
+            def step(opt):
+                opt.step()
+                for st in opt.state.values():
+                    st["exp_avg_sq"].mul_(2)
+            state.step_optimizer = step
+
+    with registered(DoublesAdamState):
+        v = verdict("gpt-tiny", ("planted-state",), check_steps=1)
+    assert v.verdict == "not-equivalent" and "optimizer state" in v.detail
+    assert next(d for d in v.parts if d.part == "parameters").max_abs_diff == 0
+
+
+def test_dropout_under_accum_is_equivalent_apart_from_the_masks():
+    v = verdict("tests.workloads:dropout_mlp", ("accum",), batch_size=8)
+    assert v.random_ops == ["bernoulli_"]  # dropout's mask on CPU (native_dropout elsewhere)
+    assert v.verdict == "equivalent" and v.apart_from == "dropout masks", v
+    assert v.detail.startswith("equivalent apart from dropout masks") and "dropout disabled" in v.detail
+
+
+def test_hf_gpt2_under_accum_is_equivalent_apart_from_dropout():
+    pytest.importorskip("transformers")
+    v = verdict("tests.workloads:hf_gpt2", ("accum",), batch_size=4)
+    assert v.verdict == "equivalent" and v.apart_from == "dropout masks", v
+    assert v.random_ops == ["bernoulli_"]
+
+
+def test_batchnorm_with_accum_stays_not_equivalent_with_its_reason():
+    v = verdict("cnn-bn", ("accum",), batch_size=8)
+    assert v.verdict == "not-equivalent" and "own statistics" in v.detail and v.apart_from is None

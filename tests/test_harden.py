@@ -267,7 +267,7 @@ def test_progress_prints_brackets_as_text():
     progress.note(spec, "[red]not markup[/red]")
     text = progress.console.file.getvalue()
     assert "could not open shard [/data/train-000.tar]" in text
-    assert "[noisy timing: IQR 50% of the median]" in text
+    assert "[noisy timing: treat small differences as noise]" in text
     assert "[red]not markup[/red]" in text
 
 

@@ -95,3 +95,27 @@ def test_timed_steps_run_with_nothing_of_membench_attached(monkeypatch):
     params = list(session.state.model.parameters())
     assert all(not p._post_accumulate_grad_hooks for p in params)  # torch keeps them in this dict (2.14)
     assert all(not opt._optimizer_step_post_hooks for opt in session.state.optimizers)
+
+
+def _recomputed_high_water(techniques) -> tuple[int, int]:
+    """(most recomputed-activation bytes alive at once, the step's peak) for gpt-tiny's step under the tracker."""
+    from membench.step import batches, build_state, train_step
+    from membench.techniques import resolve
+    from membench.trackers.storage import StorageTracker
+    from membench.workloads import load_workload
+
+    run = spec("gpt-tiny", techniques, batch_size=2).run
+    workload = load_workload(run.workload)
+    state = build_state(run, workload, resolve(run).techniques)
+    tracker = StorageTracker(timeline=True)
+    with tracker:
+        train_step(state, next(batches(workload, run)), tracker.in_phase)
+    column = cat.CATEGORIES.index(cat.RECOMPUTED)
+    return max(e[2][column] for e in tracker.events), tracker.peak.bytes
+
+
+@pytest.mark.parametrize("technique", ["ckpt", "sac"])
+def test_recomputation_in_backward_is_counted_as_recomputed_activations(technique):
+    recomputed, _ = _recomputed_high_water((technique,))
+    assert recomputed > 0
+    assert _recomputed_high_water(())[0] == 0  # nothing is recomputed without checkpointing

@@ -84,7 +84,7 @@ def test_cli_predict_writes_predictions_apart_and_labels_the_table(tmp_path, cap
                      "--out", str(out)])
     text = capsys.readouterr().out
     assert code == 0
-    assert "predicted alloc GiB" in text and "PREDICTED cuda memory" in text and "cannot see" in text
+    assert "predicted alloc MiB" in text and "PREDICTED cuda memory" in text and "cannot see" in text
     assert sorted(p.name for p in out.glob("*.json")) == ["baseline.json", "ckpt.json"]
 
 
@@ -150,7 +150,11 @@ def test_a_table_mixing_kinds_labels_each_prediction(tmp_path):
     measured = worker.run(job, tmp_path / "baseline.json")
     predicted = predict(job.with_run(techniques=("ckpt",)))
     text = render([measured, predicted])
-    assert "ckpt (predicted)" in text and "baseline (predicted)" not in text and "peak alloc GiB" in text
+    # Apart: a prediction is never compared with a measurement, and its table says "predicted".
+    measured_table, predicted_table = text.split("\n\n")[:2]
+    assert "vit-tiny, batch 2, cpu:" in measured_table and "peak alloc MiB" in measured_table
+    assert "vit-tiny, batch 2, cpu (predicted):" in predicted_table and "predicted alloc MiB" in predicted_table
+    assert "ckpt" in predicted_table and "ckpt" not in measured_table
 
 
 def test_cuda_prediction_carries_simulated_reserved_memory():

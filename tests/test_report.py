@@ -157,16 +157,61 @@ def test_compare_shows_deltas(sweep, tmp_path, capsys):
     base.memory.peak_allocated_bytes = old_peak + old_peak // 10 * 2  # +20% (to integer bytes)
     base.memory.peak_phase = "backward"
     write_record(new / "baseline.json", base)
-    rows = {r[0]: r for r in compare.rows(load_dir(sweep), load_dir(new))}
+    head, body, notes = compare.table(load_dir(sweep), load_dir(new))
+    rows = {r[0]: dict(zip(head, r)) for r in body}
     pct = (old_peak // 10 * 2) / old_peak * 100
-    assert rows["baseline"][5] == f"{pct:+.1f}%"
-    assert rows["baseline"][6] == "optimizer → backward"
-    assert rows["baseline"][9] == "+0.0%"
-    assert rows["opt-in-bwd"][1] == "ok/-" and rows["opt-in-bwd"][3] == "-"
+    assert rows["baseline"]["workload"] == "vit-tiny bs1"
+    assert rows["baseline"]["Δ peak %"] == f"{pct:+.1f}%"
+    assert rows["baseline"]["peak phase old → new"] == "optimizer → backward"
+    assert rows["baseline"]["Δ throughput %"] == "within noise (+0.0%)"  # the same timing: no difference
+    assert "opt-in-bwd" not in rows and any("OLD's opt-in-bwd" in n for n in notes)
     md = tmp_path / "cmp.md"
     assert main(["compare", str(sweep), str(new), "--markdown", str(md)]) == 0
     assert "optimizer → backward" in capsys.readouterr().out
     assert md.read_text().startswith("| run")
+
+
+def test_compare_pairs_by_spec_not_by_name(sweep, tmp_path, capsys):
+    """vit-small at batch 1 is not the baseline of vit-tiny at batch 4, whatever their names."""
+    new = tmp_path / "new"
+    new.mkdir()
+    other = read_result(sweep / "baseline.json")
+    other.spec = other.spec.with_run(batch_size=4)
+    write_record(new / "baseline.json", other)
+    assert main(["compare", str(sweep), str(new)]) == 2
+    err = capsys.readouterr().err
+    assert "nothing comparable" in err and "vit-tiny bs4" in err and len(err.strip().splitlines()) == 1
+    same = read_result(sweep / "baseline.json")
+    write_record(new / "same.json", same)
+    assert main(["compare", str(sweep), str(new)]) == 0
+    out = capsys.readouterr().out
+    assert "not compared: NEW's baseline (vit-tiny bs4) has no run with the same spec in OLD" in out
+
+
+def test_report_separates_sweeps_and_never_compares_across(sweep, tmp_path, capsys):
+    other = read_result(sweep / "baseline.json")
+    other.spec = other.spec.with_run(workload="gpt-tiny")
+    other.timing.throughput *= 50  # tokens/s against samples/s: a +4900% that must never be printed
+    (sweep / "other").mkdir()
+    write_record(sweep / "other" / "baseline.json", other)
+    assert main(["report", str(sweep), "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "vit-tiny, batch 1, cpu:" in out and "gpt-tiny, batch 1, cpu:" in out
+    assert "+4900" not in out and "shown apart" in out
+    assert (tmp_path / "r" / "vit-tiny-bs1-cpu" / "report.html").exists()
+    assert (tmp_path / "r" / "gpt-tiny-bs1-cpu" / "report.html").exists()
+
+
+def test_memory_units_follow_the_magnitudes(sweep):
+    from membench.report.table import rows as table_rows
+    from membench.units import ByteFormat
+
+    head, body = table_rows(load_dir(sweep))
+    assert head[3] == "peak alloc MiB"  # vit-tiny at batch 1: tens of MiB, not 0.0xx GiB
+    assert ByteFormat([512, 900]).unit == "B" and ByteFormat([3 * 2**10]).unit == "KiB"
+    # Values either side of a boundary must not print the same.
+    fmt = ByteFormat([2 * 2**30 - 2**20, 2 * 2**30 + 2**20])
+    assert fmt(2 * 2**30 - 2**20) != fmt(2 * 2**30 + 2**20)
 
 
 @pytest.mark.slow
@@ -176,6 +221,10 @@ def test_run_then_report_end_to_end(tmp_path, capsys):
     assert main(["run", "--workload", "vit-tiny", "--batch-size", "1", "--techniques", "opt-in-bwd", "--steps", "1",
                  "--warmup", "1", "--no-check", "--device", "cpu", "--out", str(out)]) == 0
     assert (out / "runs" / "baseline.spec.json").exists() and (out / "baseline.timeline.json").exists()
+    printed = capsys.readouterr().out
+    # The end of `membench run`: the recommendation, here honest that nothing was checked for equivalence.
+    assert "Recommendation (goal: the lowest peak that trains the same model)" in printed
+    assert "Not recommended: opt-in-bwd" in printed and "not checked" in printed
     assert main(["report", str(out)]) == 0
     page = (out / "report" / "report.html").read_text()
     assert page.count("<svg") == 2 + 2 * 2 and external_refs(page) == []  # peak, pareto; the timeline's rows

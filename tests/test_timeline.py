@@ -61,8 +61,8 @@ def test_downsampling_keeps_the_peak_exactly():
     for i in range(20_000):
         step = i // 10_000
         events.append(("forward" if i % 10_000 < 5000 else "backward", step, (1000, i % 977, (i * 7919) % 1013, 0, 0,
-                                                                               0, 0)))
-    events[17_345] = ("backward", 1, (1000, 5000, 5000, 7, 0, 0, 0))
+                                                                               0, 0, 0)))
+    events[17_345] = ("backward", 1, (1000, 5000, 5000, 7, 0, 0, 0, 0))  # one value per category
     t = tl.compact(events, max_points=200)
     assert len(t["x"]) <= 200 and t["events"] == 20_000
     assert max(tl.totals(t)) == 11_007 == t["peak"]["bytes"]

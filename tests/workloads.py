@@ -83,3 +83,40 @@ def leaking() -> Workload:
         return nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 1024), nn.ReLU(), nn.Linear(1024, 10))
 
     return Workload(build_model=build, make_batch=image_batch(8, 10), loss_fn=loss)
+def resnet18() -> Workload:
+    """torchvision's resnet18 (BatchNorm) on small images; `ckpt` checkpoints its residual blocks."""
+    from torchvision.models import resnet18 as build
+
+    return Workload(
+        build_model=lambda: build(num_classes=10),
+        make_batch=image_batch(32, 10),
+        loss_fn=classification_loss,
+        blocks=lambda model: [*model.layer1, *model.layer2, *model.layer3, *model.layer4],
+    )
+
+
+def dropout_mlp() -> Workload:
+    """A small model with dropout 0.1, as GPT-2 has: every forward draws a fresh random mask."""
+    return Workload(
+        build_model=lambda: nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 64), nn.ReLU(), nn.Dropout(0.1),
+                                          nn.Linear(64, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 10)),
+        make_batch=image_batch(8, 10),
+        loss_fn=classification_loss,
+        blocks=lambda model: [model[1], model[4]],
+    )
+
+
+def hf_gpt2() -> Workload:
+    """A Hugging Face GPT-2 built from a config (no download), dropout 0.1 as GPT-2 ships; needs transformers."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=256, n_positions=64)
+
+    def make_batch(batch_size: int, generator: torch.Generator):
+        return (torch.randint(0, 256, (batch_size, 32), generator=generator),)
+
+    def loss(model, batch):
+        return model(input_ids=batch[0], labels=batch[0]).loss
+
+    return Workload(build_model=lambda: GPT2LMHeadModel(config), make_batch=make_batch, loss_fn=loss,
+                    blocks=lambda model: list(model.transformer.h), items_per_sample=32, unit="tokens")

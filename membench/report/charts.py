@@ -17,15 +17,20 @@ matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+from membench import units  # noqa: E402
 from membench.fsio import atomic_write_bytes, atomic_write_text, make_dir, read_bounded, side_file  # noqa: E402
+from membench.report import noise  # noqa: E402
 from membench.report.explain import breakdown, find_baseline  # noqa: E402
+from membench.report.recommend import changes_precision  # noqa: E402
 from membench.results import RunRecord  # noqa: E402
 from membench.vocab import CATEGORIES  # noqa: E402
 
-# Categories: the Okabe-Ito palette (told apart with the common colour-vision deficiencies). Phases: greys only, so
-# a phase never looks like a category (green optimizer state on a green optimizer phase did).
+# Categories: the Okabe-Ito palette (told apart with the common colour-vision deficiencies), recomputed
+# activations a lighter shade of activations. Phases: greys only, so a phase never looks like a category (green
+# optimizer state on a green optimizer phase did).
 COLORS = {"parameters": "#0072B2", "gradients": "#E69F00", "optimizer_state": "#009E73",
-          "activations": "#D55E00", "temporaries": "#CC79A7", "inputs": "#56B4E9", "other": "#999999"}
+          "activations": "#D55E00", "recomputed_activations": "#F0B48A", "temporaries": "#CC79A7",
+          "inputs": "#56B4E9", "other": "#999999"}
 PHASE_COLORS = {"inputs": "#f7f7f7", "forward": "#e6e6e6", "backward": "#c4c4c4", "optimizer": "#8f8f8f"}
 UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
 
@@ -36,8 +41,8 @@ def _text(value) -> str:
 
 
 def unit_for(nbytes: float) -> tuple[str, int]:
-    """The largest binary unit in which the biggest value is at least 1 (labels say which)."""
-    return next(((u, s) for u, s in UNITS if nbytes >= s), UNITS[-1])
+    """The largest binary unit in which the biggest value is at least 1 (labels say which): as the tables pick."""
+    return units.unit_for([nbytes])
 
 
 def save(fig: Figure, out_dir: Path, name: str) -> dict:
@@ -102,7 +107,11 @@ def load_timeline(result: RunRecord) -> dict | None:
         timeline = json.loads(data) if data is not None else None
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
-    return timeline if _is_timeline(timeline) else None
+    if not _is_timeline(timeline):
+        return None
+    for c in CATEGORIES:  # a timeline from before a category existed: none of it then
+        timeline["bytes"].setdefault(c, [0] * len(timeline["x"]))
+    return timeline
 
 
 def _number(v) -> bool:
@@ -116,8 +125,8 @@ def _is_timeline(t) -> bool:
         n = len(t["x"])
         return (all(_number(x) for x in t["x"]) and isinstance(t["steps"], int) and 0 < t["steps"] <= 10_000
                 and _number(t["peak"]["bytes"]) and isinstance(t["peak"]["x"], (int, float))
-                and all(isinstance(t["bytes"].get(c), list) and len(t["bytes"][c]) == n
-                        and all(_number(v) for v in t["bytes"][c]) for c in CATEGORIES)
+                and isinstance(t["bytes"], dict)
+                and all(isinstance(v, list) and len(v) == n and all(_number(x) for x in v) for v in t["bytes"].values())
                 and all(isinstance(s, dict) and isinstance(s.get("phase"), str) and _number(s.get("start"))
                         and _number(s.get("end")) for s in t["spans"])
                 and all(isinstance(p, str) for p in t["phases"]) and len(t["phase"]) == n
@@ -141,7 +150,8 @@ def timeline_chart(results: list[RunRecord]) -> Figure | None:
     for ax, (result, t) in zip(axes, runs):
         for span in t["spans"]:
             ax.axvspan(span["start"], span["end"], color=PHASE_COLORS.get(span["phase"], "#f4f4f4"), lw=0)
-        ys = [[v / scale for v in t["bytes"][c]] for c in CATEGORIES]
+        # A timeline written before a category existed has no column for it: zeros.
+        ys = [[v / scale for v in t["bytes"].get(c, [0] * len(t["x"]))] for c in CATEGORIES]
         # Rasterized: thousands of points x 7 categories as SVG paths would make megabytes; axes stay vector.
         ax.stackplot(t["x"], *ys, colors=[COLORS[c] for c in CATEGORIES], step="post",
                      labels=[c.replace("_", " ") for c in CATEGORIES], rasterized=True)
@@ -180,6 +190,8 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
 
 
 def pareto_chart(results: list[RunRecord]) -> Figure | None:
+    """Peak (exact) against throughput, with each run's throughput interval as an error bar: two runs whose bars
+    overlap are within noise of each other. Runs that change precision are marked: not the same model."""
     runs = [r for r in _ok(results) if r.timing and r.timing.throughput]
     if not runs:
         return None
@@ -190,13 +202,24 @@ def pareto_chart(results: list[RunRecord]) -> Figure | None:
     front = pareto_front(points)
     ax.plot([points[i][0] / scale for i in front], [points[i][1] for i in front], "-", color="#55A868", lw=1.5,
             label="Pareto front", zorder=1)
+    marked_precision = False
     for i, (r, (m, t)) in enumerate(zip(runs, points)):
         on_front = i in front
-        ax.scatter([m / scale], [t], s=50 if on_front else 30, color="#55A868" if on_front else "#888888",
-                   marker="*" if r.name == "baseline" else "o", zorder=2)
-        ax.annotate(_text(r.name), (m / scale, t), xytext=(5, 4), textcoords="offset points", fontsize=8)
+        color = "#55A868" if on_front else "#888888"
+        interval = noise.throughput_interval(r.timing)
+        if interval is not None:
+            ax.errorbar([m / scale], [t], yerr=[[t - interval[0]], [interval[1] - t]], fmt="none", ecolor=color,
+                        elinewidth=1, capsize=3, zorder=1.5)
+        precision = changes_precision(r)
+        marker = "*" if r.name == "baseline" else "D" if precision else "o"
+        ax.scatter([m / scale], [t], s=50 if on_front else 30, color=color, marker=marker, zorder=2,
+                   edgecolors="#b42318" if precision else "none",
+                   label="changes precision (not the same model)" if precision and not marked_precision else None)
+        marked_precision = marked_precision or precision
+        ax.annotate(_text(r.name) + (" (precision)" if precision else ""), (m / scale, t), xytext=(5, 4),
+                    textcoords="offset points", fontsize=8)
     ax.set_xlabel(f"peak allocated ({unit})")
-    ax.set_ylabel(f"throughput ({_text(runs[0].timing.unit or 'samples/s')})")
+    ax.set_ylabel(f"throughput ({_text(runs[0].timing.unit or 'samples/s')}; bars: CI of the median)")
     ax.set_title("Memory vs throughput (lower-right is worse, upper-left better)")
     ax.legend(fontsize=8)
     ax.margins(0.15)

@@ -6,6 +6,7 @@ where the peak moved (forward, backward, optimizer step), what it cost in throug
 
 from __future__ import annotations
 
+from membench.report import noise
 from membench.results import Equivalence, RunRecord, Timing
 from membench.units import fmt_bytes, pct_change
 from membench.vocab import CATEGORIES
@@ -14,7 +15,8 @@ from membench.vocab import CATEGORIES
 MENTION_SHARE = 0.01
 
 CATEGORY_WORDS = {"parameters": "parameters", "gradients": "gradients", "optimizer_state": "optimizer state",
-                  "activations": "activations", "temporaries": "temporaries", "inputs": "inputs",
+                  "activations": "activations", "recomputed_activations": "recomputed activations",
+                  "temporaries": "temporaries", "inputs": "inputs",
                   "other": "other tensors"}
 PHASE_WORDS = {"setup": "setup (between steps)", "inputs": "input copy", "forward": "forward",
                "backward": "backward", "optimizer": "optimizer step"}
@@ -100,11 +102,14 @@ def _throughput(timing: Timing | None, base_timing: Timing | None) -> list[str]:
         return []
     change = pct_change(value, base)
     unit = timing.unit or ""
+    if noise.within_noise(timing, base_timing):
+        spreads = [s for s in (noise.spread(timing), noise.spread(base_timing)) if s is not None]
+        how = (f"±{max(spreads):.0%}" if spreads else "no interval recorded")
+        return [f"Its throughput is within noise of the baseline's ({value:.3g} vs {base:.3g} {unit}, "
+                f"{change:+.1f}%; the step-time intervals overlap, {how}): no difference is shown as a fact."]
     how = f"costs {-change:.1f}% of throughput" if change < 0 else f"runs {change:.1f}% faster"
-    line = f"It {how} ({value:.3g} vs {base:.3g} {unit})."
-    if timing.noisy or base_timing.noisy:
-        line += " The step times were noisy (IQR over 10% of the median): treat small differences as noise."
-    return [line]
+    return [f"It {how} ({value:.3g} vs {base:.3g} {unit}; outside the noise: the step-time intervals do not "
+            "overlap)."]
 
 
 def _equivalence(eq: Equivalence | None) -> list[str]:
@@ -115,6 +120,8 @@ def _equivalence(eq: Equivalence | None) -> list[str]:
              "equivalent": "It trains the same model as the baseline up to floating-point rounding",
              "not-equivalent": "It does NOT train the same model as the baseline",
              "precision": "It changes the numerics on purpose"}.get(verdict, f"Equivalence: {verdict}")
+    if eq.apart_from:
+        words = f"It trains the same model as the baseline, apart from {eq.apart_from}"
     detail = eq.detail
     return [f"{words}{': ' + detail if detail else ''}."]
 

@@ -17,7 +17,8 @@ from pathlib import Path
 from membench.fsio import side_file
 from membench.report import explain as ex
 from membench.report import timeline_html
-from membench.report.table import BREAKDOWN_HEADERS, breakdown_rows
+from membench.report.recommend import Goal, recommend
+from membench.report.table import BREAKDOWN_HEADERS, breakdown_rows, reference_note
 from membench.report.table import rows as table_rows
 from membench.results import Environment, RunRecord
 from membench.units import fmt_bytes
@@ -34,7 +35,9 @@ td:first-child,th:first-child{text-align:left}
 .run{border:1px solid #ddd;border-radius:6px;padding:.4em 1em;margin:1em 0}
 .verdict-bitwise,.verdict-equivalent{color:#1a7f37}.verdict-not-equivalent{color:#b42318;font-weight:bold}
 .status-oom,.status-diverged,.status-error,.status-timeout{color:#b42318;font-weight:bold}
-.muted{color:#666;font-size:.9em}code{background:#f5f5f5;padding:0 .2em}
+.muted{color:#666;font-size:.9em}
+.recommendation{border-left:4px solid #1a7f37;background:#f3faf4;padding:.3em 1em}
+code{background:#f5f5f5;padding:0 .2em}
 """ + timeline_html.CSS
 
 _E = html.escape
@@ -132,7 +135,8 @@ def _run_section(result: RunRecord, baseline: RunRecord | None, report_dir: Path
     return "\n".join(parts)
 
 
-def render(results: list[RunRecord], charts: dict[str, dict], report_dir: Path, title: str) -> str:
+def render(results: list[RunRecord], charts: dict[str, dict], report_dir: Path, title: str,
+           goal: Goal = Goal("lowest-peak")) -> str:
     """The whole page as a string; `charts` maps a chart name to charts.save()'s output."""
     baseline = ex.find_baseline(results)
     headers, body = table_rows(results)
@@ -147,6 +151,10 @@ def render(results: list[RunRecord], charts: dict[str, dict], report_dir: Path, 
         f"<figcaption>{_E(captions.get(name, name))}</figcaption></figure>"
         for i, (name, c) in enumerate(shown.items()))
     sections = "\n".join(_run_section(r, baseline, report_dir) for r in results)
+    advice = recommend(results, goal)
+    advice_html = (f'<div class="recommendation"><p><b>{_E(advice[0])}</b></p>'
+                   + "".join(f"<p>{_E(s)}</p>" for s in advice[1:]) + "</div>")
+    note = reference_note(results)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{_E(title)}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head>
@@ -155,8 +163,14 @@ def render(results: list[RunRecord], charts: dict[str, dict], report_dir: Path, 
 <p class="muted">Peak = the largest amount of live tensor memory during a measured step (GiB = 2<sup>30</sup> bytes).
 Categories and phases come from membench's storage tracker; on CUDA they come from the recording pass,
 rounded to the allocator's 512-byte blocks.</p>
+<h2>Recommendation</h2>
+{advice_html}
 <h2>Summary</h2>
 {_table(headers, body, "summary")}
+{f'<p class="muted">Note: {_E(note)}</p>' if note else ''}
+<p class="muted">Step times: median ± its confidence interval (order statistics: 95%, or min to max below 6
+steps); a throughput change whose intervals overlap the baseline's is marked "within noise" and is not a measured
+difference.</p>
 <h2>Memory timeline</h2>
 {timeline or '<p>No timeline: no run recorded one (<code>--no-timeline</code>, or none finished).</p>'}
 <h2>The peak by category</h2>

@@ -1,44 +1,80 @@
-"""The comparison table: each run's peak and throughput, and the change against the baseline."""
+"""The comparison table: each run's peak and throughput, and the change against the baseline.
+
+One table per sweep (workload, batch size, device): runs of different sweeps never share a "vs base" column.
+Memory is shown in one unit per table, picked from its magnitudes; step times with their noise, and a throughput
+change that is within noise says so.
+"""
 
 from __future__ import annotations
 
-import math
-
 from tabulate import tabulate
 
-from membench.report.explain import breakdown
-from membench.results import RunRecord, to_frame
-from membench.units import fmt_bytes
+from membench.report import noise
+from membench.report.explain import breakdown, find_baseline
+from membench.results import RunRecord
+from membench.units import ByteFormat, fmt_bytes, pct_change
 from membench.vocab import CATEGORIES
 
 
-def _missing(value) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
+def sweeps(results: list[RunRecord]) -> list[list[RunRecord]]:
+    """Results grouped by sweep (workload, batch size, device, measured or predicted), in first-seen order."""
+    groups: dict[tuple, list[RunRecord]] = {}
+    for r in results:
+        groups.setdefault(r.sweep_key, []).append(r)
+    return list(groups.values())
 
 
-def _num(value, fmt: str, scale: float = 1.0, suffix: str = "") -> str:
-    return "-" if _missing(value) else format(value * scale, fmt) + suffix
+def sweep_title(results: list[RunRecord]) -> str:
+    workload, batch, device, predicted = results[0].sweep_key
+    return f"{workload}, batch {batch}, {device}" + (" (predicted)" if predicted else "")
+
+
+def equivalence_text(r: RunRecord) -> str:
+    eq = r.equivalence
+    if eq is None:
+        return "-"
+    return eq.verdict + (f" (apart from {eq.apart_from})" if eq.apart_from else "")
+
+
+def reference_note(results: list[RunRecord]) -> str | None:
+    """Why there are no deltas, when the baseline cannot be the reference."""
+    base = next((r for r in results if r.name == "baseline"), None)
+    if base is None:
+        return "no baseline in these results: absolute numbers only"
+    if base.status != "ok":
+        return (f"the baseline did not finish ({base.status}): its numbers are partial and cannot be a reference, "
+                "so no change against it is shown (absolute numbers only)")
+    return None
 
 
 def rows(results: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
-    df = to_frame(results)
-    predicted = bool(df["predicted"].all())
-    mixed = not predicted and bool(df["predicted"].any())  # never let a prediction pass for a measurement
-    headers = ["run", "status", ("predicted" if predicted else "peak") + " alloc GiB", "vs base", "peak phase",
-               ("predicted " if predicted else "") + "reserved GiB", "step ms", "throughput", "vs base", "equivalence"]
+    """The table of one sweep (see `sweeps`)."""
+    predicted = all(r.predicted for r in results)
+    mixed = not predicted and any(r.predicted for r in results)  # never let a prediction pass for a measurement
+    base = find_baseline(results)
+    mem = ByteFormat([v for r in results if r.memory for v in (r.memory.peak_allocated_bytes,
+                                                                r.memory.peak_reserved_bytes)])
+    headers = ["run", "workload", "status", ("predicted" if predicted else "peak") + f" alloc {mem.unit}", "vs base",
+               "peak phase", ("predicted " if predicted else "") + f"reserved {mem.unit}", "step ms ±CI",
+               "throughput", "vs base", "equivalence"]
     body = []
-    for r in df.to_dict("records"):
+    for r in results:
+        m, t = r.memory, r.timing
+        peak_delta = "-"
+        if base is not None and m is not None and r.status == "ok":
+            peak_delta = f"{pct_change(m.peak_allocated_bytes, base.peak):+.1f}%"
         body.append([
-            r["run"] + (" (predicted)" if mixed and r["predicted"] else ""),
-            r["status"],
-            _num(r["peak_allocated_bytes"], ".3f", 2**-30),
-            _num(r["peak_vs_baseline_pct"], "+.1f", suffix="%"),
-            r["peak_phase"] or "-",
-            _num(r["peak_reserved_bytes"], ".3f", 2**-30),
-            _num(r["median_step_s"], ".1f", 1e3),
-            _num(r["throughput"], ".1f", suffix=f" {r['throughput_unit']}"),
-            _num(r["throughput_vs_baseline_pct"], "+.1f", suffix="%"),
-            r["equivalence"] or "-",
+            r.name + (" (predicted)" if mixed and r.predicted else ""),
+            r.label,
+            r.status,
+            mem(m.peak_allocated_bytes) if m else "-",
+            peak_delta,
+            (m.peak_phase if m else None) or "-",
+            mem(m.peak_reserved_bytes) if m else "-",
+            noise.step_ms(t),
+            f"{t.throughput:.1f} {t.unit}" if t and t.throughput else "-",
+            noise.delta(t, base.timing) if base is not None and r.status == "ok" else "-",
+            equivalence_text(r),
         ])
     return headers, body
 
@@ -49,19 +85,35 @@ def tabulated(headers: list[str], body: list[list[str]], fmt: str = "simple") ->
 
 
 def render(results: list[RunRecord], fmt: str = "simple") -> str:
-    return tabulated(*rows(results), fmt)
+    """One table per sweep, each titled when there are several; notes on what could not be compared."""
+    groups = sweeps(results)
+    parts = []
+    for group in groups:
+        text = tabulated(*rows(group), fmt)
+        if len(groups) > 1:
+            text = f"{sweep_title(group)}:\n{text}"
+        note = reference_note(group)
+        if note:
+            text += f"\nnote: {note}"
+        parts.append(text)
+    if len(groups) > 1:
+        parts.append(f"note: {len(groups)} sweeps (different workload, batch size or device) are shown apart; "
+                     "runs are only compared within a sweep")
+    return "\n\n".join(parts)
 
 
 BREAKDOWN_HEADERS = ["run", "peak", "peak phase"] + [c.replace("_", " ") for c in CATEGORIES]
 
 
 def breakdown_rows(results: list[RunRecord]) -> list[list[str]]:
-    """Each run's peak and its make-up by category (human units), the table that explains the peak."""
+    """Each run's peak and its make-up by category (one unit for the table), the table that explains the peak."""
+    fmt = ByteFormat([r.peak for r in results] + [v for r in results for v in (breakdown(r) or {}).values()],
+                     max_decimals=2)
     body = []
     for r in results:
         parts = breakdown(r) or {}
-        body.append([r.name, fmt_bytes(r.peak), (r.memory.peak_phase if r.memory else None) or "-"]
-                    + [fmt_bytes(parts[c]) if c in parts else "-" for c in CATEGORIES])
+        body.append([r.name, fmt.with_unit(r.peak), (r.memory.peak_phase if r.memory else None) or "-"]
+                    + [fmt.with_unit(parts[c]) if c in parts else "-" for c in CATEGORIES])
     return body
 
 

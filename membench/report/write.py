@@ -12,6 +12,7 @@ from membench.fsio import atomic_write_text, make_dir
 from membench.report import charts as ch
 from membench.report import explain as ex
 from membench.report import html
+from membench.report.recommend import Goal, recommend
 from membench.report.table import BREAKDOWN_HEADERS, breakdown_rows
 from membench.report.table import render as render_table
 from membench.results import RunRecord, to_frame
@@ -39,9 +40,11 @@ def ordered(results: list[dict]) -> list[dict]:
     return sorted(results, key=lambda r: (r.name != "baseline", r.started or float("inf"), r.name))
 
 
-def markdown(results: list[RunRecord], chart_files: dict[str, dict], title: str) -> str:
+def markdown(results: list[RunRecord], chart_files: dict[str, dict], title: str,
+             goal: Goal = Goal("lowest-peak")) -> str:
     baseline = ex.find_baseline(results)
-    lines = [f"# {title}", "", render_table(results, fmt="github"), "", "## The peak by category", "",
+    lines = [f"# {title}", "", "## Recommendation", ""] + [f"- {s}" for s in recommend(results, goal)] + [
+             "", render_table(results, fmt="github"), "", "## The peak by category", "",
              tabulate(breakdown_rows(results), headers=BREAKDOWN_HEADERS, tablefmt="github", disable_numparse=True),
              ""]
     for name, files in chart_files.items():
@@ -62,7 +65,7 @@ def markdown(results: list[RunRecord], chart_files: dict[str, dict], title: str)
     return "\n".join(lines)
 
 
-def write_report(results: list[RunRecord], out_dir: Path) -> dict[str, Path]:
+def write_report(results: list[RunRecord], out_dir: Path, goal: Goal = Goal("lowest-peak")) -> dict[str, Path]:
     """Write everything under out_dir; returns name -> path of each file written."""
     check_one_sweep(results)
     results = ordered(results)
@@ -79,7 +82,7 @@ def write_report(results: list[RunRecord], out_dir: Path) -> dict[str, Path]:
     written["results.csv"] = out_dir / "results.csv"
     atomic_write_text(written["results.csv"], to_frame(results).to_csv(index=False))
     written["report.md"] = out_dir / "report.md"
-    atomic_write_text(written["report.md"], markdown(results, chart_files, title))
+    atomic_write_text(written["report.md"], markdown(results, chart_files, title, goal))
     written["report.html"] = out_dir / "report.html"
-    atomic_write_text(written["report.html"], html.render(results, chart_files, out_dir, title))
+    atomic_write_text(written["report.html"], html.render(results, chart_files, out_dir, title, goal))
     return written

@@ -33,6 +33,8 @@ class Technique:
     starts both runs from the baseline's initial values).
     env: environment variables for the run's own process only.
     predictable: False if it moves memory between host and device, which a prediction on CPU cannot tell apart.
+    recomputes_forward: True if it runs (part of) the forward again in backward: modules with state updated in
+    forward (BatchNorm's running statistics) are updated again, which the equivalence verdict explains.
     order: when `configure` runs relative to the others in a stack (small first).
     """
 
@@ -49,6 +51,7 @@ class Technique:
     param_dtype: ClassVar[torch.dtype | None] = None
     same_init: ClassVar[bool] = True
     predictable: ClassVar[bool] = True
+    recomputes_forward: ClassVar[bool] = False
 
     def __init__(self, spec: RunSpec, stack_param_dtype: torch.dtype | None = None):
         self.spec = spec

@@ -29,6 +29,17 @@ def has_batchnorm(model: nn.Module) -> bool:
     return any(isinstance(m, BATCHNORM_BASE) for m in model.modules())
 
 
+# --- dropout's base class, to switch dropout off for the equivalence check only ---------------------------------
+# checked: 2.14.1 (nn.modules.dropout._DropoutNd, a base of Dropout, Dropout1d/2d/3d, AlphaDropout and friends)
+DROPOUT_BASE = nn.modules.dropout._DropoutNd
+
+
+# --- whether autograd is running a backward pass on this thread (trackers/recompute.py) ---------------------------
+# -1 outside backward. checked: 2.14.1
+def in_backward() -> bool:
+    return torch._C._current_graph_task_id() != -1
+
+
 # --- selective activation checkpointing: the ops whose outputs are kept (techniques/sac.py) ----------------------
 # Private attention kernels exist only on some builds: each is looked up by name. checked: 2.14.1
 def attention_and_matmul_ops() -> set:

@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from membench.trackers import recompute
 from membench.trackers.private import (
     TorchDispatchMode,
     fsdp_storage_modules,
     is_traceable_wrapper_subclass,
     tree_flatten,
 )
-from membench.vocab import CATEGORIES, OTHER, PHASE_CATEGORY
+from membench.vocab import CATEGORIES, OTHER, PHASE_CATEGORY, RECOMPUTED
 
 NO_MODULE = "(no module)"  # allocated outside any tracked module: the loss, the optimizer step, the inputs
 
@@ -115,7 +116,7 @@ class StorageTracker(TorchDispatchMode):
             self._keys[storage] = key
             weakref.finalize(storage, self._free, key)
             self._traced("alloc", key, nbytes)
-            self._add(key, size, category or PHASE_CATEGORY.get(self.phase, OTHER), module or self.module)
+            self._add(key, size, category or self._phase_category(), module or self.module)
         else:
             old_size, old_category, old_module = self.live[key]
             if size != old_size:
@@ -133,7 +134,12 @@ class StorageTracker(TorchDispatchMode):
             self._traced("free", key)
             self._traced("alloc", key, nbytes)
             self._remove(key)
-            self._add(key, self._rounded(nbytes), PHASE_CATEGORY.get(self.phase, OTHER), self.module)
+            self._add(key, self._rounded(nbytes), self._phase_category(), self.module)
+
+    def _phase_category(self) -> str:
+        if recompute.active():  # a checkpointed block's forward, run again in backward
+            return RECOMPUTED
+        return PHASE_CATEGORY.get(self.phase, OTHER)
 
     def track_all(self, tensors, category: str, module: str | None = None) -> None:
         for t in tensors:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 import time
@@ -21,23 +22,71 @@ PEAK_FLOPS = {
 }
 
 
-def time_steps(step: Callable[[int], float], indices) -> tuple[list[float], list[float]]:
-    """Run step(i) for each i; return (seconds per step, losses)."""
+# A timed run goes on past its --steps to fill --min-time, but never past this many times --steps.
+MAX_STEPS_FACTOR = 20
+CI_LEVEL = 0.95
+# torch.utils.benchmark's rule of thumb: spread over 10% of the median means a noisy measurement.
+NOISY_SPREAD = 0.10
+
+
+def time_steps(step: Callable[[int], float], indices, min_time_s: float = 0.0) -> tuple[list[float], list[float]]:
+    """Run step(i) for each i; then, while less than min_time_s was timed, more steps (up to MAX_STEPS_FACTOR x
+    as many). Returns (seconds per step, losses)."""
+    indices = iter(indices)
     times, losses = [], []
     for i in indices:
         start = time.perf_counter()
         losses.append(step(i))
         times.append(time.perf_counter() - start)
+    if min_time_s > 0 and times:
+        last, cap = i, len(times) * MAX_STEPS_FACTOR
+        while sum(times) < min_time_s and len(times) < cap:
+            last += 1
+            start = time.perf_counter()
+            losses.append(step(last))
+            times.append(time.perf_counter() - start)
     return times, losses
+
+
+def median_ci(values: list[float], level: float = CI_LEVEL) -> tuple[float, float, float]:
+    """A distribution-free confidence interval for the median: (low, high, its confidence).
+
+    Order statistics: the k-th smallest and k-th largest of n values bracket the true median with probability
+    1 - 2 P(B < k), B ~ Binomial(n, 1/2), whatever the distribution of step times (they are skewed: a step is
+    slowed by other work, never sped up). The narrowest such interval with at least `level` confidence; with
+    fewer than 6 values none reaches 95%, and the widest (min to max) is returned with its own, lower, confidence.
+    """
+    xs = sorted(values)
+    n = len(xs)
+    if n == 1:
+        return xs[0], xs[0], 0.0
+    best = (xs[0], xs[-1], 1 - 2 * 0.5**n)
+    for k in range(1, n // 2):
+        coverage = 1 - 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+        if coverage < level:
+            break
+        best = (xs[k], xs[n - 1 - k], coverage)
+    return best
 
 
 def summarize(times: list[float]) -> Timing:
     q = statistics.quantiles(times, n=4) if len(times) >= 2 else [times[0]] * 3
     median = statistics.median(times)
     iqr = q[2] - q[0]
-    # torch.utils.benchmark's rule of thumb: spread over 10% of the median means a noisy measurement.
+    # One step has no spread to speak of: no interval (a difference against it cannot be told from noise).
+    low, high, level = median_ci(times) if len(times) > 1 else (None, None, None)
     return Timing(step_times_s=list(times), median_s=median, iqr_s=iqr, min_s=min(times), max_s=max(times),
-                  noisy=median > 0 and iqr / median > 0.10)
+                  noisy=median > 0 and (iqr / median > NOISY_SPREAD or
+                                        (low is not None and (high - low) / 2 / median > NOISY_SPREAD)),
+                  ci_low_s=low, ci_high_s=high, ci_level=level)
+
+
+def overlap(a: Timing | None, b: Timing | None) -> bool | None:
+    """Whether two runs' median step times are within noise of each other (their intervals overlap). None when
+    either has no interval (older results)."""
+    if a is None or b is None or a.ci_low_s is None or b.ci_low_s is None:
+        return None
+    return a.ci_low_s <= b.ci_high_s and b.ci_low_s <= a.ci_high_s
 
 
 def count_flops(step: Callable[[], object]) -> int:

@@ -1,0 +1,53 @@
+"""How sure a timing is, in words and numbers, for tables, sentences and charts.
+
+A run's median step time comes with a confidence interval (order statistics, trackers/timing.py). Two runs whose
+intervals overlap are *within noise* of each other: their difference in throughput is not shown as a fact.
+"""
+
+from __future__ import annotations
+
+from membench.results import Timing
+from membench.trackers.timing import overlap
+from membench.units import pct_change
+
+
+def spread(timing: Timing | None) -> float | None:
+    """Half the interval's width as a share of the median (the '±' of a step time); None without an interval."""
+    if timing is None or timing.ci_low_s is None or not timing.median_s:
+        return None
+    return max(timing.median_s - timing.ci_low_s, timing.ci_high_s - timing.median_s) / timing.median_s
+
+
+def step_ms(timing: Timing | None) -> str:
+    """'351.0 ±3.2%'; the median alone for results recorded before intervals were."""
+    if timing is None:
+        return "-"
+    s = spread(timing)
+    if s is None and len(timing.step_times_s) == 1:
+        return f"{timing.median_s * 1e3:.1f} (1 step)"
+    return f"{timing.median_s * 1e3:.1f}" + (f" ±{s:.1%}" if s is not None else "")
+
+
+def throughput_interval(timing: Timing) -> tuple[float, float] | None:
+    """The throughput's interval, from the step time's (a slower step is a lower throughput)."""
+    if timing.ci_low_s is None or not timing.throughput or not timing.ci_low_s:
+        return None
+    per_step = timing.throughput * timing.median_s  # items per step
+    return per_step / timing.ci_high_s, per_step / timing.ci_low_s
+
+
+def within_noise(timing: Timing | None, reference: Timing | None) -> bool:
+    """True when the two runs' intervals overlap, or when there is no interval to tell (older results, a
+    single step): a difference that cannot be told from noise is treated as noise."""
+    same = overlap(timing, reference)
+    return True if same is None else same
+
+
+def delta(timing: Timing | None, reference: Timing | None) -> str:
+    """The change in throughput against the reference: '+7.7%', or 'within noise (+7.7%)'."""
+    if timing is None or reference is None or not timing.throughput or not reference.throughput:
+        return "-"
+    change = f"{pct_change(timing.throughput, reference.throughput):+.1f}%"
+    if timing is reference:
+        return change
+    return f"within noise ({change})" if within_noise(timing, reference) else change

@@ -1,0 +1,152 @@
+"""What to do, computed from the numbers: which run to pick for the user's goal, what it saves, what it costs,
+how sure the timing is and whether it trains the same model; and, when nothing helps, why.
+
+Goals:
+- "lowest-peak" (the default): the lowest peak among the runs that train the same model as the baseline
+  (equivalence bitwise or equivalent). A technique that changes precision, or whose equivalence was not checked,
+  is never recommended as the same model; it is named apart when it goes lower.
+- "fits:<size>" (e.g. fits:16GiB): among the runs that train the same model and whose peak fits in the budget
+  (reserved memory where measured, as CUDA runs out of memory on it; else allocated), the highest throughput.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from membench.errors import UserError
+from membench.report import noise
+from membench.report.explain import PHASE_WORDS, find_baseline
+from membench.results import RunRecord
+from membench.units import fmt_bytes, parse_bytes, pct_change
+
+SAME_MODEL = ("bitwise", "equivalent")
+
+
+@dataclass(frozen=True)
+class Goal:
+    kind: str  # "lowest-peak" or "fits"
+    budget: int | None = None
+
+    def describe(self) -> str:
+        if self.kind == "fits":
+            return f"fits in {fmt_bytes(self.budget)} with the highest throughput, training the same model"
+        return "the lowest peak that trains the same model"
+
+
+def parse_goal(text: str | None) -> Goal:
+    """'lowest-peak' (default) or 'fits:16GiB'."""
+    if not text or text == "lowest-peak":
+        return Goal("lowest-peak")
+    kind, sep, size = text.partition(":")
+    if kind == "fits" and sep:
+        return Goal("fits", parse_bytes(size))
+    raise UserError(f"cannot read goal {text!r}: write lowest-peak, or fits:SIZE such as fits:16GiB")
+
+
+def changes_precision(r: RunRecord) -> bool:
+    """From the equivalence check when it ran; else from the stack's numerics."""
+    eq = r.equivalence
+    if eq is not None and eq.verdict != "reference":
+        return eq.verdict == "precision" or eq.mode == "precision"
+    if not r.spec.run.techniques:
+        return False
+    try:
+        from membench.techniques import resolve
+
+        return resolve(r.spec.run).low_precision
+    except UserError:  # a technique this membench does not know: cannot tell
+        return False
+
+
+def _same_model(r: RunRecord) -> bool:
+    return r.name == "baseline" or (r.equivalence is not None and r.equivalence.verdict in SAME_MODEL)
+
+
+def _fit_bytes(r: RunRecord) -> int | None:
+    m = r.memory
+    return None if m is None else (m.peak_reserved_bytes or m.peak_allocated_bytes)
+
+
+def _cost(r: RunRecord, base: RunRecord | None) -> str:
+    t, bt = r.timing, base.timing if base else None
+    if t is None or bt is None or not t.throughput or not bt.throughput:
+        return "its throughput was not compared"
+    change = pct_change(t.throughput, bt.throughput)
+    spread = ", ".join(f"±{s:.0%}" for s in (noise.spread(t), noise.spread(bt)) if s is not None)
+    if noise.within_noise(t, bt):
+        return (f"its throughput is within noise of the baseline's ({change:+.1f}%, step-time intervals overlap"
+                + (f": {spread}" if spread else "") + ")")
+    how = f"costs {-change:.1f}% of throughput" if change < 0 else f"is {change:.1f}% faster"
+    return f"it {how} ({t.throughput:.3g} vs {bt.throughput:.3g} {t.unit or ''}, outside the noise)"
+
+
+def _verdict(r: RunRecord) -> str:
+    eq = r.equivalence
+    if r.name == "baseline":
+        return "the baseline itself"
+    if eq is None:
+        return "equivalence not checked"
+    return f"trains the same model ({eq.verdict}" + (f", apart from {eq.apart_from}" if eq.apart_from else "") + ")"
+
+
+def _why_nothing_helps(base: RunRecord, others: list[RunRecord]) -> str:
+    phase = base.memory.peak_phase if base.memory else None
+    if phase == "optimizer":
+        return ("the baseline's peak is in the optimizer step, where parameters, gradients and optimizer state are "
+                "all alive: techniques that save activations (accum, ckpt, sac) cannot lower it; opt-in-bwd (frees "
+                "each gradient as it is used) or a smaller optimizer state can")
+    if phase in ("forward", "backward"):
+        return (f"the baseline's peak is in {PHASE_WORDS.get(phase, phase)}, held by activations and gradients; "
+                "no technique measured here that trains the same model lowers it")
+    return "no run that trains the same model has a lower peak"
+
+
+def recommend(results: list[RunRecord], goal: Goal = Goal("lowest-peak")) -> list[str]:
+    """Sentences, the first one the pick. `results` is one sweep."""
+    head = f"Recommendation (goal: {goal.describe()}): "
+    base = find_baseline(results)
+    done = [r for r in results if r.status == "ok" and r.memory is not None]
+    same = [r for r in done if _same_model(r)]
+    other = [r for r in done if r not in same]
+    if not done:
+        return [head + "nothing to recommend: no run finished."]
+    lines = []
+    if base is None:
+        b = next((r for r in results if r.name == "baseline"), None)
+        lines.append(f"The baseline did not finish ({b.status if b else 'missing'}): its peak is partial and is no "
+                     "reference, so runs are compared by their absolute numbers only.")
+    if goal.kind == "fits":
+        fitting = [r for r in same if (_fit_bytes(r) or 0) <= goal.budget]
+        if not fitting:
+            low = min(same or done, key=lambda r: _fit_bytes(r) or 0)
+            return [head + f"nothing that trains the same model fits: the lowest peak is {low.name}'s "
+                    f"{fmt_bytes(_fit_bytes(low))}."] + lines
+        pick = max(fitting, key=lambda r: (r.timing.throughput if r.timing and r.timing.throughput else 0,
+                                           -(_fit_bytes(r) or 0)))
+        first = (f"pick {pick.name}: peak {fmt_bytes(_fit_bytes(pick))} fits in {fmt_bytes(goal.budget)}, "
+                 f"{pick.timing.throughput:.3g} {pick.timing.unit}" if pick.timing and pick.timing.throughput
+                 else f"pick {pick.name}: peak {fmt_bytes(_fit_bytes(pick))} fits in {fmt_bytes(goal.budget)}")
+        rivals = [r for r in fitting if r is not pick and noise.within_noise(r.timing, pick.timing)]
+        if rivals:
+            first += (f"; {', '.join(r.name for r in rivals)} within noise of it (the lowest peak of those: "
+                      f"{min(rivals + [pick], key=lambda r: _fit_bytes(r) or 0).name})")
+        lines.insert(0, head + first + f"; {_verdict(pick)}.")
+        return lines
+    pick = min(same, key=lambda r: (r.peak, -(r.timing.throughput if r.timing and r.timing.throughput else 0))) \
+        if same else None
+    if pick is None or (base is not None and pick.peak >= base.peak):
+        why = _why_nothing_helps(base, other) if base is not None else "no run that trains the same model finished"
+        lines.insert(0, head + f"keep the baseline: nothing measured here lowers its peak of {fmt_bytes(base.peak)} "
+                     f"while training the same model ({why})." if base is not None else head + why + ".")
+    else:
+        saving = (f", saving {fmt_bytes(base.peak - pick.peak)} ({pct_change(pick.peak, base.peak):+.1f}%) against "
+                  f"the baseline's {fmt_bytes(base.peak)}") if base is not None else ""
+        lines.insert(0, head + f"pick {pick.name}: peak {fmt_bytes(pick.peak)}{saving}; "
+                     f"{_cost(pick, base) if base is not None else 'no reference throughput'}; {_verdict(pick)}.")
+    lower = [r for r in other if pick is None or r.peak < pick.peak]
+    for r in sorted(lower, key=lambda r: r.peak):
+        reason = ("changes precision: not the same model" if changes_precision(r) else
+                  "equivalence not checked" if r.equivalence is None else
+                  f"does not train the same model ({r.equivalence.detail})")
+        lines.append(f"Not recommended: {r.name} goes lower ({fmt_bytes(r.peak)}) but {reason}.")
+    return lines
