@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import shutil
 import tempfile
@@ -24,6 +25,7 @@ def run_one(out_dir: Path, techniques: tuple[str, ...] = (), **options) -> RunRe
 @functools.cache
 def _cached_sweep() -> Path:
     out = Path(tempfile.mkdtemp(prefix="membench-sweep-"))
+    atexit.register(shutil.rmtree, out, True)  # cached for the session; gone when the test process ends
     run_one(out)
     run_one(out, ("opt-in-bwd",), check=True)
     return out
