@@ -101,8 +101,14 @@ def launch(job: Job, out_dir: Path) -> RunRecord:
 
 def run_all(jobs: list[Job], out_dir: Path, resume: bool = False,
             on_start: Callable[[Job], None] | None = None,
-            on_done: Callable[[Job, RunRecord, bool], None] | None = None) -> list[RunRecord]:
-    """Run every job in turn; with resume, keep the results already finished in out_dir."""
+            on_done: Callable[[Job, RunRecord, bool], None] | None = None,
+            run_one: Callable[[Job, Path], RunRecord] | None = None) -> list[RunRecord]:
+    """Run every job in turn; with resume, keep the results already finished in out_dir.
+
+    run_one: how one job runs (default `launch`: its own `python -m membench.worker` process; membench.child
+    forks, for a workload object that has no name to rebuild it from).
+    """
+    run_one = run_one or launch
     results = []
     for job in jobs:
         path = result_path(out_dir, job.name)
@@ -114,7 +120,7 @@ def run_all(jobs: list[Job], out_dir: Path, resume: bool = False,
         try:
             if on_start:
                 on_start(job)
-            results.append(launch(job, out_dir))
+            results.append(run_one(job, out_dir))
         except KeyboardInterrupt:
             raise Interrupted(results) from None
         if on_done:

@@ -55,7 +55,7 @@ class Worker:
     def execute(self) -> dict:
         """Run every stage; returns the record's fields (memory, timing, timeline, equivalence, ranks)."""
         spec, how = self.spec, self.job.measure
-        workload = load_workload(spec.workload)
+        workload = load_workload(spec.workload, spec.seq_len)
         stack = resolve(spec)
         stack.validate(spec, workload)
         meter = make_meter(spec.device, spec.memory_budget)

@@ -1,5 +1,6 @@
 """User workloads for tests, loaded as `tests.workloads:NAME` exactly as a user's own model would be."""
 
+import dataclasses
 import time
 
 import torch
@@ -35,3 +36,13 @@ def hang() -> Workload:
 
 def not_a_workload():
     return torch.nn.Linear(2, 2)
+
+
+def mlp_adafactor() -> Workload:
+    """A workload that names the optimizer it trains with (--optimizer overrides it)."""
+    return dataclasses.replace(mlp(), optimizer="adafactor")
+
+
+def rmsprop(params, lr: float) -> torch.optim.Optimizer:
+    """A user's optimizer factory (--optimizer tests.workloads:rmsprop): one state (square_avg) and a step."""
+    return torch.optim.RMSprop(params, lr=lr, foreach=False)
