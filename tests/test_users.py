@@ -271,3 +271,17 @@ def test_module_factory_resolves_from_the_working_directory_and_default_techniqu
 def test_version():
     proc = _cli("--version")
     assert proc.returncode == 0 and proc.stdout.strip() == f"membench {membench.__version__}"
+
+
+def test_fit_shows_each_prediction_as_it_goes():
+    proc = _cli("fit", "--workload", "gpt-tiny", "--budget", "4MiB", "--techniques", "baseline", "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    assert "fit baseline: batch 1 -> " in proc.stderr and "(fits)" in proc.stderr and "(over)" in proc.stderr
+
+
+def test_run_ends_by_naming_the_report_file_to_open(tmp_path):
+    proc = _cli("run", "--workload", "tests.workloads:mlp", "--batch-size", "4", "--device", "cpu", "--techniques",
+                "baseline", "--steps", "1", "--warmup", "0", "--no-check", "--no-timeline", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last == f"open {tmp_path / 'report' / 'report.html'}" and (tmp_path / "report" / "report.html").exists()
