@@ -4,7 +4,8 @@
 not have. So such a run is isolated by forking the caller instead: the child inherits the object, runs the same
 worker code and writes the same result file; an OOM, a crash or a hang there ends only the child. Fork works for
 this only on Linux, only before CUDA is initialised in the caller (a forked child cannot use the parent's CUDA
-context) and only before the caller has run a backward pass (autograd's threads do not survive a fork).
+context) and only where autograd works in the child (torch refuses in a child forked after the caller started
+autograd's worker threads).
 Otherwise the run happens in the caller's process, with a warning saying what that costs. A forked child
 computes on one CPU thread (see _child_main): CPU timings of such runs are single-threaded.
 """
@@ -30,6 +31,9 @@ IN_PROCESS_COST = (
     "your process's own tensors and cached blocks count in the measured peaks")
 
 
+AUTOGRAD_FORK = "https://github.com/pytorch/pytorch/wiki/Autograd-and-Fork"
+
+
 class InProcessWarning(UserWarning):
     """A run that could not be isolated in a child process."""
 
@@ -41,14 +45,14 @@ def why_not_fork() -> str | None:
     if torch.cuda.is_initialized():
         return "CUDA is already initialised in this process, and a forked child cannot use it"
     if not _autograd_works_in_fork():
-        return ("this process has already run a backward pass, and autograd cannot run in a child forked after "
-                "that (https://github.com/pytorch/pytorch/wiki/Autograd-and-Fork)")
+        return f"autograd cannot run in a child forked from this process ({AUTOGRAD_FORK})"
     return None
 
 
 def _autograd_works_in_fork() -> bool:
-    """Whether a forked child can run backward: not once this process has (autograd's threads do not survive a
-    fork, and torch then refuses in the child). No public flag says so, so ask a child: a few milliseconds."""
+    """Whether a forked child can run backward: torch refuses in a child forked after the parent started
+    autograd's worker threads. No public flag says so, so ask a child: a few milliseconds. A model's own
+    backward can still be refused where this small one is not: `launch` then runs it in this process."""
     probe = multiprocessing.get_context("fork").Process(target=_probe, daemon=True)
     probe.start()
     probe.join(60)
@@ -98,7 +102,13 @@ def launch(job: Job, out_dir: Path) -> RunRecord:
                                         log))
         return read_result(out_path)
     if out_path.exists() and out_path.stat().st_mtime >= started - 1:
-        return read_result(out_path)
+        record = read_result(out_path)
+        if record.status == "error" and AUTOGRAD_FORK in (record.error or ""):
+            # The probe's small backward passed, but this model's did not: what this process did with autograd
+            # before cannot be forked. Run it here, as when fork is not possible at all.
+            return _in_process(job, out_path, env, "autograd refused to run in the forked child (this process "
+                               "used autograd in a way a fork cannot inherit: " + AUTOGRAD_FORK + ")")
+        return record
     code = child.exitcode
     message = f"forked worker exited with code {code} before writing a result"
     if code is not None and code < 0:

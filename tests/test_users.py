@@ -173,15 +173,14 @@ def _images(batch_size: int, generator: torch.Generator):
                                                                                  generator=generator)
 
 
-def _in_a_fresh_process_if_this_one_cannot_fork(test) -> bool:
-    """A process that has run backward cannot fork a child that trains (as most test processes have): then run
-    the test again in a fresh pytest process, where it forks as it would in a new notebook. True: it ran there."""
-    from membench import child
-
-    if child.why_not_fork() is None:
+def _in_a_fresh_process(test) -> bool:
+    """Run a fork test in a fresh pytest process, as in a new notebook: what earlier tests did with autograd in
+    this process can make torch refuse autograd in a forked child. True: it ran there (and passed)."""
+    if os.environ.get("MEMBENCH_TEST_FRESH"):
         return False
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{__file__}::{test.__name__}"],
-                   check=True, timeout=600, cwd=os.path.dirname(os.path.dirname(__file__)))
+                   check=True, timeout=600, cwd=os.path.dirname(os.path.dirname(__file__)),
+                   env={**os.environ, "MEMBENCH_TEST_FRESH": "1"})
     return True
 
 
@@ -189,7 +188,7 @@ def test_run_sweep_takes_a_model_function_and_runs_each_in_a_forked_child(tmp_pa
     from membench.child import InProcessWarning
 
     this = test_run_sweep_takes_a_model_function_and_runs_each_in_a_forked_child
-    if _in_a_fresh_process_if_this_one_cannot_fork(this):
+    if _in_a_fresh_process(this):
         return
     with warnings.catch_warnings():
         warnings.simplefilter("error", InProcessWarning)  # forked, not in this process
@@ -201,7 +200,7 @@ def test_run_sweep_takes_a_model_function_and_runs_each_in_a_forked_child(tmp_pa
 
 
 def test_a_crash_in_a_notebook_model_ends_only_its_forked_run(tmp_path):
-    if _in_a_fresh_process_if_this_one_cannot_fork(test_a_crash_in_a_notebook_model_ends_only_its_forked_run):
+    if _in_a_fresh_process(test_a_crash_in_a_notebook_model_ends_only_its_forked_run):
         return
 
     def build():
@@ -213,12 +212,26 @@ def test_a_crash_in_a_notebook_model_ends_only_its_forked_run(tmp_path):
     assert list(frame["status"]) == ["error"]
 
 
-def test_after_a_backward_pass_here_a_child_cannot_use_autograd_and_it_says_so():
-    from membench import child
+def test_when_torch_refuses_autograd_in_the_child_the_run_moves_into_this_process(tmp_path, monkeypatch):
+    from membench import child, worker
 
-    x = torch.ones(1, requires_grad=True)
-    (x * 3).sum().backward()
-    assert "already run a backward pass" in child.why_not_fork()
+    parent, real_run = os.getpid(), worker.run
+
+    def run(job, out):  # in the forked child: what torch says after an unforkable use of autograd in the parent
+        if os.getpid() == parent:
+            return real_run(job, out)
+        raise SystemExit(worker.write_record(out, worker.RunRecord(
+            name=job.name, status="error", spec=job,
+            error=f"RuntimeError during warmup: Unable to handle autograd's threading ... {child.AUTOGRAD_FORK}")))
+
+    monkeypatch.setattr(worker, "run", run)
+    monkeypatch.setattr(child, "why_not_fork", lambda: None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        frame = membench.run_sweep(_tiny_model, "baseline", batch_size=4, device="cpu", out=tmp_path, steps=1,
+                                   warmup=0, make_batch=_images, check=False, timeline=False)
+    assert list(frame["status"]) == ["ok"]
+    assert any("autograd refused to run in the forked child" in str(w.message) for w in caught)
 
 
 def test_where_it_cannot_fork_it_runs_in_process_and_says_what_that_costs(tmp_path, monkeypatch):
