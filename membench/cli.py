@@ -200,7 +200,8 @@ def cmd_predict(args) -> int:
     if args.device == "cuda":
         print("\nPREDICTED cuda memory (no timing); a prediction cannot see: " + "; ".join(CANNOT_SEE))
     else:  # the CPU tracker is what the prediction reproduces: no CUDA caveat applies
-        print("\nPREDICTED cpu memory (no timing): what `membench run --device cpu` measures, to the byte")
+        print("\nPREDICTED cpu memory (no timing): what `membench run --device cpu` measures, to the byte where the "
+              "model does not branch on tensor values")
     print(f"predictions: {out}")
     return 0 if all(r.status == "ok" for r in results) else 1
 
