@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch import nn
 
-from membench import environment
+from membench import environment, optimizers
 from membench.errors import UserError
 from membench.launcher import probe, run_all
 from membench.results import to_frame
@@ -23,7 +25,7 @@ from membench.spec import (
     expand,
 )
 from membench.techniques import parse_techniques, resolve
-from membench.workloads import check_workload_name, is_user_workload, load_workload
+from membench.workloads import REGISTERED, Workload, check_workload_name, is_user_workload, load_workload
 
 
 def resolve_device(device: str) -> str:
@@ -51,34 +53,48 @@ def _split_options(options: dict) -> tuple[dict, dict, dict]:
     return parts[0], parts[1], parts[2]
 
 
-def plan(workload: str = DEFAULT_WORKLOAD, techniques: str = DEFAULT_TECHNIQUES, batch_size: int = DEFAULT_BATCH_SIZE,
+def plan(workload: str = DEFAULT_WORKLOAD, techniques: str | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
          device: str = "auto", target_device: str | None = None, in_process: bool = False, **options) -> list[Job]:
     """Validate everything and expand into one Job per run (baseline first). Nothing runs yet.
 
+    techniques: None is the default set (DEFAULT_TECHNIQUES), without ckpt for a workload that declares no blocks
+    (with a note on stderr); techniques the user names are never skipped, only refused.
     target_device: the device the numbers are for, when it is not where they are computed (a prediction for
     CUDA is computed on CPU): techniques are checked against it.
     in_process: the caller runs the workload in this process anyway (predict, fit): validate it here too.
     A user's `package.module:factory` is otherwise loaded only in a child process (launcher.probe).
     """
     check_workload_name(workload)
+    if is_user_workload(workload) and not in_process:
+        # The user's code (their factory) runs in a child process, under the timeout: it plans there and sends
+        # the jobs back, so a factory that hangs, aborts or raises never runs in this process.
+        timeout = options.get("timeout_s", LaunchSpec().timeout_s)
+        return probe(dict(workload=workload, techniques=techniques, batch_size=batch_size, device=device,
+                          target_device=target_device, **options), timeout)
     run_opts, measure_opts, launch_opts = _split_options(options)
     device = resolve_device(device) if target_device is None else target_device
+    loaded = load_workload(workload, run_opts.get("seq_len"))
+    if run_opts.get("optimizer") is None:  # not given: the workload's own choice, else Adam
+        run_opts["optimizer"] = loaded.optimizer or "adam"
     base = RunSpec(workload=workload, batch_size=batch_size, device=device, **run_opts).validated()
+    optimizers.check(base.optimizer)
     measure, launch = MeasureSpec(**measure_opts).validated(), LaunchSpec(**launch_opts).validated()
-    specs = expand(base, parse_techniques(techniques))
+    stacks = parse_techniques(DEFAULT_TECHNIQUES if techniques is None else techniques)
+    if techniques is None and loaded.blocks is None:
+        # The default set is a suggestion: a model with no blocks declared cannot be checkpointed, so skip it
+        # (saying so) rather than fail the user's first run. A named technique is refused instead.
+        print("membench: skipping ckpt (a default technique): workload declares no blocks to checkpoint "
+              "(Workload.blocks)", file=sys.stderr)
+        stacks = tuple(s for s in stacks if "ckpt" not in s)
+    specs = expand(base, stacks)
     jobs = []
     for spec in specs:
         # --nproc-per-node is for the distributed techniques; the others (and the baseline) are single-device runs,
         # measured per device at --batch-size: what a rank's numbers compare against.
         if not resolve(spec).distributed:
             spec = dataclasses.replace(spec, nproc_per_node=1)
+        resolve(spec).validate(spec, loaded)
         jobs.append(Job(spec, measure, launch))
-    if is_user_workload(workload) and not in_process:
-        probe(jobs, launch.timeout_s)  # the user's code runs in a child process, under the timeout
-    else:
-        loaded = load_workload(workload)
-        for job in jobs:
-            resolve(job.run).validate(job.run, loaded)
     return jobs
 
 
@@ -87,15 +103,58 @@ def default_out_dir(spec: RunSpec, root: Path = Path("results")) -> Path:
     return root / key / f"{spec.workload.replace(':', '.')}-bs{spec.batch_size}"
 
 
-def run_sweep(workload: str = DEFAULT_WORKLOAD, techniques: str = DEFAULT_TECHNIQUES,
+def run_sweep(workload: str | Workload | Callable[[], nn.Module] = DEFAULT_WORKLOAD, techniques: str | None = None,
               batch_size: int = DEFAULT_BATCH_SIZE, device: str = "auto", out: str | Path | None = None,
-              resume: bool = False, on_start: Callable | None = None, on_done: Callable | None = None, **options):
+              resume: bool = False, on_start: Callable | None = None, on_done: Callable | None = None,
+              make_batch: Callable | None = None, loss_fn: Callable | None = None, name: str | None = None,
+              **options):
     """Run the baseline and each technique in its own process; return a DataFrame (one row per run).
 
-    Options are those of `membench run` (steps, warmup, accum_steps, optimizer, lr, seed, check, timeline, ...).
-    Example: ``membench.run_sweep("vit-tiny", "accum,ckpt", batch_size=8, steps=3)``.
+    workload: a name as `membench run --workload` takes it; a `Workload` object; or a function returning a fresh
+    nn.Module, with `make_batch(batch_size, generator)` (and `loss_fn(model, batch)`, by default cross-entropy
+    of model(*batch[:-1]) against batch[-1]). An object has no name a new process could rebuild it from, so its
+    runs are forked from this process (Linux, before CUDA is initialised here); where that is not possible they
+    run in this process, with an `InProcessWarning`: an OOM of the host, a crash or a hang then ends the caller.
+    name: what its runs are recorded as (`python:NAME`; default: the function's name).
+    Options are those of `membench run` (steps, warmup, accum_steps, optimizer, lr, seed, seq_len, check,
+    timeline, ...). Example: ``membench.run_sweep("vit-tiny", "accum,ckpt", batch_size=8, steps=3)``.
     """
+    launch = None
+    if not isinstance(workload, str):
+        from membench import child
+
+        workload = register(workload, make_batch, loss_fn, name)
+        launch = child.launch
+    elif make_batch is not None or loss_fn is not None:
+        raise UserError("make_batch and loss_fn go with a model function, not with a workload name")
     jobs = plan(workload, techniques, batch_size, device, **options)
     out_dir = Path(out) if out else default_out_dir(jobs[0].run)
-    results = run_all(jobs, out_dir, resume=resume, on_start=on_start, on_done=on_done)
+    results = run_all(jobs, out_dir, resume=resume, on_start=on_start, on_done=on_done, run_one=launch)
     return to_frame(results)
+
+
+def _default_loss(model: nn.Module, batch) -> torch.Tensor:
+    *inputs, target = batch
+    return nn.functional.cross_entropy(model(*inputs), target)
+
+
+def register(workload: Workload | Callable[[], nn.Module], make_batch: Callable | None = None,
+             loss_fn: Callable | None = None, name: str | None = None) -> str:
+    """Make a workload object runnable by name in this process (and in children forked from it)."""
+    if isinstance(workload, Workload):
+        if make_batch is not None or loss_fn is not None:
+            raise UserError("make_batch and loss_fn go with a model function; a Workload already has its own")
+        label = name or getattr(workload.build_model, "__name__", "")
+    elif callable(workload):
+        if make_batch is None:
+            raise UserError("a model function needs make_batch=(batch_size, generator) -> tuple of tensors "
+                            "(or pass a membench.workloads.Workload)")
+        label = name or getattr(workload, "__name__", "")
+        workload = Workload(build_model=workload, make_batch=make_batch, loss_fn=loss_fn or _default_loss)
+    else:
+        raise UserError(f"workload must be a name, a membench.workloads.Workload or a function returning an "
+                        f"nn.Module, got {type(workload).__name__}")
+    label = label if label.isidentifier() else "workload"  # lambdas are '<lambda>'
+    key = f"python:{label}"
+    REGISTERED[key] = workload
+    return key

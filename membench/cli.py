@@ -54,19 +54,25 @@ def _shell_words(text: str) -> str:
 
 def add_workload_options(p: argparse.ArgumentParser, batch: bool = True) -> None:
     """What runs: the options every subcommand that builds a training step takes."""
-    from membench.spec import DEFAULT_BATCH_SIZE, DEFAULT_TECHNIQUES, DEFAULT_WORKLOAD
+    from membench.spec import DEFAULT_BATCH_SIZE, DEFAULT_TECHNIQUES, DEFAULT_WORKLOAD, OPTIMIZERS
     from membench.workloads import BUILTIN
 
     p.add_argument("--workload", default=DEFAULT_WORKLOAD,
-                   help=f"{', '.join(BUILTIN)}, or package.module:factory (default: {DEFAULT_WORKLOAD})")
+                   help=f"{', '.join(BUILTIN)}, hf:NAME[,key=value...] (a Hugging Face model from its config, "
+                        f"needs membench[hf]), or package.module:factory, imported from the working directory "
+                        f"(default: {DEFAULT_WORKLOAD})")
     if batch:
         p.add_argument("--batch-size", type=_positive_int, default=DEFAULT_BATCH_SIZE,
                        help=f"samples per optimizer step (default {DEFAULT_BATCH_SIZE})")
-    p.add_argument("--techniques", default=DEFAULT_TECHNIQUES,
-                   help=f"comma-separated; '+' stacks techniques in one run (default {DEFAULT_TECHNIQUES}); "
-                        "the baseline always runs. See `membench techniques`.")
+    p.add_argument("--techniques", default=None,
+                   help=f"comma-separated; '+' stacks techniques in one run (default {DEFAULT_TECHNIQUES}, without "
+                        "those the workload cannot take); the baseline always runs. See `membench techniques`.")
     p.add_argument("--accum-steps", type=_positive_int, default=4, help="micro-batches for accum (default 4)")
-    p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
+    p.add_argument("--optimizer", default=None,
+                   help=f"{', '.join(OPTIMIZERS)}, or package.module:factory (a torch.optim.Optimizer built from the "
+                        "parameters; called with lr= if it takes it) (default: the workload's choice, else adam)")
+    p.add_argument("--seq-len", type=_positive_int, default=None,
+                   help="tokens per sample for text workloads (gpt-*, hf:*) (default: the workload's)")
     p.add_argument("--lr", type=_positive_float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
 
@@ -113,7 +119,8 @@ GOAL_HELP = ("what the recommendation optimises: lowest-peak (default: the lowes
 
 
 def _model_options(args) -> dict:
-    return dict(accum_steps=args.accum_steps, optimizer=args.optimizer, lr=args.lr, seed=args.seed)
+    return dict(accum_steps=args.accum_steps, optimizer=args.optimizer, lr=args.lr, seed=args.seed,
+                seq_len=args.seq_len)
 
 
 def cmd_run(args) -> int:
@@ -151,6 +158,11 @@ def cmd_run(args) -> int:
     for group in sweeps(results):
         print("\n" + "\n".join(recommend(group, goal)))
     print(f"\nresults: {out}")
+    if any(r.finished for r in results):
+        from membench.report.write import ordered, write_report
+
+        written = write_report(ordered(results), out / "report")
+        print(f"open {written['report.html']}")
     return 0 if all(r.finished for r in results) else 1
 
 
@@ -226,14 +238,21 @@ def cmd_predict(args) -> int:
     jobs = _predict_jobs(args, args.batch_size)
     out = args.out or default_predict_dir(jobs[0].run)
 
+    def start(job) -> None:  # a large model takes a while per run: say which one is going
+        print(f"predicting {job.name} ...", file=sys.stderr, flush=True)
+
     def done(job, record) -> None:
         print(f"predicted {job.name}: {record.status} ({record.wall_s:.1f} s)", file=sys.stderr)
         if record.traceback:  # a membench bug, not the user's: show where
             print(record.traceback, file=sys.stderr)
 
-    results = predict_all(jobs, out, on_done=done)
+    results = predict_all(jobs, out, on_start=start, on_done=done)
     print(render(results))
-    print(f"\nPREDICTED {args.device} memory (no timing); a prediction cannot see: " + "; ".join(CANNOT_SEE))
+    if args.device == "cuda":
+        print("\nPREDICTED cuda memory (no timing); a prediction cannot see: " + "; ".join(CANNOT_SEE))
+    else:  # the CPU tracker is what the prediction reproduces: no CUDA caveat applies
+        print("\nPREDICTED cpu memory (no timing): what `membench run --device cpu` measures, to the byte where the "
+              "model does not branch on tensor values")
     print(f"predictions: {out}")
     return 0 if all(r.status == "ok" for r in results) else 1
 
@@ -264,8 +283,16 @@ def cmd_fit(args) -> int:
     jobs = _predict_jobs(args, 1)
     confirm = args.device == "cuda" and torch.cuda.is_available() and not args.no_confirm
     fits = []
+
+    def probe(j) -> int:  # each prediction takes seconds on a large model: show the search as it goes
+        peak = getattr(predict_memory(j), field)
+        verdict = "fits" if peak <= budget else "over"
+        print(f"fit {j.name}: batch {j.run.batch_size} -> {fmt_bytes(peak)} ({verdict})", file=sys.stderr,
+              flush=True)
+        return peak
+
     for job in jobs:
-        fit = largest_batch(job, budget, lambda j: getattr(predict_memory(j), field), args.max_batch)
+        fit = largest_batch(job, budget, probe, args.max_batch)
         if confirm:
             fit = confirm_on_gpu(job, fit, budget, args.out or Path("results") / "fit")
         fits.append(fit)
@@ -300,6 +327,9 @@ def cmd_replay(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="membench", description="GPU memory benchmarks for PyTorch training: "
                                      "every memory-saving technique on one workload, side by side.")
+    from membench import __version__
+
+    parser.add_argument("--version", action="version", version=f"membench {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("run", help="measure the baseline and each technique, each in its own process")
     add_run_options(p)

@@ -35,7 +35,7 @@ class Fit:
 
 def batch_step(job: Job) -> int:
     """The smallest batch every technique of the stack accepts; all multiples of it are accepted too."""
-    workload = load_workload(job.run.workload)
+    workload = load_workload(job.run.workload, job.run.seq_len)
     for b in range(1, 4097):
         trial = dataclasses.replace(job.run, batch_size=b)
         try:

@@ -192,18 +192,18 @@ def launch(job: Job, out_dir: Path) -> RunRecord:
     return read_result(out_path)
 
 
-def probe(jobs: list[Job], timeout_s: float) -> None:
-    """Load a user's workload and check the stacks against it in a child process, under the run's timeout: a
-    factory that hangs, aborts or raises is one line (UserError) before anything runs, and never runs in the
-    sweep's own process."""
+def probe(plan_args: dict, timeout_s: float) -> list[Job]:
+    """Plan a sweep of a user's workload in a child process, under the run's timeout: the user's factory is
+    imported and called there, never in the sweep's own process. A factory that hangs, aborts or raises is one
+    line (UserError) before anything runs. Notes the child prints ("membench: ...") are passed on."""
     import tempfile
 
-    workload = jobs[0].run.workload
+    workload = plan_args["workload"]
     with tempfile.TemporaryDirectory(prefix="membench-probe-") as tmp:
-        path = Path(tmp) / "jobs.json"
-        path.write_text(json.dumps([j.to_dict() for j in jobs]))
+        path = Path(tmp) / "plan.json"
+        path.write_text(json.dumps(plan_args))
         try:
-            proc = subprocess.run([sys.executable, "-m", "membench.worker", "--validate", str(path)],
+            proc = subprocess.run([sys.executable, "-m", "membench.worker", "--plan", str(path)],
                                   capture_output=True, text=True, timeout=timeout_s, env=child_env(dict(os.environ)),
                                   preexec_fn=preexec_for(os.getpid()))
         except subprocess.TimeoutExpired:
@@ -220,6 +220,10 @@ def probe(jobs: list[Job], timeout_s: float) -> None:
         raise UserError(f"workload {workload!r} crashed while loading ({how}){': ' + tail if tail else ''}")
     if answer.get("error"):
         raise UserError(str(answer["error"]).splitlines()[0])
+    for line in proc.stderr.splitlines():
+        if line.startswith("membench: "):
+            print(line, file=sys.stderr)
+    return [Job.from_dict(d) for d in answer["jobs"]]
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -238,11 +242,16 @@ def spec_changes(stored: Job, job: Job) -> list[str]:
 def run_all(jobs: list[Job], out_dir: Path, resume: bool = False,
             on_start: Callable[[Job], None] | None = None,
             on_done: Callable[[Job, RunRecord, bool], None] | None = None,
-            on_note: Callable[[Job, str], None] | None = None) -> list[RunRecord]:
+            on_note: Callable[[Job, str], None] | None = None,
+            run_one: Callable[[Job, Path], RunRecord] | None = None) -> list[RunRecord]:
     """Run every job in turn, holding out_dir's lock; with resume, keep the results already finished there
-    with the same job (on_note says why another is run again)."""
+    with the same job (on_note says why another is run again).
+
+    run_one: how one job runs (default `launch`: its own `python -m membench.worker` process; membench.child
+    forks, for a workload object that has no name to rebuild it from).
+    """
     with locked(out_dir):
-        return _run_all(jobs, out_dir, resume, on_start, on_done, on_note)
+        return _run_all(jobs, out_dir, resume, on_start, on_done, on_note, run_one or launch)
 
 
 def check_result_paths(jobs: list[Job], out_dir: Path) -> None:
@@ -254,7 +263,7 @@ def check_result_paths(jobs: list[Job], out_dir: Path) -> None:
                             "or choose another --out")
 
 
-def _run_all(jobs, out_dir, resume, on_start, on_done, on_note) -> list[RunRecord]:
+def _run_all(jobs, out_dir, resume, on_start, on_done, on_note, run_one) -> list[RunRecord]:
     check_result_paths(jobs, out_dir)
     results = []
     for job in jobs:
@@ -273,7 +282,7 @@ def _run_all(jobs, out_dir, resume, on_start, on_done, on_note) -> list[RunRecor
         try:
             if on_start:
                 on_start(job)
-            results.append(launch(job, out_dir))
+            results.append(run_one(job, out_dir))
         except KeyboardInterrupt as stop:
             raise Interrupted(results, terminated=isinstance(stop, Terminated)) from None
         if on_done:

@@ -15,7 +15,7 @@ import time
 import traceback
 from pathlib import Path
 
-from membench import environment
+from membench import environment, optimizers
 from membench.errors import UserError
 from membench.measure import Session
 from membench.results import Environment, Memory, RunRecord, result_path, write_record
@@ -40,7 +40,8 @@ CANNOT_SEE = (
 
 class _Prepared(Technique):
     """First in the stack: hands build_state the fake model, and makes the optimizer's default the one CUDA
-    picks (foreach, whose intermediates the CPU default skips)."""
+    picks (foreach, whose intermediates the CPU default skips) for the optimizers that default to it there (Adam,
+    AdamW, SGD; not Adafactor, and a user's factory keeps whatever it chooses)."""
 
     name = "predict"
     summary = "prediction plumbing"
@@ -54,7 +55,7 @@ class _Prepared(Technique):
         return self.model
 
     def configure(self, state) -> None:
-        if self.cuda:
+        if self.cuda and optimizers.cuda_defaults_to_foreach(self.spec.optimizer):
             state.optimizer_options.setdefault("foreach", True)
 
 
@@ -94,7 +95,7 @@ def predict_memory(job: Job, round_to: int | None = None) -> Memory:
         moved = ", ".join(t.name for t in stack.techniques if not t.predictable)
         raise CannotPredict(f"{moved} moves tensors between host and device memory, which a prediction on CPU "
                             "cannot tell apart: measure it on a GPU")
-    workload = load_workload(spec.workload)
+    workload = load_workload(spec.workload, spec.seq_len)
     stack.validate(run, workload)
     ranks = world_size(spec, stack)
     if ranks:
@@ -161,9 +162,11 @@ def predict(job: Job, round_to: int | None = None) -> RunRecord:
     return record
 
 
-def predict_all(jobs: list[Job], out_dir: Path | None, on_done=None) -> list[RunRecord]:
+def predict_all(jobs: list[Job], out_dir: Path | None, on_done=None, on_start=None) -> list[RunRecord]:
     results = []
     for job in jobs:
+        if on_start:
+            on_start(job)
         record = predict(job)
         if out_dir is not None:
             write_record(result_path(out_dir, job.name), record)

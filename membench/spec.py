@@ -18,7 +18,8 @@ from typing import Literal
 from membench.errors import UserError
 
 Device = Literal["cpu", "cuda"]
-OPTIMIZERS = ("adam", "sgd")
+# Built-in optimizers by name; `package.module:factory` names any other (see membench.optimizers).
+OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adafactor")
 
 # The defaults of `membench run` and `membench.run_sweep` (one place, so the CLI and the API agree).
 DEFAULT_WORKLOAD = "vit-small"
@@ -45,11 +46,14 @@ class RunSpec:
     techniques: tuple[str, ...] = ()
     device: Device = "cpu"
     accum_steps: int = 4
-    optimizer: str = "adam"
+    optimizer: str = "adam"  # a name in OPTIMIZERS or package.module:factory (plan() fills the workload's default)
     lr: float = 1e-3
     seed: int = 0
     memory_budget: int | None = None  # a device of this size, simulated (CPU) or enforced (CUDA fraction)
     nproc_per_node: int = 1  # ranks per node of a distributed run (torchrun)
+    # Tokens per sample for text workloads (gpt-*, hf:*); None: the workload's own default. Results written before
+    # this field existed read it as None, so they still pair with runs that do not set it (check, --resume).
+    seq_len: int | None = None
 
     @property
     def name(self) -> str:
@@ -59,8 +63,11 @@ class RunSpec:
         for name in ("batch_size", "accum_steps", "nproc_per_node"):
             _positive_int(name, getattr(self, name))
         _positive_number("lr", self.lr)
-        if self.optimizer not in OPTIMIZERS:
-            raise UserError(f"unknown optimizer {self.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
+        if not isinstance(self.optimizer, str) or (self.optimizer not in OPTIMIZERS and ":" not in self.optimizer):
+            raise UserError(f"unknown optimizer {self.optimizer!r}; valid: {', '.join(OPTIMIZERS)}, "
+                            "or package.module:factory")
+        if self.seq_len is not None:
+            _positive_int("seq_len", self.seq_len)
         if self.device not in ("cpu", "cuda"):
             raise UserError(f"unknown device {self.device!r}; valid: auto, cuda, cpu")
         if self.memory_budget is not None:

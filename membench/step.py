@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from membench import optimizers
 from membench.spec import RunSpec
 from membench.workloads import Batch, Workload
 
@@ -34,10 +35,10 @@ class TrainState:
     on_model: Callable[[nn.Module], None] | None = None  # a technique that replaces the parameters calls it again
 
     def make_optimizer(self, params, **overrides) -> torch.optim.Optimizer:
+        """The run's optimizer (--optimizer) over params. Options a technique sets (foreach, fused) reach only an
+        optimizer that takes them: foreach=False for opt-in-bwd means nothing to Adafactor's single-tensor step."""
         options = {**self.optimizer_options, **overrides}
-        if self.spec.optimizer == "sgd":
-            return torch.optim.SGD(params, lr=self.spec.lr, **options)
-        return torch.optim.Adam(params, lr=self.spec.lr, **options)
+        return optimizers.make(self.spec.optimizer, params, lr=self.spec.lr, **options)
 
     def forward_context(self) -> ContextManager:
         stack = contextlib.ExitStack()

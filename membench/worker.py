@@ -58,7 +58,7 @@ class Worker:
     def execute(self) -> dict:
         """Run every stage; returns the record's fields (memory, timing, timeline, equivalence, ranks)."""
         spec, how = self.spec, self.job.measure
-        workload = load_workload(spec.workload)
+        workload = load_workload(spec.workload, spec.seq_len)
         stack = resolve(spec)
         stack.validate(spec, workload)
         meter = make_meter(spec.device, spec.memory_budget)
@@ -204,28 +204,22 @@ def _run(job: Job, out: Path) -> RunRecord:
     return record
 
 
-def validate(jobs: list[Job]) -> str | None:
-    """Load the workload and check every job's stack against it; the reason it cannot run, or None.
+def plan_here(args: dict) -> dict:
+    """The launcher's probe: plan a sweep of a user's workload in this (child) process; the jobs, or why not."""
+    from membench.api import plan
 
-    The launcher's probe runs this in a child process before a sweep of a user's `package.module:factory`, so
-    that the user's code (which may hang, abort or raise) never runs in the sweep's own process.
-    """
     try:
-        workload = load_workload(jobs[0].run.workload)
-        for job in jobs:
-            resolve(job.run).validate(job.run, workload)
+        return {"jobs": [job.to_dict() for job in plan(**args, in_process=True)]}
     except UserError as exc:
-        return str(exc)
+        return {"error": str(exc)}
     except Exception as exc:  # noqa: BLE001 - the user's factory raising: its message is the answer
-        return f"workload {jobs[0].run.workload!r} raised {type(exc).__name__}: {exc}"
-    return None
+        return {"error": f"workload {args.get('workload')!r} raised {type(exc).__name__}: {exc}"}
 
 
 def main(argv: list[str]) -> int:
-    if argv[0] == "--validate":  # the launcher's probe: JOBS.json in, one line of JSON out
+    if argv[0] == "--plan":  # the launcher's probe: plan arguments in, one line of JSON out
         lifeline.tie_worker_to_sweep()
-        jobs = [Job.from_dict(d) for d in json.loads(Path(argv[1]).read_text())]
-        print(json.dumps({"error": validate(jobs)}))
+        print(json.dumps(plan_here(json.loads(Path(argv[1]).read_text()))))
         return 0
     lifeline.tie_worker_to_sweep()  # a worker never outlives the sweep that launched it
     job = Job.from_dict(json.loads(Path(argv[0]).read_text()))

@@ -1,5 +1,6 @@
 """User workloads for tests, loaded as `tests.workloads:NAME` exactly as a user's own model would be."""
 
+import dataclasses
 import time
 
 import torch
@@ -120,3 +121,11 @@ def hf_gpt2() -> Workload:
 
     return Workload(build_model=lambda: GPT2LMHeadModel(config), make_batch=make_batch, loss_fn=loss,
                     blocks=lambda model: list(model.transformer.h), items_per_sample=32, unit="tokens")
+def mlp_adafactor() -> Workload:
+    """A workload that names the optimizer it trains with (--optimizer overrides it)."""
+    return dataclasses.replace(mlp(), optimizer="adafactor")
+
+
+def rmsprop(params, lr: float) -> torch.optim.Optimizer:
+    """A user's optimizer factory (--optimizer tests.workloads:rmsprop): one state (square_avg) and a step."""
+    return torch.optim.RMSprop(params, lr=lr, foreach=False)

@@ -17,5 +17,13 @@ class FusedAdam(Technique):
     order = 15
     numerics = "rounding"
 
+    def validate(self, spec, workload) -> None:
+        from membench import optimizers
+        from membench.errors import UserError
+
+        if not optimizers.supports(spec.optimizer, "fused"):
+            raise UserError(f"technique {self.name} needs an optimizer with a fused step (adam, adamw, sgd, "
+                            f"sgd-momentum); {spec.optimizer} has none")
+
     def configure(self, state) -> None:
         state.optimizer_options["fused"] = True

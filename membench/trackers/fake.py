@@ -39,8 +39,21 @@ def build_on_meta(build) -> nn.Module:
 
 
 def materialize(meta_model: nn.Module) -> nn.Module:
-    """Inside fake_tensors(): fake cpu storages of the right sizes for every parameter and buffer."""
-    return meta_model.to_empty(device="cpu")
+    """Inside fake_tensors(): fake cpu storages of the right sizes for every parameter and buffer.
+
+    `to_empty` gives each module its own new tensor, so a parameter shared by two modules (tied input and output
+    embeddings, as in GPT-2 and BERT) would become two and be counted twice, with two gradients and two optimizer
+    states; the sharing is restored here, as transformers does with tie_weights() after its own meta loading.
+    """
+    shared = [(module, kind, name, id(tensor)) for module in meta_model.modules()
+              for kind in ("_parameters", "_buffers") for name, tensor in getattr(module, kind).items()
+              if tensor is not None]
+    model = meta_model.to_empty(device="cpu")
+    first: dict[int, torch.Tensor] = {}
+    for module, kind, name, key in shared:
+        table = getattr(module, kind)
+        table[name] = first.setdefault(key, table[name])
+    return model
 
 
 def real_tensors():

@@ -1,7 +1,8 @@
 """The workload contract: what a model factory hands membench.
 
-A factory is a function with no required arguments that returns a `Workload`. membench builds the model itself
-(so a technique can build it on another device or dtype), makes batches from a seeded generator, and calls
+A factory is a function with no required arguments that returns a `Workload`; a factory for text may also take a
+`seq_len` keyword (what `--seq-len` sets; it is not passed when the user does not set it). membench builds the
+model itself (so a technique can build it on another device or dtype), makes batches from a seeded generator, and calls
 `loss_fn(model, batch)` for a scalar loss that is a *mean* over the samples of the batch (accumulation relies on
 that: a micro-batch's loss is scaled by 1/N).
 """
@@ -27,6 +28,8 @@ class Workload:
     blocks: (model) -> the repeated blocks (transformer layers) that checkpointing wraps; None: no blocks.
     items_per_sample: how many throughput units one sample is (tokens per sequence for text; 1 for images).
     unit: the throughput unit ("samples" or "tokens").
+    optimizer: the optimizer this model trains with when `--optimizer` is not given (a name such as "adamw", or
+        "package.module:factory"); None: Adam.
     """
 
     build_model: Callable[[], nn.Module]
@@ -35,6 +38,7 @@ class Workload:
     blocks: Callable[[nn.Module], Sequence[nn.Module]] | None = None
     items_per_sample: int = 1
     unit: str = "samples"
+    optimizer: str | None = None
 
 
 def classification_loss(model: nn.Module, batch: Batch) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -72,8 +73,9 @@ def lm_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-def gpt(name: str) -> Workload:
-    cfg = CONFIGS[name]
+def gpt(name: str, seq_len: int | None = None) -> Workload:
+    """seq_len (--seq-len) replaces the config's context length, position embeddings included."""
+    cfg = CONFIGS[name] if seq_len is None else dataclasses.replace(CONFIGS[name], seq_len=seq_len)
 
     def make_batch(batch_size: int, generator: torch.Generator) -> Batch:
         seq = torch.randint(0, cfg.vocab, (batch_size, cfg.seq_len + 1), generator=generator)

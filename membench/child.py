@@ -1,0 +1,157 @@
+"""Runs of a workload that exists only in the caller's memory (a model defined in a notebook or a script).
+
+`python -m membench.worker` rebuilds a workload from its name, which a `Workload` object made in a notebook does
+not have. So such a run is isolated by forking the caller instead: the child inherits the object, runs the same
+worker code and writes the same result file; an OOM, a crash or a hang there ends only the child. Fork works for
+this only on Linux, only before CUDA is initialised in the caller (a forked child cannot use the parent's CUDA
+context) and only where autograd works in the child (torch refuses in a child forked after the caller started
+autograd's worker threads).
+Otherwise the run happens in the caller's process, with a warning saying what that costs. A forked child
+computes on one CPU thread (see _child_main): CPU timings of such runs are single-threaded.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from membench.errors import UserError
+from membench.results import RunRecord, read_result, result_path, write_record
+from membench.spec import Job
+from membench.techniques import resolve
+
+IN_PROCESS_COST = (
+    "an out-of-memory of the host, a crash or a hang in the model ends your own process (no timeout), and on CUDA "
+    "your process's own tensors and cached blocks count in the measured peaks")
+
+
+AUTOGRAD_FORK = "https://github.com/pytorch/pytorch/wiki/Autograd-and-Fork"
+
+
+class InProcessWarning(UserWarning):
+    """A run that could not be isolated in a child process."""
+
+
+def why_not_fork() -> str | None:
+    """None when a forked child can run the job; else why not, in words."""
+    if sys.platform != "linux" or "fork" not in multiprocessing.get_all_start_methods():
+        return f"fork is used only on Linux (this is {sys.platform})"
+    if torch.cuda.is_initialized():
+        return "CUDA is already initialised in this process, and a forked child cannot use it"
+    if not _autograd_works_in_fork():
+        return f"autograd cannot run in a child forked from this process ({AUTOGRAD_FORK})"
+    return None
+
+
+def _autograd_works_in_fork() -> bool:
+    """Whether a forked child can run backward: torch refuses in a child forked after the parent started
+    autograd's worker threads. No public flag says so, so ask a child: a few milliseconds. A model's own
+    backward can still be refused where this small one is not: `launch` then runs it in this process."""
+    probe = multiprocessing.get_context("fork").Process(target=_probe, daemon=True)
+    probe.start()
+    probe.join(60)
+    if probe.is_alive():
+        probe.kill()
+        probe.join()
+        return False
+    return probe.exitcode == 0
+
+
+def _probe() -> None:
+    try:
+        torch.set_num_threads(1)
+        x = torch.ones(2, requires_grad=True)
+        (x * 2).sum().backward()
+    except Exception:  # noqa: BLE001 - any failure means: do not fork
+        os._exit(1)
+    os._exit(0)
+
+
+def launch(job: Job, out_dir: Path) -> RunRecord:
+    """The launcher's `launch` for a workload object: a forked child where possible, else this process."""
+    from membench.fsio import make_dir
+    from membench.launcher import _failure, archive, environment_for
+
+    stack = resolve(job.run)
+    if stack.distributed or job.run.nproc_per_node > 1:
+        raise UserError(f"{job.name} runs through torchrun, which rebuilds the workload by name: give it as "
+                        "package.module:factory (membench run --workload ...)")
+    out_path = result_path(out_dir, job.name)
+    runs_dir = out_dir / "runs"
+    make_dir(runs_dir)
+    archive(out_dir, job.name)  # every file of an earlier run of this name moves to previous/, together
+    log = runs_dir / f"{job.name}.log"
+    env = {k: v for k, v in environment_for(stack).items() if os.environ.get(k) != v}
+    reason = why_not_fork()
+    if reason is not None:
+        return _in_process(job, out_path, env, reason)
+    started = time.time()
+    child = multiprocessing.get_context("fork").Process(target=_child_main, args=(job, out_path, log, env),
+                                                        daemon=True)
+    child.start()
+    child.join(job.launch.timeout_s)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        write_record(out_path, _failure(job, "timeout", f"no result after {job.launch.timeout_s:g} s (--timeout)",
+                                        log))
+        return read_result(out_path)
+    if out_path.exists() and out_path.stat().st_mtime >= started - 1:
+        record = read_result(out_path)
+        if record.status == "error" and AUTOGRAD_FORK in (record.error or ""):
+            # The probe's small backward passed, but this model's did not: what this process did with autograd
+            # before cannot be forked. Run it here, as when fork is not possible at all.
+            return _in_process(job, out_path, env, "autograd refused to run in the forked child (this process "
+                               "used autograd in a way a fork cannot inherit: " + AUTOGRAD_FORK + ")")
+        return record
+    code = child.exitcode
+    message = f"forked worker exited with code {code} before writing a result"
+    if code is not None and code < 0:
+        message += f" (killed by signal {-code}{'; out of host memory?' if code == -9 else ''})"
+    write_record(out_path, _failure(job, "error", message, log))
+    return read_result(out_path)
+
+
+def _child_main(job: Job, out_path: Path, log: Path, env: dict[str, str]) -> None:
+    """In the forked child: output to the run's log (in a notebook sys.stdout is the kernel's socket, which the
+    child must not write to), the stack's environment (allocator settings act at CUDA's first use), then the
+    worker, exactly as `python -m membench.worker` runs it."""
+    from membench import worker
+
+    out = open(log, "w", buffering=1)  # kept open for the child's whole life
+    os.dup2(out.fileno(), 1)
+    os.dup2(out.fileno(), 2)
+    sys.stdout = sys.stderr = out
+    os.environ.update(env)
+    # GNU OpenMP cannot start threads in a process forked after its parent used them (the child hangs in its
+    # first parallel op), and a notebook has usually run the model already. One thread always works; memory is
+    # the same, CPU step times are single-threaded (the result's env.cpu_threads says 1).
+    torch.set_num_threads(1)
+    worker.run(job, out_path)
+    out.flush()
+
+
+def _in_process(job: Job, out_path: Path, env: dict[str, str], reason: str) -> RunRecord:
+    from membench import worker
+
+    if env and torch.cuda.is_initialized():
+        raise UserError(f"{job.name} needs {', '.join(env)} set before CUDA starts, and CUDA has already started in "
+                        "this process; run it before any CUDA work, or as package.module:factory from the CLI")
+    warnings.warn(f"membench: {job.name} runs in this process ({reason}): {IN_PROCESS_COST}",
+                  InProcessWarning, stacklevel=3)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return worker.run(job, out_path)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

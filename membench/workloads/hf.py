@@ -1,0 +1,186 @@
+"""Hugging Face models by name, from their config alone: no weights are downloaded, so `membench predict` answers
+for a 7B model in seconds (built on `meta`, run on fake tensors) and `membench run` trains on synthetic data.
+
+`hf:NAME[,key=value...]`:
+- NAME a model type transformers knows (gpt2, llama, bert, vit, ...): transformers' default config for that
+  architecture (`AutoConfig.for_model`), offline. `hf:llama` is the 7B Llama shape, `hf:gpt2` GPT-2 small.
+- any other NAME (`openai-community/gpt2`, `meta-llama/Llama-2-7b-hf`, a local folder): `AutoConfig.from_pretrained`,
+  from the Hugging Face cache first, then the network.
+- key=value overrides config attributes (`hf:gpt2,n_layer=2,n_embd=64`); `head=` picks the head: causal-lm,
+  masked-lm, seq-cls or image-cls (default: masked-lm for encoders, else the first the architecture has).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from membench.errors import UserError
+from membench.workloads.base import Batch, Workload
+
+MISSING = "Hugging Face workloads need transformers: pip install membench[hf]"
+HEADS = ("causal-lm", "masked-lm", "seq-cls", "image-cls")
+DEFAULT_SEQ_LEN = 1024  # capped by the model's own context length
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise UserError(MISSING) from None
+    return transformers
+
+
+def _auto_classes() -> dict[str, tuple]:
+    t = _transformers()
+    from transformers.models.auto import modeling_auto as m
+
+    return {
+        "causal-lm": (t.AutoModelForCausalLM, m.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
+        "masked-lm": (t.AutoModelForMaskedLM, m.MODEL_FOR_MASKED_LM_MAPPING_NAMES),
+        "seq-cls": (t.AutoModelForSequenceClassification, m.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES),
+        "image-cls": (t.AutoModelForImageClassification, m.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES),
+    }
+
+
+def _value(text: str):
+    """An override's value as JSON where it parses (2, 0.1, true, null), else the string itself."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def parse(spec: str) -> tuple[str, dict, str | None]:
+    """'gpt2,n_layer=2,head=causal-lm' -> ('gpt2', {'n_layer': 2}, 'causal-lm')."""
+    name, *items = spec.split(",")
+    overrides, head = {}, None
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"workload 'hf:{spec}': {item!r} is not key=value")
+        if key.strip() == "head":
+            head = value.strip()
+            if head not in HEADS:
+                raise UserError(f"workload 'hf:{spec}': unknown head {head!r}; valid: {', '.join(HEADS)}")
+        else:
+            overrides[key.strip()] = _value(value.strip())
+    if not name:
+        raise UserError("workload 'hf:' needs a model name or type, e.g. hf:gpt2 or hf:meta-llama/Llama-2-7b-hf")
+    return name, overrides, head
+
+
+@functools.lru_cache(maxsize=32)
+def load_config(spec: str):
+    """The model's config with the overrides applied (cached: plan, worker and predictor all ask)."""
+    t = _transformers()
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    name, overrides, _ = parse(spec)
+    if name in CONFIG_MAPPING and not os.path.isdir(name):
+        config = t.AutoConfig.for_model(name)
+    else:
+        try:
+            config = t.AutoConfig.from_pretrained(name)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"workload 'hf:{spec}': no config for {name!r} in the Hugging Face cache or hub "
+                            f"({str(exc).splitlines()[0]}); a model type transformers knows (hf:gpt2, hf:llama, "
+                            "hf:bert, ...) needs no network") from None
+    for key, value in overrides.items():
+        if not hasattr(config, key):
+            raise UserError(f"workload 'hf:{spec}': {type(config).__name__} has no attribute {key!r}")
+        setattr(config, key, value)
+    config.use_cache = False  # training: no key/value cache kept beside the activations
+    return config
+
+
+def _head(spec: str, config) -> str:
+    _, _, head = parse(spec)
+    classes = _auto_classes()
+    if head is None:
+        # Encoders that transformers also offers a causal head for (bert, roberta, ...) are trained as masked LMs.
+        order = ("masked-lm", "causal-lm", "seq-cls", "image-cls")
+        head = next((h for h in order if config.model_type in classes[h][1]), None)
+        if head is None:
+            raise UserError(f"workload 'hf:{spec}': model type {config.model_type!r} has none of the heads membench "
+                            f"trains ({', '.join(HEADS)})")
+    elif config.model_type not in classes[head][1]:
+        raise UserError(f"workload 'hf:{spec}': model type {config.model_type!r} has no {head} head in transformers")
+    return head
+
+
+def _context(config) -> int | None:
+    for key in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _build(spec: str, head: str) -> nn.Module:
+    config = load_config(spec)
+    model_class = _auto_classes()[head][0]
+    # fp32 like every membench workload (bf16 is a technique), whatever dtype the checkpoint was saved in.
+    return model_class.from_config(config, dtype=torch.float32)
+
+
+def blocks_of(model: nn.Module) -> list[nn.Module]:
+    """The repeated transformer layers: the ModuleList of same-class modules holding the most parameters."""
+    best, best_size = [], -1
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) > 0 and len({type(m) for m in module}) == 1:
+            size = sum(p.numel() for p in module.parameters())
+            if size > best_size:
+                best, best_size = list(module), size
+    return best
+
+
+def _loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    inputs, labels = batch
+    key = "pixel_values" if inputs.is_floating_point() else "input_ids"
+    # transformers' losses are means (over tokens, or samples), as membench's accumulation needs.
+    return model(**{key: inputs, "labels": labels}).loss
+
+
+def _text_batch(vocab: int, seq_len: int, labels: Callable[[torch.Tensor, int, torch.Generator], torch.Tensor]):
+    def make(batch_size: int, generator: torch.Generator) -> Batch:
+        ids = torch.randint(0, vocab, (batch_size, seq_len), generator=generator)
+        return ids, labels(ids, batch_size, generator)
+
+    return make
+
+
+def hf_workload(spec: str, seq_len: int | None = None) -> Workload:
+    """A Workload for `hf:<spec>`: the model from its config, synthetic tokens (or images) and the head's loss."""
+    config = load_config(spec)
+    head = _head(spec, config)
+    build = functools.partial(_build, spec, head)
+    if head == "image-cls":
+        if seq_len is not None:
+            raise UserError(f"--seq-len is for text workloads; hf:{spec} is an image model")
+        size, channels = config.image_size, getattr(config, "num_channels", 3)
+        classes = config.num_labels
+
+        def make_images(batch_size: int, generator: torch.Generator) -> Batch:
+            images = torch.randn(batch_size, channels, size, size, generator=generator)
+            return images, torch.randint(0, classes, (batch_size,), generator=generator)
+
+        return Workload(build_model=build, make_batch=make_images, loss_fn=_loss, blocks=blocks_of)
+    context = _context(config)
+    if seq_len is None:
+        seq_len = min(DEFAULT_SEQ_LEN, context or DEFAULT_SEQ_LEN)
+    elif context is not None and seq_len > context:
+        raise UserError(f"--seq-len {seq_len} is longer than hf:{spec}'s context ({context} positions)")
+    if head == "seq-cls":
+        classes = config.num_labels
+        labels = lambda ids, b, gen: torch.randint(0, classes, (b,), generator=gen)  # noqa: E731
+    else:  # causal LM: the model shifts the labels itself; masked LM: predict every token
+        labels = lambda ids, b, gen: ids.clone()  # noqa: E731
+    items = seq_len
+    return Workload(build_model=build, make_batch=_text_batch(config.vocab_size, seq_len, labels), loss_fn=_loss,
+                    blocks=blocks_of, items_per_sample=items, unit="tokens")

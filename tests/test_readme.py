@@ -1,0 +1,59 @@
+"""README's examples run as printed, so the README cannot drift from the code.
+
+Convention: a fenced block right after the line `<!-- test: run -->` is run, in README order, in one temporary
+folder (a user's project folder):
+- a python block whose first line is `# path/to/file.py` is written to that file (the user's own code);
+- any other python block runs as a script (`python block.py`);
+- a bash block runs as a script (`bash -e`), with the `membench` console script of this interpreter's
+  environment first on PATH: the console script, not `python -m`, because `python -m` puts the working
+  directory on the import path by itself and would hide a `module:factory` that does not resolve from it.
+Mark only small CPU examples (the whole test should stay within a couple of minutes on a 2-core machine).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MARK = "<!-- test: run -->"
+BLOCK = re.compile(r"^" + re.escape(MARK) + r"[ \t]*\n```(\w+)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def marked_blocks(text: str) -> list[tuple[str, str]]:
+    return [(lang, body) for lang, body in BLOCK.findall(text)]
+
+
+def test_the_convention_finds_the_marked_blocks():
+    text = f"a\n{MARK}\n```python\nprint(1)\n```\n\n```bash\nnot marked\n```\n{MARK}\n```bash\necho hi\n```\n"
+    assert marked_blocks(text) == [("python", "print(1)\n"), ("bash", "echo hi\n")]
+    assert len(marked_blocks((ROOT / "README.md").read_text())) >= 4
+
+
+def test_readme_examples_run_as_printed(tmp_path):
+    scripts = Path(sys.executable).parent
+    if not (scripts / "membench").exists() and not shutil.which("membench"):
+        pytest.skip("membench is not installed as a console script here (pip install -e .)")
+    env = {**os.environ, "PATH": os.pathsep.join([str(scripts), os.environ.get("PATH", "")]), "MPLBACKEND": "Agg"}
+    for i, (lang, body) in enumerate(marked_blocks((ROOT / "README.md").read_text())):
+        first = body.splitlines()[0] if body else ""
+        if lang == "python" and re.fullmatch(r"# [\w./-]+\.py", first):
+            path = tmp_path / first[2:]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(body)
+            (path.parent / "__init__.py").touch()  # mypkg/bench.py: mypkg is a package
+            continue
+        if lang == "python":
+            command = [sys.executable, "-c", body]
+        elif lang in ("bash", "sh", "console"):
+            command = ["bash", "-e", "-c", body]
+        else:
+            raise AssertionError(f"README block {i}: marked to run, but {lang!r} is neither python nor bash")
+        proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, f"README block {i} ({lang}) failed:\n{body}\n--- stderr:\n{proc.stderr[-3000:]}"
