@@ -232,11 +232,12 @@ def _predict_jobs(args, batch_size: int) -> list:
 
 
 def cmd_predict(args) -> int:
+    from membench.fsio import make_dir
     from membench.predict import CANNOT_SEE, default_predict_dir, predict_all
     from membench.report.table import render
 
     jobs = _predict_jobs(args, args.batch_size)
-    out = args.out or default_predict_dir(jobs[0].run)
+    out = make_dir(args.out or default_predict_dir(jobs[0].run))  # an --out that cannot be written: said first
 
     def start(job) -> None:  # a large model takes a while per run: say which one is going
         print(f"predicting {job.name} ...", file=sys.stderr, flush=True)

@@ -192,6 +192,9 @@ def launch(job: Job, out_dir: Path) -> RunRecord:
     return read_result(out_path)
 
 
+PROBE_MIN_S = 30.0
+
+
 def probe(plan_args: dict, timeout_s: float) -> list[Job]:
     """Plan a sweep of a user's workload in a child process, under the run's timeout: the user's factory is
     imported and called there, never in the sweep's own process. A factory that hangs, aborts or raises is one
@@ -199,6 +202,9 @@ def probe(plan_args: dict, timeout_s: float) -> list[Job]:
     import tempfile
 
     workload = plan_args["workload"]
+    # Starting Python and importing torch takes seconds before the factory runs: a short --timeout (meant for a
+    # training run) must not fail the loading, so the probe waits at least PROBE_MIN_S.
+    timeout_s = max(timeout_s, PROBE_MIN_S)
     with tempfile.TemporaryDirectory(prefix="membench-probe-") as tmp:
         path = Path(tmp) / "plan.json"
         path.write_text(json.dumps(plan_args))
