@@ -65,20 +65,20 @@ def plan(workload: str = DEFAULT_WORKLOAD, techniques: str | None = None, batch_
     A user's `package.module:factory` is otherwise loaded only in a child process (launcher.probe).
     """
     check_workload_name(workload)
+    run_opts, measure_opts, launch_opts = _split_options(options)
+    launch = LaunchSpec(**launch_opts).validated()
     if is_user_workload(workload) and not in_process:
         # The user's code (their factory) runs in a child process, under the timeout: it plans there and sends
         # the jobs back, so a factory that hangs, aborts or raises never runs in this process.
-        timeout = options.get("timeout_s", LaunchSpec().timeout_s)
         return probe(dict(workload=workload, techniques=techniques, batch_size=batch_size, device=device,
-                          target_device=target_device, **options), timeout)
-    run_opts, measure_opts, launch_opts = _split_options(options)
+                          target_device=target_device, **options), launch.timeout_s)
     device = resolve_device(device) if target_device is None else target_device
     loaded = load_workload(workload, run_opts.get("seq_len"))
     if run_opts.get("optimizer") is None:  # not given: the workload's own choice, else Adam
         run_opts["optimizer"] = loaded.optimizer or "adam"
     base = RunSpec(workload=workload, batch_size=batch_size, device=device, **run_opts).validated()
     optimizers.check(base.optimizer)
-    measure, launch = MeasureSpec(**measure_opts).validated(), LaunchSpec(**launch_opts).validated()
+    measure = MeasureSpec(**measure_opts).validated()
     stacks = parse_techniques(DEFAULT_TECHNIQUES if techniques is None else techniques)
     if techniques is None and loaded.blocks is None:
         # The default set is a suggestion: a model with no blocks declared cannot be checkpointed, so skip it

@@ -383,14 +383,11 @@ def build_checked(cls, data: dict, where: str):
 
 
 # --- files -------------------------------------------------------------------------------------------------------
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write-then-rename (fsio): a reader (or a crash) never sees half a file; a full disk is one UserError."""
-    make_dir(path.parent)
-    atomic_write_text(path, text)
-
-
 def write_record(path: Path, record: RunRecord) -> None:
-    write_text_atomic(Path(path), record.to_json())
+    """Write-then-rename (fsio): a reader (or a crash) never sees half a file; a full disk is one UserError."""
+    path = Path(path)
+    make_dir(path.parent)
+    atomic_write_text(path, record.to_json())
 
 
 def result_path(out_dir: Path, run_name: str) -> Path:

@@ -116,7 +116,7 @@ class LaunchSpec:
         try:
             shlex.split(self.torchrun_args)
         except ValueError as exc:
-            raise UserError(f"--torchrun-args {self.torchrun_args!r} cannot be split into arguments: {exc}") from None
+            raise UserError(f"--torchrun-args: cannot split {self.torchrun_args!r} into arguments: {exc}") from None
         return self
 
 

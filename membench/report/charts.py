@@ -32,7 +32,6 @@ COLORS = {"parameters": "#0072B2", "gradients": "#E69F00", "optimizer_state": "#
           "activations": "#D55E00", "recomputed_activations": "#F0B48A", "temporaries": "#CC79A7",
           "inputs": "#56B4E9", "other": "#999999"}
 PHASE_COLORS = {"inputs": "#f7f7f7", "forward": "#e6e6e6", "backward": "#c4c4c4", "optimizer": "#8f8f8f"}
-UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
 
 
 def _text(value) -> str:
