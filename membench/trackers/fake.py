@@ -10,18 +10,30 @@ import contextlib
 
 import torch
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from membench.trackers import private
 
 
 class _AnswerScalars(private.TorchDispatchMode):
     """A fake tensor has no value, so `.item()` has no answer; give 1 (a loss to print, an Adam step count that
-    keeps `1 - beta ** step` away from zero). Nothing that decides memory depends on it in a training step."""
+    keeps `1 - beta ** step` away from zero). Nothing that decides memory depends on it in a training step, except
+    a gradient scaler's inf/nan flag (amp-fp16): 1 would mean "inf found", and the scaler would skip every
+    optimizer step, so a prediction would hold no optimizer state. A flag GradScaler's check wrote answers 0: the
+    prediction is of a step whose gradients are finite (the steady state of training; a skipped step only
+    allocates less)."""
+
+    def __init__(self):
+        super().__init__()
+        self._inf_flags = WeakIdKeyDictionary()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is private.LOCAL_SCALAR_DENSE:
-            return 1
-        return func(*args, **(kwargs or {}))
+            return 0 if args[0] in self._inf_flags else 1
+        out = func(*args, **(kwargs or {}))
+        if func is private.AMP_CHECK_AND_UNSCALE:
+            self._inf_flags[args[1]] = True
+        return out
 
 
 @contextlib.contextmanager

@@ -19,6 +19,9 @@ from torch.utils._pytree import tree_flatten  # noqa: E402,F401
 
 # The op behind Tensor.item(): a fake tensor has no value to give. checked: 2.14.1
 LOCAL_SCALAR_DENSE = torch.ops.aten._local_scalar_dense.default
+# GradScaler's inf/nan check: writes into its second argument (found_inf) whether a gradient was inf or nan.
+# checked: 2.14.1
+AMP_CHECK_AND_UNSCALE = torch.ops.aten._amp_foreach_non_finite_check_and_unscale_.default
 
 # --- BatchNorm's base class, to tell a model that normalises over the batch (equivalence) ------------------------
 # checked: 2.14.1 (nn.modules.batchnorm._BatchNorm, a base of BatchNorm1d/2d/3d, SyncBatchNorm and the lazy ones)
