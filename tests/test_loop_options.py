@@ -34,3 +34,17 @@ def test_amp_fp16_cuda_prediction_holds_adam_state_in_allocator_blocks():
     sizes = [192 * 64, 64, 64 * 10, 10]
     blocks = sum(2 * -(-4 * n // 512) * 512 + 512 for n in sizes)
     assert predicted.current_breakdown["optimizer_state"] == blocks
+
+
+def test_first_step_state_is_optimizer_state_at_the_peak_measured_and_predicted():
+    """--warmup 0 measures the first step, where Adam creates its state: at the peak (the optimizer step) the
+    state is optimizer state, not a temporary of the step, and the peak is the steady state's (Adam's state is
+    made before its update either way)."""
+    first = spec(MLP, batch_size=4, warmup=0)
+    predicted, measured = predict_memory(first, round_to=1), measure(MLP, batch_size=4, warmup=0).memory
+    steady = predict_memory(spec(MLP, batch_size=4, warmup=1), round_to=1)
+    for memory in (predicted, measured):
+        assert memory.peak_phase == "optimizer"
+        assert memory.breakdown_at_peak["optimizer_state"] == ADAM_STATE_BYTES
+        assert memory.breakdown_at_peak == steady.breakdown_at_peak
+        assert memory.peak_allocated_bytes == steady.peak_allocated_bytes

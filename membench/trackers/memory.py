@@ -5,6 +5,7 @@ Both answer the same questions (peak, phase of the peak, memory after a step) so
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from pathlib import Path
 
@@ -57,9 +58,16 @@ class _Categorised:
     def attach_optimizers(self, optimizers) -> None:
         self.optimizers = list(optimizers)
         for opt in optimizers:
+            opt.state = _StateTable(opt.state, self._store_state)
             self._handles.append(opt.register_step_post_hook(self._track_state))
 
+    def _store_state(self, param, value) -> None:
+        if self.tracker is not None and isinstance(value, torch.Tensor):
+            self.tracker.track(value, cat.OPTIMIZER, getattr(self, "_owners", {}).get(param))
+
     def _track_state(self, optimizer, args=(), kwargs=None) -> None:
+        """After each step: whatever state the optimizer holds (an optimizer that stores its state other than by
+        `state[param][key] = tensor` is seen here)."""
         if self.tracker is not None:
             owners = getattr(self, "_owners", {})
             for param, state in optimizer.state.items():
@@ -70,10 +78,44 @@ class _Categorised:
         for handle in getattr(self, "_handles", []):
             handle.remove()
         self._handles = []
+        for opt in getattr(self, "optimizers", ()):
+            if isinstance(opt.state, _StateTable):
+                opt.state = opt.state.plain()
         if getattr(self, "_scopes", None) is not None:
             self._scopes.remove()
             self._scopes = None
         self.detached = True
+
+
+class _ParamState(dict):
+    """One parameter's optimizer state, which tells the meter of each value the moment the optimizer stores it."""
+
+    def __init__(self, items, param, on_store):
+        super().__init__(items)
+        self.param, self.on_store = param, on_store
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        self.on_store(self.param, value)
+
+
+class _StateTable(collections.defaultdict):
+    """An optimizer's `state` while the meter is attached. State created inside a measured step (a first step, as
+    with --warmup 0) is optimizer state from its first byte, in the peak's breakdown too, not a temporary of the
+    step. Optimizers fill it as `self.state[p]["exp_avg"] = ...`; `plain()` gives torch's own form back."""
+
+    def __init__(self, table, on_store):
+        super().__init__(dict)
+        self.on_store = on_store
+        for param, state in table.items():
+            dict.__setitem__(self, param, _ParamState(state, param, on_store))
+
+    def __missing__(self, param):
+        state = self[param] = _ParamState({}, param, self.on_store)
+        return state
+
+    def plain(self) -> collections.defaultdict:
+        return collections.defaultdict(dict, {param: dict(state) for param, state in self.items()})
 
 
 TOP_MODULES = 10  # kept in the result; the terminal shows 5

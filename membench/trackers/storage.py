@@ -123,8 +123,14 @@ class StorageTracker(TorchDispatchMode):
                 self._traced("free", key)
                 self._traced("alloc", key, nbytes)
             if size != old_size or (category and category != old_category) or (module and module != old_module):
+                # Nothing freed since the peak: the peak is now, and a new label (optimizer state stored by a first
+                # step) belongs in the peak's breakdown too.
+                at_peak = self._peak_modules_pending and size == old_size
                 self._remove(key)
                 self._add(key, size, category or old_category, module or old_module)
+                if at_peak:
+                    self.peak.breakdown = dict(self.by_category)
+                    self._peak_modules_pending = True
 
     def resized(self, tensor: torch.Tensor) -> None:
         """A storage resized in place (FSDP frees and re-allocates unsharded parameters so): a new allocation."""
