@@ -79,8 +79,10 @@ def plan(workload: str = DEFAULT_WORKLOAD, techniques: str | None = None, batch_
     base = RunSpec(workload=workload, batch_size=batch_size, device=device, **run_opts).validated()
     optimizers.check(base.optimizer)
     measure = MeasureSpec(**measure_opts).validated()
-    stacks = parse_techniques(DEFAULT_TECHNIQUES if techniques is None else techniques)
-    if techniques is None and loaded.blocks is None:
+    # Inference has no backward and no step for the default techniques to act on: the baseline alone.
+    default = "baseline" if base.inference else DEFAULT_TECHNIQUES
+    stacks = parse_techniques(default if techniques is None else techniques)
+    if techniques is None and loaded.blocks is None and not base.inference:
         # The default set is a suggestion: a model with no blocks declared cannot be checkpointed, so skip it
         # (saying so) rather than fail the user's first run. A named technique is refused instead.
         print("membench: skipping ckpt (a default technique): workload declares no blocks to checkpoint "

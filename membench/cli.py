@@ -65,6 +65,19 @@ def add_workload_options(p: argparse.ArgumentParser, batch: bool = True) -> None
                    help="tokens per sample for text workloads (gpt-*, hf:*) (default: the workload's)")
     p.add_argument("--lr", type=_positive_float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
+    from membench.spec import ZERO_GRAD
+
+    loop = p.add_argument_group("training loop", "the choices of your own loop that change memory")
+    loop.add_argument("--zero-grad", choices=ZERO_GRAD, default="none",
+                      help="after the step: none frees the gradients (zero_grad(set_to_none=True), torch's default "
+                           "since 2.0); zeros keeps them allocated as zeros between steps (set_to_none=False, the "
+                           "default before 2.0, and the Hugging Face Trainer's on older transformers) (default none)")
+    loop.add_argument("--clip-grad-norm", type=_positive_float, default=None, metavar="MAX_NORM",
+                      help="clip the gradients' total 2-norm to MAX_NORM before the step "
+                           "(torch.nn.utils.clip_grad_norm_; unscaled first under amp-fp16) (default: no clipping)")
+    loop.add_argument("--inference", action="store_true",
+                      help="the forward alone: eval mode, torch.inference_mode, no backward, no optimizer "
+                           "(default techniques: the baseline only)")
 
 
 def add_target_options(p: argparse.ArgumentParser) -> None:
@@ -73,6 +86,9 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
                    help="the device predicted for (default cuda; cpu: what the exact CPU tracker would measure)")
     p.add_argument("--world-size", type=_positive_int, default=1,
                    help="ranks a distributed technique (FSDP) is predicted for, in one process (default 1)")
+    p.add_argument("--warmup", type=_non_negative_int, default=1,
+                   help="steps before the predicted one: 0 predicts a first step (the optimizer creates its state "
+                        "inside it); 1 or more, the steady state (default 1)")
 
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
@@ -110,7 +126,8 @@ GOAL_HELP = ("what the recommendation optimises: lowest-peak (default: the lowes
 
 def _model_options(args) -> dict:
     return dict(accum_steps=args.accum_steps, optimizer=args.optimizer, lr=args.lr, seed=args.seed,
-                seq_len=args.seq_len)
+                seq_len=args.seq_len, zero_grad=args.zero_grad, clip_grad_norm=args.clip_grad_norm,
+                inference=args.inference)
 
 
 def cmd_run(args) -> int:
@@ -218,7 +235,8 @@ def _predict_jobs(args, batch_size: int) -> list:
     from membench.api import plan
 
     return plan(args.workload, args.techniques, batch_size, target_device=args.device, in_process=True,
-                nproc_per_node=args.world_size, check=False, timeline=False, **_model_options(args))
+                nproc_per_node=args.world_size, check=False, timeline=False, warmup=args.warmup,
+                **_model_options(args))
 
 
 def cmd_predict(args) -> int:

@@ -18,6 +18,8 @@ from typing import Literal
 from membench.errors import UserError
 
 Device = Literal["cpu", "cuda"]
+ZeroGrad = Literal["none", "zeros"]
+ZERO_GRAD = ("none", "zeros")  # optimizer.zero_grad(set_to_none=True), or set_to_none=False
 # Built-in optimizers by name; `package.module:factory` names any other (see membench.optimizers).
 OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adafactor")
 
@@ -54,6 +56,10 @@ class RunSpec:
     # Tokens per sample for text workloads (gpt-*, hf:*); None: the workload's own default. Results written before
     # this field existed read it as None, so they still pair with runs that do not set it (check, --resume).
     seq_len: int | None = None
+    # The training loop's choices that change memory (membench's defaults are torch's current ones):
+    zero_grad: ZeroGrad = "none"  # after the step, gradients are freed (set_to_none) or kept as zeros (pre-2.0)
+    clip_grad_norm: float | None = None  # clip the gradients' total 2-norm to this before the step
+    inference: bool = False  # forward only: eval mode, torch.inference_mode, no backward, no optimizer
 
     @property
     def name(self) -> str:
@@ -74,6 +80,12 @@ class RunSpec:
             _positive_int("memory_budget", self.memory_budget)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise UserError(f"--seed must be an integer, got {self.seed!r}")
+        if self.zero_grad not in ZERO_GRAD:
+            raise UserError(f"unknown --zero-grad {self.zero_grad!r}; valid: {', '.join(ZERO_GRAD)}")
+        if self.clip_grad_norm is not None:
+            _positive_number("clip_grad_norm", self.clip_grad_norm)
+        if not isinstance(self.inference, bool):
+            raise UserError(f"--inference must be true or false, got {self.inference!r}")
         return self
 
 

@@ -30,6 +30,7 @@ class TrainState:
     forward_contexts: list[Callable[[], ContextManager]] = field(default_factory=list)
     scale_loss: Callable[[torch.Tensor], torch.Tensor] = lambda loss: loss
     step_optimizer: Callable[[torch.optim.Optimizer], None] = lambda opt: opt.step()
+    unscale_gradients: Callable[[torch.optim.Optimizer], None] = lambda opt: None  # before clipping (amp-fp16)
     batch_to_device: Callable[[Batch, torch.device], Batch] = lambda batch, device: tuple(
         t.to(device) for t in batch)
     on_model: Callable[[nn.Module], None] | None = None  # a technique that replaces the parameters calls it again
@@ -53,6 +54,8 @@ def noop_phase(name: str) -> ContextManager:
 
 def train_step(state: TrainState, batch: Batch, phase: Callable[[str], ContextManager] = noop_phase) -> float:
     """One optimizer step on `batch`; returns the loss (mean over the batch). `phase` marks where we are."""
+    if state.spec.inference:
+        return forward_step(state, batch, phase)
     with phase("inputs"):
         batch = state.batch_to_device(batch, state.device)
     n = state.micro_batches
@@ -67,12 +70,27 @@ def train_step(state: TrainState, batch: Batch, phase: Callable[[str], ContextMa
         losses.append(loss.detach())
         del loss
     with phase("optimizer"):
+        if state.spec.clip_grad_norm is not None:
+            for opt in state.optimizers:
+                state.unscale_gradients(opt)
+            grads = [p for p in state.model.parameters() if p.grad is not None]
+            nn.utils.clip_grad_norm_(grads, state.spec.clip_grad_norm)
         if state.step_optimizers:
             for opt in state.optimizers:
                 state.step_optimizer(opt)
-                opt.zero_grad(set_to_none=True)
+                # "zeros" keeps every gradient allocated between steps, as zero_grad() did before torch 2.0.
+                opt.zero_grad(set_to_none=state.spec.zero_grad == "none")
     # .item() waits for the device, so a step's wall time is its real time.
     return float(sum(loss.float().item() for loss in losses))
+
+
+def forward_step(state: TrainState, batch: Batch, phase: Callable[[str], ContextManager] = noop_phase) -> float:
+    """--inference: the forward alone (the model in eval mode, built so by build_state), with no autograd record."""
+    with phase("inputs"):
+        batch = state.batch_to_device(batch, state.device)
+    with phase("forward"), torch.inference_mode(), state.forward_context():
+        loss = state.workload.loss_fn(state.model, batch)
+    return float(loss.float().item())
 
 
 def build_state(spec: RunSpec, workload: Workload, techniques, on_model: Callable[[nn.Module], None] | None = None
@@ -85,12 +103,14 @@ def build_state(spec: RunSpec, workload: Workload, techniques, on_model: Callabl
         model = model or t.build_model(workload.build_model, spec.device)
     if model is None:
         model = workload.build_model().to(device)
-    model.train()
+    model.train(not spec.inference)
     if on_model is not None:
         on_model(model)  # e.g. the memory tracker's gradient hooks, before any technique adds its own
     state = TrainState(spec=spec, workload=workload, model=model, device=device, on_model=on_model)
     for t in techniques:
         t.configure(state)
+    if spec.inference:
+        state.optimizers = []  # nothing steps, and no optimizer state is made
     if state.optimizers is None:
         state.optimizers = [state.make_optimizer([p for p in state.model.parameters() if p.requires_grad])]
     return state
@@ -107,4 +127,4 @@ def batches(workload: Workload, spec: RunSpec, rank: int = 0, world: int = 1):
         yield full if world == 1 else tuple(t.chunk(world)[rank].contiguous() for t in full)
 
 
-__all__ = ["TrainState", "train_step", "build_state", "batches"]
+__all__ = ["TrainState", "train_step", "forward_step", "build_state", "batches"]

@@ -70,6 +70,27 @@ def check_stack(stack: tuple[str, ...], device: str) -> None:
             raise UserError(f"technique {name} cannot run on {device}; it runs on: {', '.join(cls.devices)}")
 
 
+# What --inference can stack: the techniques that change the forward. The others act on backward or the step.
+FORWARD_TECHNIQUES = ("amp-bf16", "amp-fp16", "bf16", "init-on-device", "expandable-segments")
+
+
+def check_loop(spec) -> None:
+    """Refuse loop options (RunSpec.inference, zero_grad, clip_grad_norm) a technique in the stack contradicts."""
+    label = "+".join(spec.techniques)
+    if spec.inference:
+        other = [n for n in spec.techniques if n not in FORWARD_TECHNIQUES]
+        if other:
+            raise UserError(f"--inference runs the forward only, but {', '.join(other)} in {label!r} acts on backward "
+                            f"or the optimizer step; valid with --inference: {', '.join(FORWARD_TECHNIQUES)}")
+    if "opt-in-bwd" in spec.techniques:
+        if spec.zero_grad == "zeros":
+            raise UserError(f"cannot combine opt-in-bwd with --zero-grad zeros in {label!r}: opt-in-bwd frees each "
+                            "gradient inside backward, which is the memory it saves")
+        if spec.clip_grad_norm is not None:
+            raise UserError(f"cannot combine opt-in-bwd with --clip-grad-norm in {label!r}: clipping needs every "
+                            "gradient before any parameter steps, and opt-in-bwd steps each inside backward")
+
+
 NUMERICS_ORDER = ("precision", "batch-split", "rounding", "exact")  # the loosest technique decides the stack's
 
 
@@ -105,6 +126,7 @@ def resolve(spec, target_device: str | None = None) -> Stack:
     for CUDA runs on CPU).
     """
     check_stack(spec.techniques, target_device or spec.device)
+    check_loop(spec)
     classes = [REGISTRY[n] for n in spec.techniques]
     dtypes = [c.param_dtype for c in classes if c.param_dtype is not None]
     numerics = {c.numerics for c in classes}
@@ -127,4 +149,5 @@ def conflicts_of(name: str) -> tuple[str, ...]:
                  if n in REGISTRY[name].conflicts or name in cls.conflicts)
 
 
-__all__ = ["REGISTRY", "Technique", "parse_techniques", "check_stack", "resolve", "Stack", "conflicts_of"]
+__all__ = ["REGISTRY", "Technique", "parse_techniques", "check_stack", "check_loop", "resolve", "Stack",
+           "conflicts_of"]

@@ -50,4 +50,5 @@ class AmpFp16(AmpBf16):
             scaler.update()  # one optimizer per step (opt-in-bwd, the only many-optimizer technique, conflicts)
 
         state.scale_loss = scaler.scale
+        state.unscale_gradients = scaler.unscale_
         state.step_optimizer = step

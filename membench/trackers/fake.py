@@ -28,7 +28,7 @@ class _AnswerScalars(private.TorchDispatchMode):
         self._inf_flags = WeakIdKeyDictionary()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is private.LOCAL_SCALAR_DENSE:
+        if func in private.SCALAR_OPS:
             return 0 if args[0] in self._inf_flags else 1
         out = func(*args, **(kwargs or {}))
         if func is private.AMP_CHECK_AND_UNSCALE:

@@ -17,8 +17,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass  # noqa: E402,F401
 from torch.utils._pytree import tree_flatten  # noqa: E402,F401
 
-# The op behind Tensor.item(): a fake tensor has no value to give. checked: 2.14.1
-LOCAL_SCALAR_DENSE = torch.ops.aten._local_scalar_dense.default
+# The ops behind Tensor.item(): a fake tensor has no value to give. Under torch.inference_mode, item reaches a
+# dispatch mode as aten.item itself, not yet decomposed into _local_scalar_dense. checked: 2.14.1
+SCALAR_OPS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
 # GradScaler's inf/nan check: writes into its second argument (found_inf) whether a gradient was inf or nan.
 # checked: 2.14.1
 AMP_CHECK_AND_UNSCALE = torch.ops.aten._amp_foreach_non_finite_check_and_unscale_.default
