@@ -1,7 +1,7 @@
-"""README's examples run as printed, so the README cannot drift from the code.
+"""The examples of README.md and docs/*.md run as printed, so the documentation cannot drift from the code.
 
-Convention: a fenced block right after the line `<!-- test: run -->` is run, in README order, in one temporary
-folder (a user's project folder):
+Convention: a fenced block right after the line `<!-- test: run -->` is run, in the page's order, in one temporary
+folder per page (a user's project folder):
 - a python block whose first line is `# path/to/file.py` is written to that file (the user's own code);
 - any other python block runs as a script (`python block.py`);
 - a bash block runs as a script (`bash -e`), with the `membench` console script of this interpreter's
@@ -30,18 +30,29 @@ def marked_blocks(text: str) -> list[tuple[str, str]]:
     return [(lang, body) for lang, body in BLOCK.findall(text)]
 
 
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
 def test_the_convention_finds_the_marked_blocks():
     text = f"a\n{MARK}\n```python\nprint(1)\n```\n\n```bash\nnot marked\n```\n{MARK}\n```bash\necho hi\n```\n"
     assert marked_blocks(text) == [("python", "print(1)\n"), ("bash", "echo hi\n")]
-    assert len(marked_blocks((ROOT / "README.md").read_text())) >= 4
+    assert len(marked_blocks((ROOT / "README.md").read_text())) >= 2
+    assert sum(len(marked_blocks(page.read_text())) for page in PAGES) >= 6
 
 
-def test_readme_examples_run_as_printed(tmp_path):
+def test_readme_links_to_every_docs_page():
+    readme = (ROOT / "README.md").read_text()
+    for page in PAGES[1:]:
+        assert f"(docs/{page.name})" in readme, f"README.md does not link docs/{page.name}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_examples_run_as_printed(page, tmp_path):
     scripts = Path(sys.executable).parent
     if not (scripts / "membench").exists() and not shutil.which("membench"):
         pytest.skip("membench is not installed as a console script here (pip install -e .)")
     env = {**os.environ, "PATH": os.pathsep.join([str(scripts), os.environ.get("PATH", "")]), "MPLBACKEND": "Agg"}
-    for i, (lang, body) in enumerate(marked_blocks((ROOT / "README.md").read_text())):
+    for i, (lang, body) in enumerate(marked_blocks(page.read_text())):
         first = body.splitlines()[0] if body else ""
         if lang == "python" and re.fullmatch(r"# [\w./-]+\.py", first):
             path = tmp_path / first[2:]
@@ -54,6 +65,7 @@ def test_readme_examples_run_as_printed(tmp_path):
         elif lang in ("bash", "sh", "console"):
             command = ["bash", "-e", "-c", body]
         else:
-            raise AssertionError(f"README block {i}: marked to run, but {lang!r} is neither python nor bash")
+            raise AssertionError(f"{page.name} block {i}: marked to run, but {lang!r} is neither python nor bash")
         proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, f"README block {i} ({lang}) failed:\n{body}\n--- stderr:\n{proc.stderr[-3000:]}"
+        assert proc.returncode == 0, (
+            f"{page.name} block {i} ({lang}) failed:\n{body}\n--- stderr:\n{proc.stderr[-3000:]}")
