@@ -85,10 +85,14 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                    help="the device predicted for (default cuda; cpu: what the exact CPU tracker would measure)")
     p.add_argument("--world-size", type=_positive_int, default=1,
-                   help="ranks a distributed technique (FSDP) is predicted for, in one process (default 1)")
+                   help=f"ranks a distributed technique (FSDP) is predicted for, in one process (default 1, at most "
+                        f"{MAX_WORLD_SIZE})")
     p.add_argument("--warmup", type=_non_negative_int, default=1,
                    help="steps before the predicted one: 0 predicts a first step (the optimizer creates its state "
                         "inside it); 1 or more, the steady state (default 1)")
+    p.add_argument("--timeout", type=_positive_float, default=1800.0,
+                   help="seconds for the whole command: loading the workload's code and every prediction, in a "
+                        "child process (default 1800; at least 30 s: Python and torch start first)")
 
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
@@ -230,32 +234,41 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _predict_jobs(args, batch_size: int) -> list:
-    """The same validation as `run`, against the device predicted for (predictions are computed on cpu)."""
-    from membench.api import plan
+MAX_WORLD_SIZE = 1024  # a prediction plays one rank and computes every collective's shapes for all of them
+MAX_BATCH = 2**31 - 1
 
-    return plan(args.workload, args.techniques, batch_size, target_device=args.device, in_process=True,
-                nproc_per_node=args.world_size, check=False, timeline=False, warmup=args.warmup,
+
+def _predict_plan(args, batch_size: int) -> dict:
+    """What `plan` gets for predict and fit: the same validation as `run`, against the device predicted for
+    (predictions are computed on cpu). Planning loads the workload, so it happens in the child process."""
+    if args.world_size > MAX_WORLD_SIZE:
+        raise UserError(f"--world-size {args.world_size} is more ranks than a prediction can play: at most "
+                        f"{MAX_WORLD_SIZE}")
+    if batch_size > MAX_BATCH:
+        raise UserError(f"--batch-size {batch_size} is beyond what a prediction takes: at most {MAX_BATCH} "
+                        "(2**31 - 1) samples")
+    return dict(workload=args.workload, techniques=args.techniques, batch_size=batch_size,
+                target_device=args.device, nproc_per_node=args.world_size, check=False, timeline=False,
+                warmup=args.warmup,
                 **_model_options(args))
 
 
 def cmd_predict(args) -> int:
     from membench.fsio import make_dir
-    from membench.predict import CANNOT_SEE, default_predict_dir, predict_all
+    from membench.launcher import call_isolated
+    from membench.predict import CANNOT_SEE, default_predict_dir
     from membench.report.table import render
+    from membench.results import read_result, result_path
+    from membench.spec import RunSpec
 
-    jobs = _predict_jobs(args, args.batch_size)
-    out = make_dir(args.out or default_predict_dir(jobs[0].run))  # an --out that cannot be written: said first
-
-    def start(job) -> None:  # a large model takes a while per run: say which one is going
-        print(f"predicting {job.name} ...", file=sys.stderr, flush=True)
-
-    def done(job, record) -> None:
-        print(f"predicted {job.name}: {record.status} ({record.wall_s:.1f} s)", file=sys.stderr)
-        if record.traceback:  # a membench bug, not the user's: show where
-            print(record.traceback, file=sys.stderr)
-
-    results = predict_all(jobs, out, on_start=start, on_done=done)
+    plan = _predict_plan(args, args.batch_size)
+    out = args.out or default_predict_dir(RunSpec(workload=args.workload, batch_size=args.batch_size,
+                                                  device=args.device))
+    out = make_dir(out).resolve()  # an --out that cannot be written: said first; absolute, whatever user code does
+    # The user's code (loading the workload) and the predictions run in one child process under --timeout.
+    answer = call_isolated("predict", {"plan": plan, "out": str(out)}, args.timeout,
+                           f"predicting {args.workload!r}")
+    results = [read_result(result_path(out, name)) for name in answer["names"]]
     print(render(results))
     if args.device == "cuda":
         print("\nPREDICTED cuda memory (no timing); a prediction cannot see: " + "; ".join(CANNOT_SEE))
@@ -280,44 +293,44 @@ def cmd_fit(args) -> int:
     import torch
     from tabulate import tabulate
 
-    from membench.fit import confirm_on_gpu, largest_batch
-    from membench.predict import predict_memory
+    from membench.fit import Fit, confirm_on_gpu
+    from membench.launcher import call_isolated
+    from membench.spec import Job
     from membench.units import ByteFormat, fmt_bytes, parse_bytes
 
     budget = parse_bytes(args.budget)
     by = args.by or ("reserved" if args.device == "cuda" else "allocated")
     if by == "reserved" and args.device != "cuda":
         raise UserError("--by reserved needs --device cuda: reserved memory is the CUDA caching allocator's")
-    field = f"peak_{by}_bytes"
-    jobs = _predict_jobs(args, 1)
+    if args.max_batch > MAX_BATCH:
+        raise UserError(f"--max-batch {args.max_batch} is beyond what a prediction takes: at most {MAX_BATCH}")
+    # Planned at --accum-steps samples, a batch every technique takes (accumulation splits it into micro-batches);
+    # each technique's search then runs over the multiples of the smallest batch it takes.
+    request = {"plan": _predict_plan(args, args.accum_steps), "budget": budget, "by": by,
+               "max_batch": args.max_batch}
+    answer = call_isolated("fit", request, args.timeout, f"fitting {args.workload!r}")
+    fits = [Fit(**f) for f in answer["fits"]]
     confirm = args.device == "cuda" and torch.cuda.is_available() and not args.no_confirm
-    fits = []
-
-    def probe(j) -> int:  # each prediction takes seconds on a large model: show the search as it goes
-        peak = getattr(predict_memory(j), field)
-        verdict = "fits" if peak <= budget else "over"
-        print(f"fit {j.name}: batch {j.run.batch_size} -> {fmt_bytes(peak)} ({verdict})", file=sys.stderr,
-              flush=True)
-        return peak
-
-    for job in jobs:
-        fit = largest_batch(job, budget, probe, args.max_batch)
-        if confirm:
-            fit = confirm_on_gpu(job, fit, budget, args.out or Path("results") / "fit")
-        fits.append(fit)
+    if confirm:
+        fits = [confirm_on_gpu(Job.from_dict(j), f, budget, args.out or Path("results") / "fit")
+                for j, f in zip(answer["jobs"], fits)]
     # One unit for the table, with enough decimals that peaks either side of the budget never print the same.
     fmt = ByteFormat([budget] + [v for f in fits for v in (f.peak, f.over_peak if f.over_batch else None)])
     rows = [[f.run, f.batch, fmt.with_unit(f.peak), f"{f.over_batch}: {fmt.with_unit(f.over_peak)}"
-             if f.over_batch else "-", f.probes, "-" if f.confirmed is None else f.confirmed, f.note or "-"]
-            for f in fits]
+             if f.over_batch else "-", f.probes, f.simulations, "-" if f.confirmed is None else f.confirmed,
+             f.note or "-"] for f in fits]
     print(tabulate(rows, headers=["run", "max batch (predicted)", f"predicted peak {by}", "first batch over: peak",
-                                  "predictions", "max batch (measured)", "note"],
+                                  "predictions", "simulated", "max batch (measured)", "note"],
                    tablefmt="simple", disable_numparse=True))
     where = "confirmed on this GPU" if confirm else "not confirmed: no CUDA GPU here" if args.device == "cuda" \
         else "cpu target"
     headroom = "CUDA context, library workspaces" + (", fragmentation" if by == "allocated" else "")
     print(f"\nbudget {fmt_bytes(budget)} ({budget} B) of PREDICTED {args.device} peak {by}; {where}. "
           f"Leave headroom for what a prediction cannot see ({headroom}).")
+    methods = sorted({f.method for f in fits if f.batch})
+    if methods:
+        print("searched " + "; ".join(methods) + " (predictions: full predictions made; simulated: batches "
+              "evaluated from derived allocations through the allocator simulator)")
     return 0
 
 

@@ -1,18 +1,28 @@
 """The largest batch that fits a memory budget, per technique: found from predictions, confirmed on a GPU.
 
-Predictions are cheap (seconds, no GPU), so the search is exponential (1, 2, 4, ... until one does not fit) then
-binary. Where a CUDA GPU is present, the predicted batch is then run for real in a subprocess under the budget; an
-OOM there is a data point (the prediction was optimistic: step down), a success is tried one step further up.
+From a few traces (fit_batch): a training step makes the same allocations in the same order at every batch size,
+with sizes affine in the batch, for most models. That is checked, not assumed: two predictions (at two and three
+batch steps; one is often special, as a transpose of one sample is already contiguous and copies nothing) must make
+the same allocations and frees in the same order, every size is derived as a + c x batch,
+and the search then runs on the derived allocations alone (peak allocated is a sum; reserved memory comes from the
+caching allocator simulator, a fraction of a second per batch). The answer and the first batch over are then
+predicted for real and must match the derived allocations event for event; where anything differs (data-dependent
+shapes, a kernel choice that changes with the size) the full search runs instead, and says so.
+
+The full search (largest_batch) predicts every batch it tries: exponential (1, 2, 4, ... until one does not fit)
+then binary. Where a CUDA GPU is present, the predicted batch is then run for real in a subprocess under the budget;
+an OOM there is a data point (the prediction was optimistic: step down), a success is tried one step further up.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from membench.errors import UserError
+from membench.predict import Traced
 from membench.spec import Job
 from membench.techniques import resolve
 from membench.workloads import load_workload
@@ -31,6 +41,9 @@ class Fit:
     probes: int
     confirmed: int | None = None  # largest batch that ran without OOM on the GPU, when confirmed
     note: str = ""
+    simulations: int = 0  # batches evaluated from derived allocations (no prediction)
+    method: str = "full search"
+    fails_below: list[int] = field(default_factory=list)  # smaller batches that do not fit (reserved memory)
 
 
 def batch_step(job: Job) -> int:
@@ -98,4 +111,196 @@ def confirm_on_gpu(job: Job, fit: Fit, budget: int, out_dir: Path, tries: int = 
     fit.confirmed = best if best is not None else 0
     if ok is None:
         fit.note = (fit.note + "; " if fit.note else "") + f"a confirmation run failed (see {out_dir})"
+    return fit
+
+
+def answer_request(request: dict) -> dict:
+    """In the child process of `membench fit` (launcher.call_isolated): plan the runs (loading the user's code),
+    fit each, showing every prediction on stderr as the search goes; the answer is the fits and their jobs."""
+    import sys
+
+    from membench.api import plan
+    from membench.predict import predict_traced
+    from membench.units import fmt_bytes
+
+    budget, by = request["budget"], request["by"]
+
+    def probe(job: Job, peak: int) -> None:  # each prediction takes a second or more: show the search as it goes
+        verdict = "fits" if peak <= budget else "over"
+        print(f"fit {job.name}: batch {job.run.batch_size} -> {fmt_bytes(peak)} ({verdict})", file=sys.stderr,
+              flush=True)
+
+    jobs = plan(**request["plan"], in_process=True)
+    fits = [fit_batch(job, budget, by, predict_traced, request["max_batch"], on_probe=probe) for job in jobs]
+    return {"fits": [dataclasses.asdict(f) for f in fits], "jobs": [job.to_dict() for job in jobs]}
+
+
+class AffineTrace:
+    """The allocations of a prediction at any batch, derived from two: event i is the same allocation or free at
+    every batch, and an allocation's size is a + c x batch (bytes, integers)."""
+
+    def __init__(self, kinds: list[tuple], sizes: list[tuple[int, int] | None], measured_from: int, round_to: int,
+                 settings):
+        self.kinds, self.sizes, self.measured_from = kinds, sizes, measured_from
+        self.round_to, self.settings = round_to, settings
+
+    @classmethod
+    def derive(cls, a: Traced, batch_a: int, b: Traced, batch_b: int, settings) -> AffineTrace | str:
+        """The affine trace through a and b, or why there is none (in words)."""
+        if len(a.events) != len(b.events) or a.measured_from != b.measured_from:
+            return (f"batch {batch_a} makes {len(a.events)} allocations and frees, batch {batch_b} makes "
+                    f"{len(b.events)}")
+        kinds, sizes = [], []
+        for i, (x, y) in enumerate(zip(a.events, b.events)):
+            if x[:2] != y[:2]:
+                return f"event {i} differs between batch {batch_a} and batch {batch_b}: {x[:2]} vs {y[:2]}"
+            kinds.append(x[:2])
+            if x[0] != "alloc":
+                sizes.append(None)
+                continue
+            slope, rest = divmod(y[2] - x[2], batch_b - batch_a)
+            if rest or slope < 0:
+                return f"allocation {i} grows from {x[2]} B to {y[2]} B: not a whole number of bytes per sample"
+            sizes.append((x[2] - slope * batch_a, slope))
+        model = cls(kinds, sizes, a.measured_from, a.round_to, settings)
+        for traced, batch in ((a, batch_a), (b, batch_b)):
+            if model.peak_allocated(batch) != traced.memory.peak_allocated_bytes:
+                return "the trace does not account for the predicted peak"  # a tracker change fit must follow
+        return model
+
+    def events(self, batch: int) -> list[tuple]:
+        return [kind if size is None else (*kind, size[0] + size[1] * batch)
+                for kind, size in zip(self.kinds, self.sizes)]
+
+    def matches(self, traced: Traced, batch: int) -> str | None:
+        """None when a real prediction at `batch` made exactly the derived allocations; else the first difference."""
+        events = self.events(batch)
+        if len(events) != len(traced.events) or traced.measured_from != self.measured_from:
+            return f"batch {batch} makes {len(traced.events)} allocations and frees, not {len(events)}"
+        for i, (x, y) in enumerate(zip(events, traced.events)):
+            if x != y:
+                return f"event {i} at batch {batch} is {y}, derived {x}"
+        return None
+
+    def peak_allocated(self, batch: int) -> int:
+        """The measured step's peak of the sum of live allocations rounded to blocks, as the tracker counts it."""
+        r = self.round_to
+        live: dict = {}
+        current = peak = 0
+        for i, (kind, size) in enumerate(zip(self.kinds, self.sizes)):
+            if i == self.measured_from:
+                peak = current
+            if size is None:
+                current -= live.pop(kind[1])
+            else:
+                n = size[0] + size[1] * batch
+                rounded = -(-n // r) * r
+                live[kind[1]] = rounded
+                current += rounded
+                if i >= self.measured_from and current > peak:
+                    peak = current
+        return peak
+
+    def peak_reserved(self, batch: int) -> int:
+        from membench.allocator import simulate
+
+        return simulate(self.events(batch), self.settings).peak_reserved_bytes
+
+
+BELOW_CHECKED = 8  # batches below the answer simulated to say whether smaller ones fail (reserved memory)
+SCAN_LIMIT = 64  # batches simulated downwards from the allocated-memory bound before bisecting instead
+
+
+def fit_batch(job: Job, budget: int, by: str, traced: Callable[[Job], Traced], max_batch: int = 65536,
+              on_probe: Callable[[Job, int], None] | None = None) -> Fit:
+    """The largest batch whose predicted peak `by` ("allocated" or "reserved") fits the budget, from two traces,
+    confirmed by real predictions at the answer and the first batch over (see the module docstring); the full
+    search where the traces do not allow it. traced(job) is one prediction (predict.predict_traced)."""
+    from membench.predict import allocator_settings
+
+    step = batch_step(job)
+    kmax = max_batch // step
+    key = f"peak_{by}_bytes"
+    seen: dict[int, Traced] = {}
+
+    def real(k: int) -> Traced:
+        if k not in seen:
+            trial = job.with_run(batch_size=k * step)
+            seen[k] = traced(trial)
+            if on_probe:
+                on_probe(trial, getattr(seen[k].memory, key))
+        return seen[k]
+
+    def value(k: int) -> int:
+        return getattr(real(k).memory, key)
+
+    def full_search(why: str) -> Fit:
+        fit = largest_batch(job, budget, lambda j: value(j.run.batch_size // step), max_batch)
+        fit.note = "; ".join(n for n in (f"{why}: full search", fit.note) if n)
+        fit.probes = len(seen)
+        return fit
+
+    if kmax < 1:
+        raise UserError(f"--max-batch {max_batch} is below the smallest batch {job.name} takes ({step})")
+
+    def smallest() -> Fit:  # one step is special (a transpose of one sample is contiguous: fewer copies)
+        if value(1) > budget:
+            return Fit(job.name, 0, None, step, step, value(1), len(seen), note="even the smallest batch is over "
+                       "budget", method="one prediction")
+        over = (2 * step, value(2)) if kmax >= 2 else (None, None)
+        return Fit(job.name, step, value(1), step, *over, len(seen), method="predictions at the smallest batches",
+                   note="" if kmax >= 2 else f"--max-batch {max_batch} fits")
+
+    if kmax < 3 or value(2) > budget:
+        return smallest()
+    model = AffineTrace.derive(real(2), 2 * step, real(3), 3 * step, allocator_settings(resolve(job.run)))
+    if isinstance(model, str):
+        return full_search(f"allocations differ between batch sizes ({model})")
+    sims = 0
+
+    def fits(k: int) -> bool:
+        nonlocal sims
+        if by == "allocated":
+            return model.peak_allocated(k * step) <= budget
+        sims += 1
+        return model.peak_reserved(k * step) <= budget
+
+    # Allocated memory only grows with the batch (every size has a slope >= 0): bisect it for an upper bound.
+    lo, hi = 2, kmax + 1  # lo fits, hi does not (kmax + 1: beyond the search)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if model.peak_allocated(mid * step) <= budget else (lo, mid)
+    note = ""
+    if by == "reserved":
+        # Reserved memory is not monotonic in the batch (segment sizes): walk down from the bound to the largest
+        # batch that fits, rather than trust a bisection's luck; bisect only past SCAN_LIMIT batches.
+        top = lo
+        while lo > 2 and not fits(lo) and top - lo < SCAN_LIMIT:
+            lo -= 1
+        if lo > 2 and not fits(lo):
+            low, high = 2, lo
+            while high - low > 1:
+                mid = (low + high) // 2
+                low, high = (mid, high) if fits(mid) else (low, mid)
+            lo, note = low, f"reserved memory bisected below batch {(top - SCAN_LIMIT) * step}"
+    answer = lo
+    fails_below = [k * step for k in range(answer - 1, max(answer - 1 - BELOW_CHECKED, 1), -1)
+                   if by == "reserved" and not fits(k)]
+    for k in (answer, answer + 1):
+        if k <= kmax and (why := model.matches(real(k), k * step)):
+            return full_search(f"derived allocations differ from a real prediction ({why})")
+    if value(answer) > budget or (answer < kmax and value(answer + 1) <= budget):
+        return full_search("the derived peaks differ from real predictions")
+    fit = Fit(job.name, answer * step, value(answer), step, None, None, len(seen), simulations=sims,
+              method=f"from traces at {2 * step} and {3 * step}, confirmed at the answer and the batch above",
+              fails_below=sorted(fails_below))
+    if answer < kmax:
+        fit.over_batch, fit.over_peak = (answer + 1) * step, value(answer + 1)
+    else:
+        note = f"--max-batch {max_batch} fits"
+    if fails_below:
+        listed = ", ".join(map(str, fit.fails_below))
+        note = "; ".join(n for n in (note, f"smaller batches {listed} do not fit (reserved memory is not monotonic "
+                                            f"in the batch; {BELOW_CHECKED} batches below checked)") if n)
+    fit.note = note
     return fit

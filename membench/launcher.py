@@ -232,6 +232,58 @@ def probe(plan_args: dict, timeout_s: float) -> list[Job]:
     return [Job.from_dict(d) for d in answer["jobs"]]
 
 
+def call_isolated(kind: str, request: dict, timeout_s: float, what: str) -> dict:
+    """Run `python -m membench.worker --call KIND` on `request` in a child process, under `timeout_s`: how predict
+    and fit run a user's code (and everything after it) out of this process, as `run` does with its workers.
+
+    The answer comes back in a file, never on the child's stdout (user code prints: 10 MB of it, or an atexit
+    handler's). The child's output (progress lines, the user's prints) is passed on to stderr, line by line. The
+    child runs in a session of its own, which is killed when it ends however it ends, so processes the user's
+    code forked end with it; it dies with this process (lifeline); the temporary folder goes on SIGTERM too.
+    A child that hangs, exits or dies without answering is one line (UserError); an answer {"error": ...} too.
+    """
+    import tempfile
+    import threading
+
+    timeout_s = max(timeout_s, PROBE_MIN_S)
+    with sigterm_as_interrupt(), tempfile.TemporaryDirectory(prefix=f"membench-{kind}-") as tmp:
+        request_path, answer_path = Path(tmp) / "request.json", Path(tmp) / "answer.json"
+        request_path.write_text(json.dumps(request))
+        proc = subprocess.Popen([sys.executable, "-m", "membench.worker", "--call", kind, str(request_path),
+                                 str(answer_path)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, env=child_env(dict(os.environ)), start_new_session=True,
+                                preexec_fn=preexec_for(os.getpid()))
+
+        def relay() -> None:  # ends when the last holder of the pipe (the child, or one it forked) is gone
+            for line in iter(proc.stdout.readline, b""):
+                sys.stderr.write(line.decode(errors="replace"))
+                sys.stderr.flush()
+
+        reader = threading.Thread(target=relay, daemon=True)
+        reader.start()
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:  # a timeout, Ctrl-C, SIGTERM or a clean end: the child's whole session goes
+            _kill(proc)
+            reader.join(5)
+            proc.stdout.close()
+        if rc is None:
+            raise UserError(f"{what} did not finish within {timeout_s:g} s (--timeout): the workload's code hangs, "
+                            "or give more time")
+        try:
+            answer = json.loads(answer_path.read_text())
+        except (OSError, ValueError):
+            answer = None
+    if not isinstance(answer, dict):
+        how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+        raise UserError(f"{what} {how} before answering (the workload's code exits or crashes the process?)")
+    if answer.get("error"):
+        raise UserError(str(answer["error"]).splitlines()[0])
+    return answer
+
+
 def _flat(d: dict, prefix: str = "") -> dict:
     return {k2: v2 for k, v in d.items()
             for k2, v2 in (_flat(v, f"{prefix}{k}.").items() if isinstance(v, dict) else [(f"{prefix}{k}", v)])}

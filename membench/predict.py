@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -79,6 +80,17 @@ def world_size(spec: RunSpec, stack: Stack) -> int | None:
     return None
 
 
+@dataclasses.dataclass
+class Traced:
+    """A prediction with the allocations behind it: every ("alloc", key, raw bytes) and ("free", key) from the
+    model's construction on, in order; the measured step's begin at events[measured_from]."""
+
+    memory: Memory
+    events: list[tuple]
+    measured_from: int
+    round_to: int
+
+
 def predict_memory(job: Job, round_to: int | None = None) -> Memory:
     """The memory of one run as a measurement on job.run.device would report it (peak, phase, breakdown).
 
@@ -86,6 +98,11 @@ def predict_memory(job: Job, round_to: int | None = None) -> Memory:
     what the exact CPU tracker measures (round_to=1), which is how the predictor is tested against real runs.
     Measured by the same Session as a real run, on fake tensors.
     """
+    return predict_traced(job, round_to, trace=job.run.device == "cuda").memory
+
+
+def predict_traced(job: Job, round_to: int | None = None, trace: bool = True) -> Traced:
+    """predict_memory, keeping the allocation trace (fit derives other batch sizes from a few of them)."""
     spec = job.run
     cuda = spec.device == "cuda"
     round_to = round_to or (CUDA_BLOCK if cuda else 1)
@@ -110,31 +127,40 @@ def predict_memory(job: Job, round_to: int | None = None) -> Memory:
     with group, fake.fake_tensors():
         prepared = _Prepared(run, fake.materialize(meta_model), cuda)
         techniques = (prepared, *(_WithRealRanks(t) if t.distributed else t for t in stack.techniques))
-        meter = CpuMeter(round_to=round_to, trace=cuda)
+        meter = CpuMeter(round_to=round_to, trace=trace or cuda)
         session = Session(run, dataclasses.replace(stack, techniques=techniques), workload, meter,
                           batches(workload, run), track_host=False)
         session.build()
         session.warm_up(warmup)
+        measured_from = len(meter.tracker.trace or ())
         memory, _, _ = session.measure(1)
         session.detach()
     memory.device = spec.device
     memory.method = f"prediction: fake tensors, storage tracker, {round_to}-byte blocks"
     if cuda:
         _add_reserved(memory, meter.tracker.trace, stack, spec.memory_budget)
-    return memory
+    return Traced(memory, meter.tracker.trace or [], measured_from, round_to)
 
 
 def _add_reserved(memory: Memory, trace: list[tuple], stack: Stack, budget: int | None) -> None:
     """Reserved memory: the step's allocations, in order from the model's construction on, through the caching
     allocator simulator with the run's allocator settings (the user's PYTORCH_CUDA_ALLOC_CONF plus the stack's,
     e.g. expandable-segments). A budget acts as a memory fraction, as it does on a real GPU."""
-    from membench.allocator import reserved_summary, settings_from_env
-    from membench.launcher import environment_for
+    from membench.allocator import reserved_summary
 
-    summary = reserved_summary(trace, settings_from_env(environment_for(stack)), capacity=budget,
+    summary = reserved_summary(trace, allocator_settings(stack), capacity=budget,
                                memory_fraction=1.0 if budget else None)
     for key, value in summary.items():
         setattr(memory, key, value)
+
+
+def allocator_settings(stack: Stack):
+    """The caching allocator's settings a run of this stack gets: the user's PYTORCH_CUDA_ALLOC_CONF plus the
+    stack's own (expandable-segments)."""
+    from membench.allocator import settings_from_env
+    from membench.launcher import environment_for
+
+    return settings_from_env(environment_for(stack))
 
 
 class CannotPredict(Exception):
@@ -174,6 +200,25 @@ def predict_all(jobs: list[Job], out_dir: Path | None, on_done=None, on_start=No
             on_done(job, record)
         results.append(record)
     return results
+
+
+def answer_request(request: dict) -> dict:
+    """In the child process of `membench predict` (launcher.call_isolated): plan the runs (loading the user's
+    code), predict each into request["out"], say how each went on stderr; the answer names the result files."""
+    from membench.api import plan
+
+    jobs = plan(**request["plan"], in_process=True)
+
+    def start(job) -> None:  # a large model takes a while per run: say which one is going
+        print(f"predicting {job.name} ...", file=sys.stderr, flush=True)
+
+    def done(job, record) -> None:
+        print(f"predicted {job.name}: {record.status} ({record.wall_s:.1f} s)", file=sys.stderr, flush=True)
+        if record.traceback:  # a membench bug, not the user's: show where
+            print(record.traceback, file=sys.stderr, flush=True)
+
+    predict_all(jobs, Path(request["out"]), on_start=start, on_done=done)
+    return {"names": [job.name for job in jobs]}
 
 
 def default_predict_dir(spec: RunSpec, root: Path = Path("results")) -> Path:
