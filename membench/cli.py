@@ -182,26 +182,37 @@ def cmd_report(args) -> int:
         print("\n".join(recommend(group, goal)))
     if args.no_files:
         return 0
+    from membench.fsio import own_dir, safe_component
+
     out = args.out or (args.results if args.results.is_dir() else args.results.parent) / "report"
-    # One report per sweep: runs of different workloads, batch sizes or devices never share a baseline.
+    if len(groups) > 1:
+        own_dir(out)
+    # One report per sweep: runs of different workloads, batch sizes or devices never share a baseline. The
+    # subfolder's name comes from result files: one harmless path component, whatever they hold.
+    used: set[str] = set()
     for group in groups:
         run = group[0].spec.run
-        where = out if len(groups) == 1 else out / f"{run.workload}-bs{run.batch_size}-{group[0].sweep_key[2]}"
+        name = safe_component(f"{run.workload}-bs{run.batch_size}-{group[0].sweep_key[2]}")
+        name = next(n for i in range(len(groups) + 1) for n in [name + (f"-{i}" if i else "")] if n not in used)
+        used.add(name)
+        where = out if len(groups) == 1 else out / name
         written = write_report(group, where, goal)
         print(f"\nwrote {', '.join(sorted(written))} to {where}\nopen {written['report.html']}")
     return 0
 
 
 def cmd_compare(args) -> int:
-    from membench.fsio import atomic_write_text
+    from membench.fsio import atomic_write_text, check_regular_target
     from membench.report.compare import render
     from membench.results import load_dir
 
+    if args.markdown:  # refused before anything is read or printed
+        check_regular_target(args.markdown, "--markdown")
     old, new = load_dir(args.old), load_dir(args.new)
     text = render(old, new, fmt=args.format)
     print(text)
     if args.markdown:
-        atomic_write_text(args.markdown, render(old, new, fmt="github") + "\n")
+        atomic_write_text(check_regular_target(args.markdown, "--markdown"), render(old, new, fmt="github") + "\n")
         print(f"\nwrote {args.markdown}")
     return 0
 
@@ -221,15 +232,43 @@ def _predict_jobs(args, batch_size: int) -> list:
                 nproc_per_node=args.world_size, check=False, timeline=False, **_model_options(args))
 
 
+def refuse_over_measurements(jobs: list, out: Path) -> None:
+    """A prediction never replaces a measurement: refused where a run's result file holds a measured result."""
+    from membench.launcher import check_result_paths
+    from membench.results import read_result, result_path
+
+    check_result_paths(jobs, out)
+    for job in jobs:
+        path = result_path(out, job.name)
+        if path.is_file():
+            try:
+                measured = not read_result(path).predicted
+            except UserError:
+                measured = True  # unreadable: not known to be a prediction, so not overwritten
+            if measured:
+                raise UserError(f"{path} holds a measured result (or one that cannot be read): a prediction never "
+                                "replaces a measurement; choose another --out")
+
+
 def cmd_predict(args) -> int:
     from membench.fsio import make_dir
-    from membench.predict import CANNOT_SEE, default_predict_dir, predict_all
-    from membench.report.table import render
+    from membench.launcher import locked
+    from membench.predict import default_predict_dir
 
     jobs = _predict_jobs(args, args.batch_size)
     out = make_dir(args.out or default_predict_dir(jobs[0].run))  # an --out that cannot be written: said first
+    with locked(out):  # a sweep writing there, or another prediction, is refused
+        refuse_over_measurements(jobs, out)
+        return _predict_into(args, jobs, out)
+
+
+def _predict_into(args, jobs: list, out: Path) -> int:
+    from membench.launcher import archive
+    from membench.predict import CANNOT_SEE, predict_all
+    from membench.report.table import render
 
     def start(job) -> None:  # a large model takes a while per run: say which one is going
+        archive(out, job.name)  # an earlier prediction moves to previous/, as a run's result does
         print(f"predicting {job.name} ...", file=sys.stderr, flush=True)
 
     def done(job, record) -> None:
