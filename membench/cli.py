@@ -203,26 +203,37 @@ def cmd_report(args) -> int:
         print("\n".join(recommend(group, goal)))
     if args.no_files:
         return 0
+    from membench.fsio import own_dir, safe_component
+
     out = args.out or (args.results if args.results.is_dir() else args.results.parent) / "report"
-    # One report per sweep: runs of different workloads, batch sizes or devices never share a baseline.
+    if len(groups) > 1:
+        own_dir(out)
+    # One report per sweep: runs of different workloads, batch sizes or devices never share a baseline. The
+    # subfolder's name comes from result files: one harmless path component, whatever they hold.
+    used: set[str] = set()
     for group in groups:
         run = group[0].spec.run
-        where = out if len(groups) == 1 else out / f"{run.workload}-bs{run.batch_size}-{group[0].sweep_key[2]}"
+        name = safe_component(f"{run.workload}-bs{run.batch_size}-{group[0].sweep_key[2]}")
+        name = next(n for i in range(len(groups) + 1) for n in [name + (f"-{i}" if i else "")] if n not in used)
+        used.add(name)
+        where = out if len(groups) == 1 else out / name
         written = write_report(group, where, goal)
         print(f"\nwrote {', '.join(sorted(written))} to {where}\nopen {written['report.html']}")
     return 0
 
 
 def cmd_compare(args) -> int:
-    from membench.fsio import atomic_write_text
+    from membench.fsio import atomic_write_text, check_regular_target
     from membench.report.compare import render
     from membench.results import load_dir
 
+    if args.markdown:  # refused before anything is read or printed
+        check_regular_target(args.markdown, "--markdown")
     old, new = load_dir(args.old), load_dir(args.new)
     text = render(old, new, fmt=args.format)
     print(text)
     if args.markdown:
-        atomic_write_text(args.markdown, render(old, new, fmt="github") + "\n")
+        atomic_write_text(check_regular_target(args.markdown, "--markdown"), render(old, new, fmt="github") + "\n")
         print(f"\nwrote {args.markdown}")
     return 0
 
@@ -255,7 +266,7 @@ def _predict_plan(args, batch_size: int) -> dict:
 
 def cmd_predict(args) -> int:
     from membench.fsio import make_dir
-    from membench.launcher import call_isolated
+    from membench.launcher import call_isolated, locked
     from membench.predict import CANNOT_SEE, default_predict_dir
     from membench.report.table import render
     from membench.results import read_result, result_path
@@ -265,9 +276,11 @@ def cmd_predict(args) -> int:
     out = args.out or default_predict_dir(RunSpec(workload=args.workload, batch_size=args.batch_size,
                                                   device=args.device))
     out = make_dir(out).resolve()  # an --out that cannot be written: said first; absolute, whatever user code does
-    # The user's code (loading the workload) and the predictions run in one child process under --timeout.
-    answer = call_isolated("predict", {"plan": plan, "out": str(out)}, args.timeout,
-                           f"predicting {args.workload!r}")
+    with locked(out):  # a sweep writing there, or another prediction, is refused
+        # The user's code (loading the workload) and the predictions run in one child process under --timeout;
+        # it refuses to replace a measurement and archives earlier predictions (predict.answer_request).
+        answer = call_isolated("predict", {"plan": plan, "out": str(out)}, args.timeout,
+                               f"predicting {args.workload!r}")
     results = [read_result(result_path(out, name)) for name in answer["names"]]
     print(render(results))
     if args.device == "cuda":

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import errno
 import os
+import re
+import stat
 import tempfile
 from pathlib import Path
 
@@ -84,6 +86,59 @@ def atomic_write_bytes(path: Path, data: bytes) -> int:
 
 def atomic_write_text(path: Path, text: str) -> int:
     return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def check_regular_target(path: Path, option: str) -> Path:
+    """A file the user named (e.g. `compare --markdown PATH`) is written only where it is a regular file or
+    nothing yet: a device, a FIFO, a folder or a symlink there is refused, never replaced or written through."""
+    path = Path(path)
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        raise user_error(exc, "write", path) from None
+    if not stat.S_ISREG(mode):
+        kind = ("a symlink" if stat.S_ISLNK(mode) else "a folder" if stat.S_ISDIR(mode) else
+                "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else
+                "not a regular file")
+        raise UserError(f"{option} {path} is {kind}: membench writes only regular files; name a new or regular file")
+    return path
+
+
+def own_dir(path: Path) -> Path:
+    """A folder membench creates inside --out (runs/, previous/, report/): made if missing, refused if a symlink
+    is in its place (files would be written or moved wherever it points)."""
+    path = Path(path)
+    if path.is_symlink():
+        raise UserError(f"{path} is a symlink (to {os.readlink(path)}): membench does not write through links; "
+                        "remove it")
+    return make_dir(path)
+
+
+def open_fresh(path: Path):
+    """Open `path` for writing as a new file (a log): whatever is there, a symlink included, is replaced, so
+    nothing is truncated or written through a link."""
+    path = Path(path)
+    try:
+        if path.is_symlink():
+            path.unlink()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, FILE_MODE | 0o600)
+    except OSError as exc:
+        if not is_environment_error(exc):
+            raise
+        raise user_error(exc, "write", path) from None
+    return os.fdopen(fd, "w")
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+=-]+")
+
+
+def safe_component(text: object, limit: int = 80) -> str:
+    """A name that comes from a file (a workload, a run name) as one harmless path component: no separators,
+    no '..', no control characters, at most `limit` characters."""
+    name = _UNSAFE.sub("_", str(text)).strip("._") or "_"
+    return name[:limit]
 
 
 def side_file(folder: Path, name: object) -> Path | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import itertools
 import json
@@ -18,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from membench.errors import UserError
-from membench.fsio import atomic_write_text, is_environment_error, make_dir, user_error
+from membench.fsio import atomic_write_text, is_environment_error, make_dir, open_fresh, own_dir, user_error
 from membench.lifeline import Terminated, child_env, preexec_for
 from membench.results import Environment, RunRecord, is_finished, read_result, result_path, write_record
 from membench.spec import Job
@@ -67,8 +68,11 @@ def locked(out_dir: Path):
         return
     path = Path(out_dir) / LOCK_NAME
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by workers (O_CLOEXEC by default)
+        # Not inherited by workers (O_CLOEXEC by default); never through a link planted in its place.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UserError(f"{path} is a symlink: membench does not write through links; remove it") from None
         if not is_environment_error(exc):
             raise
         raise user_error(exc, "write in", Path(out_dir)) from None
@@ -128,7 +132,7 @@ def archive(out_dir: Path, name: str) -> Path | None:
         return None
     result = result_path(out_dir, name)
     stamp = datetime.fromtimestamp((result if result in files else files[0]).stat().st_mtime, timezone.utc)
-    previous = make_dir(Path(out_dir) / "previous")
+    previous = own_dir(Path(out_dir) / "previous")
     for n in itertools.count():
         folder = previous / f"{name}.{stamp:%Y%m%dT%H%M%S.%fZ}-{n}"
         try:
@@ -137,7 +141,7 @@ def archive(out_dir: Path, name: str) -> Path | None:
         except FileExistsError:
             continue
     log = Path(out_dir) / "runs" / f"{name}.log"
-    for path in files + ([log] if log.is_file() else []):
+    for path in files + ([log] if log.is_file() and not log.is_symlink() else []):
         os.replace(path, folder / path.name)
     return folder
 
@@ -162,15 +166,14 @@ def launch(job: Job, out_dir: Path) -> RunRecord:
     torchrun (membench.lifeline)."""
     stack = resolve(job.run)
     out_path = result_path(out_dir, job.name)
-    runs_dir = out_dir / "runs"
-    make_dir(runs_dir)
+    runs_dir = own_dir(out_dir / "runs")
     spec_path = runs_dir / f"{job.name}.spec.json"
     atomic_write_text(spec_path, json.dumps(job.to_dict(), indent=1))
     archive(out_dir, job.name)
     log = runs_dir / f"{job.name}.log"
     started = time.time()
     timeout = job.launch.timeout_s
-    with open(log, "w") as log_file:
+    with open_fresh(log) as log_file:
         proc = subprocess.Popen(command_for(job, stack, spec_path, out_path), stdout=log_file,
                                 stderr=subprocess.STDOUT, env=child_env(environment_for(stack)), start_new_session=True,
                                 preexec_fn=preexec_for(os.getpid()))
@@ -308,6 +311,8 @@ def run_all(jobs: list[Job], out_dir: Path, resume: bool = False,
     run_one: how one job runs (default `launch`: its own `python -m membench.worker` process; membench.child
     forks, for a workload object that has no name to rebuild it from).
     """
+    # Absolute before any user code runs: a factory that changes the working directory must not move --out.
+    out_dir = Path(out_dir).absolute()
     with locked(out_dir):
         return _run_all(jobs, out_dir, resume, on_start, on_done, on_note, run_one or launch)
 

@@ -202,14 +202,36 @@ def predict_all(jobs: list[Job], out_dir: Path | None, on_done=None, on_start=No
     return results
 
 
+def refuse_over_measurements(jobs: list, out: Path) -> None:
+    """A prediction never replaces a measurement: refused where a run's result file holds a measured result."""
+    from membench.launcher import check_result_paths
+    from membench.results import read_result, result_path
+
+    check_result_paths(jobs, out)
+    for job in jobs:
+        path = result_path(out, job.name)
+        if path.is_file():
+            try:
+                measured = not read_result(path).predicted
+            except UserError:
+                measured = True  # unreadable: not known to be a prediction, so not overwritten
+            if measured:
+                raise UserError(f"{path} holds a measured result (or one that cannot be read): a prediction never "
+                                "replaces a measurement; choose another --out")
+
+
 def answer_request(request: dict) -> dict:
     """In the child process of `membench predict` (launcher.call_isolated): plan the runs (loading the user's
     code), predict each into request["out"], say how each went on stderr; the answer names the result files."""
     from membench.api import plan
+    from membench.launcher import archive
 
     jobs = plan(**request["plan"], in_process=True)
+    out = Path(request["out"])
+    refuse_over_measurements(jobs, out)
 
     def start(job) -> None:  # a large model takes a while per run: say which one is going
+        archive(out, job.name)  # an earlier prediction moves to previous/, as a run's result does
         print(f"predicting {job.name} ...", file=sys.stderr, flush=True)
 
     def done(job, record) -> None:
@@ -217,7 +239,7 @@ def answer_request(request: dict) -> dict:
         if record.traceback:  # a membench bug, not the user's: show where
             print(record.traceback, file=sys.stderr, flush=True)
 
-    predict_all(jobs, Path(request["out"]), on_start=start, on_done=done)
+    predict_all(jobs, out, on_start=start, on_done=done)
     return {"names": [job.name for job in jobs]}
 
 

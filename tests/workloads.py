@@ -129,3 +129,16 @@ def mlp_adafactor() -> Workload:
 def rmsprop(params, lr: float) -> torch.optim.Optimizer:
     """A user's optimizer factory (--optimizer tests.workloads:rmsprop): one state (square_avg) and a step."""
     return torch.optim.RMSprop(params, lr=lr, foreach=False)
+
+
+def factory_chdirs() -> Workload:
+    """A factory that changes the working directory (as some training scripts do): a relative --out must not
+    move with it."""
+    import os
+    import tempfile
+
+    def build():
+        os.chdir(tempfile.mkdtemp(prefix="membench-chdir-"))
+        return mlp().build_model()
+
+    return Workload(build_model=build, make_batch=image_batch(8, 10), loss_fn=classification_loss)

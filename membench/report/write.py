@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from tabulate import tabulate
 
 from membench.errors import UserError
-from membench.fsio import atomic_write_text, make_dir
+from membench.fsio import atomic_write_text, own_dir
 from membench.report import charts as ch
 from membench.report import explain as ex
 from membench.report import html
@@ -69,11 +68,7 @@ def write_report(results: list[RunRecord], out_dir: Path, goal: Goal = Goal("low
     """Write everything under out_dir; returns name -> path of each file written."""
     check_one_sweep(results)
     results = ordered(results)
-    out_dir = Path(out_dir)
-    if out_dir.is_symlink():  # a planted `report` link would have membench overwrite files wherever it points
-        raise UserError(f"report folder {out_dir} is a symlink (to {os.readlink(out_dir)}): membench does not write "
-                        "through links; remove it, or pass --out")
-    make_dir(out_dir)
+    out_dir = own_dir(out_dir)  # a planted `report` link would have membench overwrite files wherever it points
     title = title_for(results)
     chart_files = ch.write_all(results, out_dir)
     written: dict[str, Path] = {}
