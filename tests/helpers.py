@@ -95,3 +95,49 @@ def replace(s: Job, **kw) -> Job:
     how = {k: v for k, v in kw.items() if k not in run_fields}
     return dataclasses.replace(s, run=dataclasses.replace(s.run, **run),
                                measure=dataclasses.replace(s.measure, **how)).validated()
+
+
+@dataclasses.dataclass
+class Cli:
+    """What one `membench ...` command did, run in this process: exit code and its output."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def cli(*args) -> Cli:
+    """`membench ARGS` in this process (seconds faster than `python -m membench`, which imports torch again).
+
+    Keep real subprocesses for what needs the process boundary: signals, closed pipes, the interpreter's exit.
+    """
+    import io
+
+    from membench.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as stop:  # argparse: usage errors and --help/--version
+            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 2)
+    return Cli(code, out.getvalue(), err.getvalue())
+
+
+@contextlib.contextmanager
+def probe_in_process(monkeypatch):
+    """Plan a user's package.module:factory workload in this process instead of the launcher's child process: the
+    same planning and the same answer, without starting Python and torch again. tests/test_isolation.py checks
+    the child process itself (a factory that hangs, aborts or raises)."""
+    from membench import api
+    from membench.errors import UserError
+    from membench.worker import plan_here
+
+    def probe(plan_args: dict, timeout_s: float) -> list[Job]:
+        answer = plan_here(plan_args)
+        if answer.get("error"):
+            raise UserError(str(answer["error"]).splitlines()[0])
+        return [Job.from_dict(d) for d in answer["jobs"]]
+
+    monkeypatch.setattr(api, "probe", probe)
+    yield

@@ -8,6 +8,8 @@ import sys
 import pytest
 import torch
 
+from tests.helpers import cli, probe_in_process
+
 CASES = [
     (["run", "--techniques", "accum,foo"], "unknown technique 'foo'; valid: baseline, accum"),
     (["run", "--workload", "resnet9000"], "unknown workload 'resnet9000'; valid: vit-tiny"),
@@ -42,11 +44,16 @@ CASES = [
 
 
 def run(args):
-    return subprocess.run([sys.executable, "-m", "membench", *args], capture_output=True, text=True, timeout=120)
+    return cli(*args)
 
 
 @pytest.mark.parametrize("args,message", CASES)
-def test_bad_input_is_one_line_and_exit_2(args, message):
+def test_bad_input_is_one_line_and_exit_2(monkeypatch, args, message):
+    with probe_in_process(monkeypatch):
+        one_line_and_exit_2(args, message)
+
+
+def one_line_and_exit_2(args, message):
     proc = run(args)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -93,7 +100,7 @@ PATH_CASES = [
 
 @pytest.mark.parametrize("make_args,message", PATH_CASES)
 def test_bad_paths_are_one_line_and_exit_2(tmp_path, make_args, message):
-    test_bad_input_is_one_line_and_exit_2(make_args(tmp_path), message)
+    one_line_and_exit_2(make_args(tmp_path), message)
 
 
 def test_read_only_out_is_one_line_and_exit_2(tmp_path):
@@ -103,7 +110,7 @@ def test_read_only_out_is_one_line_and_exit_2(tmp_path):
     try:
         if os.access(out, os.W_OK):
             pytest.skip("running as root: a read-only folder is still writable")
-        test_bad_input_is_one_line_and_exit_2(["run", *FAST, "--out", str(out)], "Permission denied")
+        one_line_and_exit_2(["run", *FAST, "--out", str(out)], "Permission denied")
     finally:
         out.chmod(0o755)
 
