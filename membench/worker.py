@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 
 from membench import distributed, environment, equivalence, lifeline
-from membench.errors import UserError
 from membench.measure import Build, Session
 from membench.results import (
     Environment,
@@ -204,23 +203,7 @@ def _run(job: Job, out: Path) -> RunRecord:
     return record
 
 
-def plan_here(args: dict) -> dict:
-    """The launcher's probe: plan a sweep of a user's workload in this (child) process; the jobs, or why not."""
-    from membench.api import plan
-
-    try:
-        return {"jobs": [job.to_dict() for job in plan(**args, in_process=True)]}
-    except UserError as exc:
-        return {"error": str(exc)}
-    except Exception as exc:  # noqa: BLE001 - the user's factory raising: its message is the answer
-        return {"error": f"workload {args.get('workload')!r} raised {type(exc).__name__}: {exc}"}
-
-
 def main(argv: list[str]) -> int:
-    if argv[0] == "--plan":  # the launcher's probe: plan arguments in, one line of JSON out
-        lifeline.tie_worker_to_sweep()
-        print(json.dumps(plan_here(json.loads(Path(argv[1]).read_text()))))
-        return 0
     lifeline.tie_worker_to_sweep()  # a worker never outlives the sweep that launched it
     job = Job.from_dict(json.loads(Path(argv[0]).read_text()))
     run(job, Path(argv[1]))
