@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 
 from membench.errors import UserError
+from membench.fsio import make_dir
+from membench.launcher import archive, environment_for, failure_record
 from membench.results import RunRecord, read_result, result_path, write_record
 from membench.spec import Job
 from membench.techniques import resolve
@@ -75,9 +77,6 @@ def _probe() -> None:
 
 def launch(job: Job, out_dir: Path) -> RunRecord:
     """The launcher's `launch` for a workload object: a forked child where possible, else this process."""
-    from membench.fsio import make_dir
-    from membench.launcher import _failure, archive, environment_for
-
     stack = resolve(job.run)
     if stack.distributed or job.run.nproc_per_node > 1:
         raise UserError(f"{job.name} runs through torchrun, which rebuilds the workload by name: give it as "
@@ -99,8 +98,8 @@ def launch(job: Job, out_dir: Path) -> RunRecord:
     if child.is_alive():
         child.kill()
         child.join()
-        write_record(out_path, _failure(job, "timeout", f"no result after {job.launch.timeout_s:g} s (--timeout)",
-                                        log))
+        write_record(out_path, failure_record(job, "timeout",
+                                              f"no result after {job.launch.timeout_s:g} s (--timeout)", log))
         return read_result(out_path)
     if out_path.exists() and out_path.stat().st_mtime >= started - 1:
         record = read_result(out_path)
@@ -114,7 +113,7 @@ def launch(job: Job, out_dir: Path) -> RunRecord:
     message = f"forked worker exited with code {code} before writing a result"
     if code is not None and code < 0:
         message += f" (killed by signal {-code}{'; out of host memory?' if code == -9 else ''})"
-    write_record(out_path, _failure(job, "error", message, log))
+    write_record(out_path, failure_record(job, "error", message, log))
     return read_result(out_path)
 
 

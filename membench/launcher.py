@@ -146,7 +146,8 @@ def archive(out_dir: Path, name: str) -> Path | None:
     return folder
 
 
-def _failure(job: Job, status: str, message: str, log: Path) -> RunRecord:
+def failure_record(job: Job, status: str, message: str, log: Path) -> RunRecord:
+    """The record of a run that left none of its own (timeout, crash): why, and the end of its log."""
     tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
     return RunRecord(name=job.name, status=status, error=message, spec=job, env=Environment(device=job.run.device),
                      log_tail=tail)
@@ -181,7 +182,7 @@ def launch(job: Job, out_dir: Path) -> RunRecord:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             _kill(proc)
-            write_record(out_path, _failure(job, "timeout", f"no result after {timeout:g} s (--timeout)", log))
+            write_record(out_path, failure_record(job, "timeout", f"no result after {timeout:g} s (--timeout)", log))
             return read_result(out_path)
         except KeyboardInterrupt:
             _kill(proc)
@@ -191,7 +192,7 @@ def launch(job: Job, out_dir: Path) -> RunRecord:
     message = f"worker exited with code {rc} before writing a result"
     if rc < 0:
         message += f" (killed by signal {-rc}{'; out of host memory?' if -rc == signal.SIGKILL else ''})"
-    write_record(out_path, _failure(job, "error", message, log))
+    write_record(out_path, failure_record(job, "error", message, log))
     return read_result(out_path)
 
 
@@ -212,7 +213,7 @@ def probe(plan_args: dict, timeout_s: float) -> list[Job]:
         path = Path(tmp) / "plan.json"
         path.write_text(json.dumps(plan_args))
         try:
-            proc = subprocess.run([sys.executable, "-m", "membench.worker", "--plan", str(path)],
+            proc = subprocess.run([sys.executable, "-m", "membench.plan_probe", str(path)],
                                   capture_output=True, text=True, timeout=timeout_s, env=child_env(dict(os.environ)),
                                   preexec_fn=preexec_for(os.getpid()))
         except subprocess.TimeoutExpired:
@@ -236,7 +237,7 @@ def probe(plan_args: dict, timeout_s: float) -> list[Job]:
 
 
 def call_isolated(kind: str, request: dict, timeout_s: float, what: str) -> dict:
-    """Run `python -m membench.worker --call KIND` on `request` in a child process, under `timeout_s`: how predict
+    """Run `python -m membench.plan_probe --call KIND` on `request` in a child process, under `timeout_s`: how predict
     and fit run a user's code (and everything after it) out of this process, as `run` does with its workers.
 
     The answer comes back in a file, never on the child's stdout (user code prints: 10 MB of it, or an atexit
@@ -252,7 +253,7 @@ def call_isolated(kind: str, request: dict, timeout_s: float, what: str) -> dict
     with sigterm_as_interrupt(), tempfile.TemporaryDirectory(prefix=f"membench-{kind}-") as tmp:
         request_path, answer_path = Path(tmp) / "request.json", Path(tmp) / "answer.json"
         request_path.write_text(json.dumps(request))
-        proc = subprocess.Popen([sys.executable, "-m", "membench.worker", "--call", kind, str(request_path),
+        proc = subprocess.Popen([sys.executable, "-m", "membench.plan_probe", "--call", kind, str(request_path),
                                  str(answer_path)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, env=child_env(dict(os.environ)), start_new_session=True,
                                 preexec_fn=preexec_for(os.getpid()))

@@ -8,18 +8,15 @@ Bytes and seconds are stored; units are a display matter.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 from membench.errors import UserError
 from membench.fsio import atomic_write_text, make_dir
 from membench.spec import Job
+from membench.typedjson import build_checked, to_plain
 
 SCHEMA_VERSION = 2
 MAX_RESULT_BYTES = 64 * 2**20  # a result file is a few KiB; anything this big is not one
@@ -245,7 +242,7 @@ class RunRecord:
         return f"{self.spec.run.workload} bs{self.spec.run.batch_size}"
 
     def to_json(self) -> str:
-        data = {k: v for k, v in _plain(self).items() if k != "path" and not (v is None and k not in _ALWAYS)}
+        data = {k: v for k, v in to_plain(self).items() if k != "path" and not (v is None and k not in _ALWAYS)}
         return json.dumps(data, indent=1, allow_nan=False) + "\n"
 
     @classmethod
@@ -285,101 +282,6 @@ def _upgrade_v1(data: dict, where: str) -> dict:
     if isinstance(data.get("timeline"), dict) and "error" in data["timeline"]:
         data["timeline"] = None  # schema 1 stored a failed recording pass as a timeline with an error
     return data
-
-
-# --- typed conversion, one place ----------------------------------------------------------------------------------
-def _plain(value):
-    if dataclasses.is_dataclass(value):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, float) and not math.isfinite(value):
-        return None  # strict JSON has no NaN or Infinity
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
-def _type_name(tp) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-class _Bad(Exception):
-    """A field of the wrong type: turned into one UserError naming the file and the field."""
-
-    def __init__(self, field: str, expected: str, value):
-        super().__init__(field)
-        self.field, self.expected, self.value = field, expected, value
-
-
-def _convert(tp, value, name: str):
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        options = [o for o in typing.get_args(tp) if o is not type(None)]
-        if value is None and len(options) < len(typing.get_args(tp)):
-            return None
-        for option in options:
-            try:
-                return _convert(option, value, name)
-            except _Bad:
-                continue
-        raise _Bad(name, " or ".join(_type_name(o) for o in typing.get_args(tp)), value)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise _Bad(name, "an object", value)
-        return _build(tp, value, name + ".")
-    if origin in (list, tuple):
-        if not isinstance(value, list):
-            raise _Bad(name, "a list", value)
-        item = typing.get_args(tp)[0]
-        items = [_convert(item, v, f"{name}[{i}]") for i, v in enumerate(value)]
-        return items if origin is list else tuple(items)
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise _Bad(name, "an object", value)
-        item = typing.get_args(tp)[1]
-        return {k: _convert(item, v, f"{name}.{k}") for k, v in value.items()}
-    if origin is typing.Literal:
-        if value in typing.get_args(tp):
-            return value
-        raise _Bad(name, "one of " + ", ".join(map(str, typing.get_args(tp))), value)
-    plain = isinstance(value, bool) if tp is bool else (
-        isinstance(value, int) and not isinstance(value, bool) if tp is int else
-        isinstance(value, (int, float)) and not isinstance(value, bool) if tp is float else
-        isinstance(value, str) if tp in (str, Path) else False)
-    if not plain:
-        raise _Bad(name, _type_name(tp), value)
-    return float(value) if tp is float else Path(value) if tp is Path else value
-
-
-def _show(value) -> str:
-    text = json.dumps(value) if isinstance(value, (str, int, float, bool, type(None))) else type(value).__name__
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _build(cls, data: dict, prefix: str = ""):
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in data:
-            kwargs[f.name] = _convert(hints[f.name], data[f.name], prefix + f.name)
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise _Bad(prefix + f.name, "present", "missing")
-    return cls(**kwargs)
-
-
-def build_checked(cls, data: dict, where: str):
-    """`cls` from plain JSON data, every field's type checked; one UserError naming `where` and the field."""
-    try:
-        return _build(cls, data)
-    except _Bad as bad:
-        if bad.expected == "present":
-            raise UserError(f"{where}: field {bad.field} is missing") from None
-        raise UserError(f"{where}: field {bad.field} must be {bad.expected}, got {_show(bad.value)}") from None
-    except RecursionError:
-        raise UserError(f"{where}: nested too deeply to be a membench result") from None
 
 
 # --- files -------------------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from membench.errors import UserError
+from membench.typedjson import build_checked
 
 Device = Literal["cpu", "cuda"]
 ZeroGrad = Literal["none", "zeros"]
@@ -161,8 +162,6 @@ class Job:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "run spec") -> Job:
-        from membench.results import build_checked
-
         return build_checked(cls, d, where).validated()
 
     @staticmethod

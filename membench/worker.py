@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 
 from membench import distributed, environment, equivalence, lifeline
-from membench.errors import UserError
 from membench.measure import Build, Session
 from membench.results import (
     Environment,
@@ -204,47 +203,7 @@ def _run(job: Job, out: Path) -> RunRecord:
     return record
 
 
-def plan_here(args: dict) -> dict:
-    """The launcher's probe: plan a sweep of a user's workload in this (child) process; the jobs, or why not."""
-    from membench.api import plan
-
-    try:
-        return {"jobs": [job.to_dict() for job in plan(**args, in_process=True)]}
-    except UserError as exc:
-        return {"error": str(exc)}
-    except Exception as exc:  # noqa: BLE001 - the user's factory raising: its message is the answer
-        return {"error": f"workload {args.get('workload')!r} raised {type(exc).__name__}: {exc}"}
-
-
-def call_here(kind: str, request: dict) -> dict:
-    """launcher.call_isolated's child: predict or fit, from loading the user's code to the answer."""
-    from membench import fit, predict
-
-    try:
-        return {"predict": predict.answer_request, "fit": fit.answer_request}[kind](request)
-    except UserError as exc:
-        return {"error": str(exc)}
-    except Exception as exc:  # noqa: BLE001 - the user's code raising while loading: its message is the answer
-        return {"error": f"workload {request.get('workload')!r} raised {type(exc).__name__}: {exc}"}
-    except BaseException as exc:  # noqa: BLE001 - SystemExit from the user's code is not membench's exit code
-        return {"error": f"workload {request.get('workload')!r} raised {type(exc).__name__}"
-                         f"{'(' + str(exc) + ')' if str(exc) else ''} while membench ran it"}
-
-
 def main(argv: list[str]) -> int:
-    if argv[0] == "--call":  # launcher.call_isolated: KIND REQUEST ANSWER; the answer goes to a file
-        from membench.fsio import atomic_write_text
-
-        lifeline.tie_worker_to_sweep()
-        os.dup2(2, 1)  # the user's prints never mix with anything membench reads: all of it is output to show
-        sys.stdout = sys.stderr
-        answer = call_here(argv[1], json.loads(Path(argv[2]).read_text()))
-        atomic_write_text(Path(argv[3]), json.dumps(answer))
-        return 0
-    if argv[0] == "--plan":  # the launcher's probe: plan arguments in, one line of JSON out
-        lifeline.tie_worker_to_sweep()
-        print(json.dumps(plan_here(json.loads(Path(argv[1]).read_text()))))
-        return 0
     lifeline.tie_worker_to_sweep()  # a worker never outlives the sweep that launched it
     job = Job.from_dict(json.loads(Path(argv[0]).read_text()))
     run(job, Path(argv[1]))

@@ -1,0 +1,153 @@
+"""The package's layout: no import circles (function-level imports count), no private names across modules.
+
+The graph is read from the syntax trees, not from running imports, so an import hidden inside a function counts
+as much as one at the top of a file: both are a dependency a reader has to follow.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "membench"
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str       # the importing module, dotted
+    target: str       # the imported module, dotted (a package's __init__ is the package's name)
+    names: tuple[str, ...]  # names taken from it with `from target import ...` (empty for `import target`)
+    line: int
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules(root: Path) -> dict[str, Path]:
+    return {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
+
+
+def imports(root: Path) -> list[Import]:
+    """Every import of a module of the package by a module of the package, wherever in the file it is written."""
+    known = modules(root)
+    top = root.name
+    found = []
+    for source, path in known.items():
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name == top or alias.name.startswith(top + "."):
+                        found.append(Import(source, alias.name, (), node.lineno))
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    # `from . import x` in a.b.c means a.b; in the package a.b's __init__ it means a.b itself.
+                    package = source.split(".") if is_package else source.split(".")[:-1]
+                    base = ".".join(package[:len(package) - (node.level - 1)])
+                    base = f"{base}.{node.module}" if node.module else base
+                else:
+                    base = node.module or ""
+                if base != top and not base.startswith(top + "."):
+                    continue
+                for alias in node.names:
+                    # `from membench import spec` imports the module membench.spec; `from membench.spec import Job`
+                    # imports from membench.spec.
+                    child = f"{base}.{alias.name}"
+                    if child in known:
+                        found.append(Import(source, child, (), node.lineno))
+                    else:
+                        found.append(Import(source, base, (alias.name,), node.lineno))
+    return found
+
+
+def graph(found: list[Import]) -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {}
+    for imp in found:
+        if imp.target != imp.source:
+            edges.setdefault(imp.source, set()).add(imp.target)
+    return edges
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import circle as a path that starts and ends on the same module, or None (depth-first search)."""
+    state: dict[str, str] = {}  # "open" while on the current path, "done" once every path from it is explored
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = "open"
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_package_has_no_import_circle():
+    cycle = find_cycle(graph(imports(PACKAGE)))
+    assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_uses(root: Path) -> list[str]:
+    """Private names of one module used by another: imported by name, or read as an attribute of the module."""
+    known = modules(root)
+    found = [f"{imp.source}:{imp.line} imports {imp.target}.{name}"
+             for imp in imports(root) for name in imp.names if is_private(name)]
+    for source, path in known.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        bound = {}  # local name -> the package module it stands for
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                bound.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names
+                              if f"{node.module}.{a.name}" in known})
+            elif isinstance(node, ast.Import):
+                bound.update({a.asname: a.name for a in node.names if a.asname and a.name in known})
+        found += [f"{source}:{node.lineno} reads {bound[node.value.id]}.{node.attr}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                  and node.value.id in bound and bound[node.value.id] != source and is_private(node.attr)]
+    return found
+
+
+def test_no_private_name_is_used_by_another_module():
+    private = private_uses(PACKAGE)
+    assert not private, "\n".join(private)
+
+
+def test_function_level_imports_are_counted(tmp_path):
+    """The analysis sees a circle closed by an import inside a function, through relative and absolute forms."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from . import c\n")
+    (pkg / "a.py").write_text("from .sub.c import thing\n")
+    (pkg / "b.py").write_text("def f():\n    from pkg import a\n    return a\n")
+    (pkg / "sub" / "c.py").write_text("def thing():\n    from ..b import f\n    return f\n")
+    edges = graph(imports(pkg))
+    assert edges == {"pkg.sub": {"pkg.sub.c"}, "pkg.a": {"pkg.sub.c"}, "pkg.b": {"pkg.a"}, "pkg.sub.c": {"pkg.b"}}
+    assert find_cycle(edges) == ["pkg.a", "pkg.sub.c", "pkg.b", "pkg.a"]
+    (pkg / "d.py").write_text("from pkg import b\nfrom pkg.sub.c import _hidden\n\ndef g():\n    return b._f\n")
+    assert private_uses(pkg) == ["pkg.d:2 imports pkg.sub.c._hidden", "pkg.d:5 reads pkg.b._f"]
+
+
+@pytest.mark.parametrize("edges", [{}, {"a": {"b"}, "b": {"c"}, "d": {"b", "c"}}])
+def test_a_graph_without_circle_has_none(edges):
+    assert find_cycle(edges) is None
