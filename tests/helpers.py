@@ -131,7 +131,7 @@ def probe_in_process(monkeypatch):
     the child process itself (a factory that hangs, aborts or raises)."""
     from membench import api
     from membench.errors import UserError
-    from membench.worker import plan_here
+    from membench.plan_probe import plan_here
 
     def probe(plan_args: dict, timeout_s: float) -> list[Job]:
         answer = plan_here(plan_args)
