@@ -102,7 +102,7 @@ def plan(workload: str = DEFAULT_WORKLOAD, techniques: str | None = None, batch_
 
 def default_out_dir(spec: RunSpec, root: Path = Path("results")) -> Path:
     key = environment.machine_key(environment.describe(spec.device))
-    return root / key / f"{spec.workload.replace(':', '.')}-bs{spec.batch_size}"
+    return root / key / f"{spec.workload.replace(':', '.')}-bs{spec.batch_size}{spec.loop_slug}"
 
 
 def run_sweep(workload: str | Workload | Callable[[], nn.Module] = DEFAULT_WORKLOAD, techniques: str | None = None,

@@ -246,4 +246,5 @@ def answer_request(request: dict) -> dict:
 def default_predict_dir(spec: RunSpec, root: Path = Path("results")) -> Path:
     """Predictions live in their own tree, never beside measurements."""
     key = environment.machine_key(environment.describe("cpu"))
-    return root / "predicted" / key / f"{spec.device}-{spec.workload.replace(':', '.')}-bs{spec.batch_size}"
+    folder = f"{spec.device}-{spec.workload.replace(':', '.')}-bs{spec.batch_size}{spec.loop_slug}"
+    return root / "predicted" / key / folder

@@ -233,9 +233,9 @@ class RunRecord:
 
     @property
     def sweep_key(self) -> tuple:
-        """Runs that compare with each other: same workload, batch size and device (and kind of number)."""
+        """Runs that compare with each other: same workload, batch size, device, kind of number and loop options."""
         r = self.spec.run
-        return r.workload, r.batch_size, self.env.device if self.env else r.device, self.predicted
+        return r.workload, r.batch_size, self.env.device if self.env else r.device, self.predicted, r.loop
 
     @property
     def label(self) -> str:

@@ -66,6 +66,20 @@ class RunSpec:
     def name(self) -> str:
         return "+".join(self.techniques) if self.techniques else "baseline"
 
+    @property
+    def loop(self) -> str:
+        """The loop options that differ from membench's defaults, e.g. "zero-grad zeros, clip-grad-norm 1.0" ("":
+        none). They change memory, so runs that differ in them are different sweeps."""
+        parts = [f"zero-grad {self.zero_grad}" if self.zero_grad != "none" else "",
+                 f"clip-grad-norm {self.clip_grad_norm:g}" if self.clip_grad_norm is not None else "",
+                 "inference" if self.inference else ""]
+        return ", ".join(p for p in parts if p)
+
+    @property
+    def loop_slug(self) -> str:
+        """`loop` as part of a folder name ("" for the defaults): "-zero-grad-zeros-clip-grad-norm-1"."""
+        return "".join("-" + part.replace(" ", "-") for part in self.loop.split(", ") if part)
+
     def validated(self) -> RunSpec:
         for name in ("batch_size", "accum_steps", "nproc_per_node"):
             _positive_int(name, getattr(self, name))

@@ -176,3 +176,22 @@ def test_cli_predict_records_the_loop_options_in_the_spec(tmp_path, capsys):
         assert (run.zero_grad, run.clip_grad_norm, record.spec.measure.warmup) == ("zeros", 1.0, 0)
         assert record.memory.current_breakdown["gradients"] == MLP_PARAM_BYTES
         assert record.memory.current_breakdown["optimizer_state"] == ADAM_STATE_BYTES
+
+
+TINY_BERT = "hf:bert,hidden_size=64,num_hidden_layers=2,num_attention_heads=2,intermediate_size=128,head=seq-cls"
+
+
+def test_hugging_face_config_overrides_such_as_the_attention_kernel_are_kept():
+    """`_attn_implementation=eager` (what the Trainer of transformers v4.18 ran) reaches the model, also when the
+    predictor builds it on meta: eager attention keeps the seq x seq probabilities that sdpa does not."""
+    pytest.importorskip("transformers")
+    from membench.workloads import load_workload
+
+    eager = f"{TINY_BERT},_attn_implementation=eager"
+    assert load_workload(eager, 64).build_model().config._attn_implementation == "eager"
+    # Forward only, so the peak is where attention is (a training step's peak is Adam's, on the vocabulary).
+    predicted = {w: predict_memory(spec(w, batch_size=2, seq_len=64, inference=True), round_to=1)
+                 for w in (eager, TINY_BERT)}
+    assert predicted[eager].peak_allocated_bytes > predicted[TINY_BERT].peak_allocated_bytes
+    measured = measure(eager, batch_size=2, seq_len=64, inference=True).memory
+    assert predicted[eager].peak_allocated_bytes == measured.peak_allocated_bytes

@@ -25,8 +25,9 @@ def sweeps(results: list[RunRecord]) -> list[list[RunRecord]]:
 
 
 def sweep_title(results: list[RunRecord]) -> str:
-    workload, batch, device, predicted = results[0].sweep_key
-    return f"{workload}, batch {batch}, {device}" + (" (predicted)" if predicted else "")
+    workload, batch, device, predicted, loop = results[0].sweep_key
+    loop_text = f", {loop}" if loop else ""
+    return f"{workload}, batch {batch}, {device}{loop_text}" + (" (predicted)" if predicted else "")
 
 
 def equivalence_text(r: RunRecord) -> str:

@@ -21,15 +21,15 @@ from membench.vocab import CATEGORIES
 
 def check_one_sweep(results: list[RunRecord]) -> None:
     """A report compares techniques against one baseline: one workload, batch size and device."""
-    keys = sorted({r.sweep_key[:3] for r in results}, key=str)
+    keys = sorted({(*r.sweep_key[:3], r.spec.run.loop) for r in results}, key=str)
     if len(keys) > 1:
-        found = "; ".join(f"{w} batch {b} on {d}" for w, b, d in keys)
+        found = "; ".join(f"{w} batch {b} on {d}" + (f" ({loop})" if loop else "") for w, b, d, loop in keys)
         raise UserError(f"these results hold more than one sweep ({found}): point `membench report` at one "
                         "sweep's directory, e.g. results/<machine>/<workload>-bs<N>")
 
 
 def title_for(results: list[RunRecord]) -> str:
-    workload, batch, device, _ = results[0].sweep_key
+    workload, batch, device, *_ = results[0].sweep_key
     name = (results[0].env.device_name if results[0].env else None) or device
     return f"membench: {workload}, batch {batch}, on {name}"
 
