@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -62,3 +66,56 @@ def test_confirmation_on_gpu_finds_a_batch_that_runs(tmp_path):
     budget = 2 * 2**30
     fit = confirm_on_gpu(spec, largest_batch(spec, budget, peak, max_batch=512), budget, tmp_path)
     assert fit.confirmed is not None and fit.confirmed > 0
+
+
+# --- predict and fit run the user's code in a child process, under --timeout ------------------------------------
+
+def _cli(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "membench", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("command, factory, message", [
+    ("predict", "factory_raises", "raised ValueError: could not open shard [/data/train-000.tar]"),
+    ("fit", "factory_system_exit", "raised SystemExit(3) while membench ran it"),
+    ("predict", "factory_exits_0", "exited with code 0 before answering"),
+    ("fit", "factory_aborts", "was killed by signal 6 before answering"),
+    ("predict", "factory_hangs", "did not finish within 30 s (--timeout)"),
+])
+def test_a_bad_factory_is_one_line_and_exit_2(tmp_path, command, factory, message):
+    budget = ["--budget", "1GiB"] if command == "fit" else ["--out", str(tmp_path / "pred")]
+    proc = _cli(command, "--workload", f"tests.workloads:{factory}", "--device", "cpu", "--techniques", "baseline",
+                "--timeout", "1", *budget)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("membench: error: ") and message in last, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_a_factory_that_prints_does_not_break_the_answer(tmp_path):
+    """10 MB on stdout and a print at exit: shown (on stderr), never read as membench's answer."""
+    proc = _cli("predict", "--workload", "tests.workloads:factory_prints", "--device", "cpu", "--techniques",
+                "baseline", "--batch-size", "2", "--out", str(tmp_path / "pred"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "x" * 1000 in proc.stderr and "goodbye from atexit" in proc.stderr
+    assert proc.stdout.splitlines()[2].split()[0] == "baseline" and "x" * 1000 not in proc.stdout
+
+
+def test_processes_the_users_code_forks_end_with_the_command(tmp_path):
+    pidfile = tmp_path / "pid"
+    proc = _cli("fit", "--workload", "tests.workloads:factory_forks", "--device", "cpu", "--techniques", "baseline",
+                "--budget", "64KiB", "--max-batch", "4", env={"MEMBENCH_TEST_PIDFILE": str(pidfile)}, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    pid = int(pidfile.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--world-size", "100000", "--techniques", "fsdp"], "--world-size 100000 is more ranks than"),
+    (["--batch-size", str(2**70)], f"--batch-size {2**70} is beyond what a prediction takes"),
+])
+def test_bounds_a_prediction_cannot_meet_are_one_line(args, message, capsys):
+    assert cli.main(["predict", "--workload", "vit-tiny", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]

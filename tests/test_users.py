@@ -289,7 +289,7 @@ def test_version():
 def test_fit_shows_each_prediction_as_it_goes():
     proc = _cli("fit", "--workload", "gpt-tiny", "--budget", "4MiB", "--techniques", "baseline", "--device", "cpu")
     assert proc.returncode == 0, proc.stderr
-    assert "fit baseline: batch 1 -> " in proc.stderr and "(fits)" in proc.stderr and "(over)" in proc.stderr
+    assert "fit baseline: batch 2 -> " in proc.stderr and "(fits)" in proc.stderr and "(over)" in proc.stderr
 
 
 def test_run_ends_by_naming_the_report_file_to_open(tmp_path):

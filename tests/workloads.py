@@ -142,3 +142,38 @@ def factory_chdirs() -> Workload:
         return mlp().build_model()
 
     return Workload(build_model=build, make_batch=image_batch(8, 10), loss_fn=classification_loss)
+
+
+def factory_exits_0() -> Workload:
+    """Ends its process with success before returning: a caller that reads the exit code alone would pass."""
+    import os
+
+    os._exit(0)
+
+
+def factory_system_exit() -> Workload:
+    raise SystemExit(3)
+
+
+def factory_prints() -> Workload:
+    """Prints 10 MB to stdout, and more at exit, as chatty libraries do."""
+    import atexit
+    import sys
+
+    atexit.register(lambda: print("goodbye from atexit"))
+    sys.stdout.write("x" * 10_000_000 + "\n")
+    return mlp()
+
+
+def factory_forks() -> Workload:
+    """Leaves a forked child behind that sleeps (holding whatever pipes it inherited), and writes its pid where the
+    test reads it (MEMBENCH_TEST_PIDFILE)."""
+    import os
+
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(600)
+        os._exit(0)
+    with open(os.environ["MEMBENCH_TEST_PIDFILE"], "w") as f:
+        f.write(str(pid))
+    return mlp()

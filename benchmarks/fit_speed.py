@@ -1,0 +1,58 @@
+"""How long README's fit example takes, and whether the search from traces gives the full search's answers.
+
+Times `membench fit --workload vit_b_16 --budget 24GiB --techniques accum,ckpt,opt-in-bwd` as a user runs it (a
+fresh process: Python, torch, the child that loads the workload, every prediction). With --compare-full, it also
+runs the full search (a real prediction at every batch tried: exponential then binary) for each technique in this
+process and prints both answers side by side. Timings depend on the machine and its load. Usage:
+
+    python benchmarks/fit_speed.py [--workload vit_b_16] [--budget 24GiB] [--techniques accum,ckpt,opt-in-bwd]
+                                   [--compare-full]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import subprocess
+import sys
+import time
+
+import torch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="vit_b_16")
+    parser.add_argument("--budget", default="24GiB")
+    parser.add_argument("--techniques", default="accum,ckpt,opt-in-bwd")
+    parser.add_argument("--compare-full", action="store_true")
+    args = parser.parse_args()
+    command = ["membench", "fit", "--workload", args.workload, "--budget", args.budget, "--techniques",
+               args.techniques]
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    print(proc.stdout)
+    if proc.returncode:
+        sys.exit(f"{' '.join(command)} failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
+    print(f"`{' '.join(command)}`: {seconds:.1f} s wall, from a fresh process ({platform.machine()}, "
+          f"{torch.get_num_threads()} threads, torch {torch.__version__})")
+    if args.compare_full:
+        from membench.api import plan
+        from membench.fit import largest_batch
+        from membench.predict import predict_memory
+        from membench.units import parse_bytes
+
+        budget = parse_bytes(args.budget)
+        for job in plan(args.workload, args.techniques, 4, target_device="cuda", in_process=True, check=False,
+                        timeline=False):
+            if job.name not in args.techniques.split(","):
+                continue
+            start = time.perf_counter()
+            fit = largest_batch(job, budget, lambda j: predict_memory(j).peak_reserved_bytes)
+            print(f"full search {job.name}: max batch {fit.batch}, first over {fit.over_batch}, {fit.probes} "
+                  f"predictions, {time.perf_counter() - start:.1f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
