@@ -73,10 +73,10 @@ def _probe() -> None:
     os._exit(0)
 
 
-def launch(job: Job, out_dir: Path) -> RunRecord:
+def launch(job: Job, out_dir: Path, on_stage=None) -> RunRecord:
     """The launcher's `launch` for a workload object: a forked child where possible, else this process."""
     from membench.fsio import make_dir
-    from membench.launcher import _failure, archive, environment_for
+    from membench.launcher import _failure, archive, environment_for, stage_reader, wait_reporting
 
     stack = resolve(job.run)
     if stack.distributed or job.run.nproc_per_node > 1:
@@ -92,11 +92,16 @@ def launch(job: Job, out_dir: Path) -> RunRecord:
     if reason is not None:
         return _in_process(job, out_path, env, reason)
     started = time.time()
+    reader = stage_reader(job, runs_dir, env, started)
     child = multiprocessing.get_context("fork").Process(target=_child_main, args=(job, out_path, log, env),
                                                         daemon=True)
     child.start()
-    child.join(job.launch.timeout_s)
-    if child.is_alive():
+
+    def wait(seconds: float) -> bool:
+        child.join(seconds)
+        return not child.is_alive()
+
+    if not wait_reporting(wait, reader, job.launch.timeout_s, on_stage):
         child.kill()
         child.join()
         write_record(out_path, _failure(job, "timeout", f"no result after {job.launch.timeout_s:g} s (--timeout)",

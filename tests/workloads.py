@@ -129,3 +129,14 @@ def mlp_adafactor() -> Workload:
 def rmsprop(params, lr: float) -> torch.optim.Optimizer:
     """A user's optimizer factory (--optimizer tests.workloads:rmsprop): one state (square_avg) and a step."""
     return torch.optim.RMSprop(params, lr=lr, foreach=False)
+
+
+def killed_in_step() -> Workload:
+    """The worker is killed (SIGKILL, as the kernel's OOM killer does) in its first training step."""
+    import os
+    import signal
+
+    def loss(model, batch):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    return Workload(build_model=mlp().build_model, make_batch=image_batch(8, 10), loss_fn=loss)
