@@ -13,6 +13,7 @@ from torch import nn
 from membench import environment, optimizers
 from membench.errors import UserError
 from membench.launcher import probe, run_all
+from membench.progress import StageLines
 from membench.results import to_frame
 from membench.spec import (
     DEFAULT_BATCH_SIZE,
@@ -109,7 +110,7 @@ def run_sweep(workload: str | Workload | Callable[[], nn.Module] = DEFAULT_WORKL
               batch_size: int = DEFAULT_BATCH_SIZE, device: str = "auto", out: str | Path | None = None,
               resume: bool = False, on_start: Callable | None = None, on_done: Callable | None = None,
               make_batch: Callable | None = None, loss_fn: Callable | None = None, name: str | None = None,
-              **options):
+              progress: Callable | bool | None = None, **options):
     """Run the baseline and each technique in its own process; return a DataFrame (one row per run).
 
     workload: a name as `membench run --workload` takes it; a `Workload` object; or a function returning a fresh
@@ -120,6 +121,9 @@ def run_sweep(workload: str | Workload | Callable[[], nn.Module] = DEFAULT_WORKL
     name: what its runs are recorded as (`python:NAME`; default: the function's name).
     Options are those of `membench run` (steps, warmup, accum_steps, optimizer, lr, seed, seq_len, check,
     timeline, ...). Example: ``membench.run_sweep("vit-tiny", "accum,ckpt", batch_size=8, steps=3)``.
+    progress: None (default) prints one line per stage of each run to stderr (a notebook shows them); False
+    prints nothing; a function is called with each `membench.progress.Stage` (run, stage, elapsed_s, step, steps)
+    as the worker reports it.
     """
     launch = None
     if not isinstance(workload, str):
@@ -131,7 +135,24 @@ def run_sweep(workload: str | Workload | Callable[[], nn.Module] = DEFAULT_WORKL
         raise UserError("make_batch and loss_fn go with a model function, not with a workload name")
     jobs = plan(workload, techniques, batch_size, device, **options)
     out_dir = Path(out) if out else default_out_dir(jobs[0].run)
-    results = run_all(jobs, out_dir, resume=resume, on_start=on_start, on_done=on_done, run_one=launch)
+    lines = StageLines() if progress is None else None
+    on_stage = (lambda job, stage: lines(stage)) if lines else (lambda job, stage: progress(stage)) \
+        if callable(progress) else None
+
+    def start(job) -> None:
+        if lines:
+            lines.start(job)
+        if on_start:
+            on_start(job)
+
+    def done(job, result, skipped) -> None:
+        if lines:
+            lines.done(job, result, skipped)
+        if on_done:
+            on_done(job, result, skipped)
+
+    results = run_all(jobs, out_dir, resume=resume, on_start=start, on_done=done, run_one=launch,
+                      on_stage=on_stage)
     return to_frame(results)
 
 

@@ -23,7 +23,7 @@ import torch
 
 from membench.errors import UserError
 from membench.fsio import make_dir
-from membench.launcher import archive, environment_for, failure_record
+from membench.launcher import archive, environment_for, failure_record, stage_reader, wait_reporting
 from membench.results import RunRecord, read_result, result_path, write_record
 from membench.spec import Job
 from membench.techniques import resolve
@@ -75,7 +75,7 @@ def _probe() -> None:
     os._exit(0)
 
 
-def launch(job: Job, out_dir: Path) -> RunRecord:
+def launch(job: Job, out_dir: Path, on_stage=None) -> RunRecord:
     """The launcher's `launch` for a workload object: a forked child where possible, else this process."""
     stack = resolve(job.run)
     if stack.distributed or job.run.nproc_per_node > 1:
@@ -91,11 +91,16 @@ def launch(job: Job, out_dir: Path) -> RunRecord:
     if reason is not None:
         return _in_process(job, out_path, env, reason)
     started = time.time()
+    reader = stage_reader(job, runs_dir, env, started)
     child = multiprocessing.get_context("fork").Process(target=_child_main, args=(job, out_path, log, env),
                                                         daemon=True)
     child.start()
-    child.join(job.launch.timeout_s)
-    if child.is_alive():
+
+    def wait(seconds: float) -> bool:
+        child.join(seconds)
+        return not child.is_alive()
+
+    if not wait_reporting(wait, reader, job.launch.timeout_s, on_stage):
         child.kill()
         child.join()
         write_record(out_path, failure_record(job, "timeout",

@@ -158,7 +158,7 @@ def cmd_run(args) -> int:
         with SweepProgress(jobs, out) as progress, sigterm_as_interrupt():
             try:
                 results = run_all(jobs, out, resume=args.resume, on_start=progress.start, on_done=progress.done,
-                                  on_note=progress.note)
+                                  on_note=progress.note, on_stage=progress.stage)
             except Interrupted as stop:
                 progress.console.print(f"{stop}: {len(stop.results)} finished run(s) kept in {out}", markup=False)
                 return 143 if stop.terminated else 130  # 128 + the signal's number, as a shell reports it

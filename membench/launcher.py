@@ -21,6 +21,7 @@ from pathlib import Path
 from membench.errors import UserError
 from membench.fsio import atomic_write_text, is_environment_error, make_dir, open_fresh, own_dir, user_error
 from membench.lifeline import Terminated, child_env, preexec_for
+from membench.progress import PROGRESS_ENV, Stage, StageReader
 from membench.results import Environment, RunRecord, is_finished, read_result, result_path, write_record
 from membench.spec import Job
 from membench.techniques import Stack, resolve
@@ -161,10 +162,46 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def launch(job: Job, out_dir: Path) -> RunRecord:
+POLL_S = 0.5  # how often the sweep reads a running worker's progress file
+
+
+def stage_reader(job: Job, runs_dir: Path, env: dict[str, str], started: float) -> StageReader:
+    """The progress file of one run (<out>/runs/<run>.progress), named to the worker in its environment."""
+    path = runs_dir / f"{job.name}.progress"
+    env[PROGRESS_ENV] = str(path.resolve())
+    return StageReader(path, job.name, started)
+
+
+def wait_reporting(wait: Callable[[float], object], reader: StageReader, timeout_s: float,
+                   on_stage: Callable[[Stage], None] | None) -> bool:
+    """wait(seconds) until it returns (True) or timeout_s passes (False), passing on the worker's stages."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        finished = wait(max(0.0, min(POLL_S, left)))
+        if on_stage:
+            for stage in reader.read():
+                on_stage(stage)
+        if finished:
+            return True
+        if left <= POLL_S:
+            return False
+
+
+def _popen_waiter(proc: subprocess.Popen) -> Callable[[float], bool]:
+    def wait(seconds: float) -> bool:
+        try:
+            proc.wait(timeout=seconds)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    return wait
+
+
+def launch(job: Job, out_dir: Path, on_stage: Callable[[Stage], None] | None = None) -> RunRecord:
     """Run one job in a subprocess, in a new session (a terminal's Ctrl-C reaches only the sweep, which kills the
     worker's group itself). The worker dies with this process however it dies, and torchrun's ranks with
-    torchrun (membench.lifeline)."""
+    torchrun (membench.lifeline). on_stage gets the worker's stages as they come (membench.progress)."""
     stack = resolve(job.run)
     out_path = result_path(out_dir, job.name)
     runs_dir = own_dir(out_dir / "runs")
@@ -174,16 +211,19 @@ def launch(job: Job, out_dir: Path) -> RunRecord:
     log = runs_dir / f"{job.name}.log"
     started = time.time()
     timeout = job.launch.timeout_s
+    env = environment_for(stack)
+    reader = stage_reader(job, runs_dir, env, started)
     with open_fresh(log) as log_file:
         proc = subprocess.Popen(command_for(job, stack, spec_path, out_path), stdout=log_file,
-                                stderr=subprocess.STDOUT, env=child_env(environment_for(stack)), start_new_session=True,
+                                stderr=subprocess.STDOUT, env=child_env(env), start_new_session=True,
                                 preexec_fn=preexec_for(os.getpid()))
         try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill(proc)
-            write_record(out_path, failure_record(job, "timeout", f"no result after {timeout:g} s (--timeout)", log))
-            return read_result(out_path)
+            if not wait_reporting(_popen_waiter(proc), reader, timeout, on_stage):
+                _kill(proc)
+                write_record(out_path, failure_record(job, "timeout", f"no result after {timeout:g} s (--timeout)",
+                                                      log))
+                return read_result(out_path)
+            rc = proc.returncode
         except KeyboardInterrupt:
             _kill(proc)
             raise
@@ -305,17 +345,18 @@ def run_all(jobs: list[Job], out_dir: Path, resume: bool = False,
             on_start: Callable[[Job], None] | None = None,
             on_done: Callable[[Job, RunRecord, bool], None] | None = None,
             on_note: Callable[[Job, str], None] | None = None,
-            run_one: Callable[[Job, Path], RunRecord] | None = None) -> list[RunRecord]:
+            run_one: Callable[..., RunRecord] | None = None,
+            on_stage: Callable[[Job, Stage], None] | None = None) -> list[RunRecord]:
     """Run every job in turn, holding out_dir's lock; with resume, keep the results already finished there
-    with the same job (on_note says why another is run again).
+    with the same job (on_note says why another is run again). on_stage(job, stage): the running job's stages.
 
-    run_one: how one job runs (default `launch`: its own `python -m membench.worker` process; membench.child
-    forks, for a workload object that has no name to rebuild it from).
+    run_one(job, out_dir, on_stage): how one job runs (default `launch`: its own `python -m membench.worker`
+    process; membench.child forks, for a workload object that has no name to rebuild it from).
     """
     # Absolute before any user code runs: a factory that changes the working directory must not move --out.
     out_dir = Path(out_dir).absolute()
     with locked(out_dir):
-        return _run_all(jobs, out_dir, resume, on_start, on_done, on_note, run_one or launch)
+        return _run_all(jobs, out_dir, resume, on_start, on_done, on_note, run_one or launch, on_stage)
 
 
 def check_result_paths(jobs: list[Job], out_dir: Path) -> None:
@@ -327,7 +368,7 @@ def check_result_paths(jobs: list[Job], out_dir: Path) -> None:
                             "or choose another --out")
 
 
-def _run_all(jobs, out_dir, resume, on_start, on_done, on_note, run_one) -> list[RunRecord]:
+def _run_all(jobs, out_dir, resume, on_start, on_done, on_note, run_one, on_stage) -> list[RunRecord]:
     check_result_paths(jobs, out_dir)
     results = []
     for job in jobs:
@@ -346,7 +387,7 @@ def _run_all(jobs, out_dir, resume, on_start, on_done, on_note, run_one) -> list
         try:
             if on_start:
                 on_start(job)
-            results.append(run_one(job, out_dir))
+            results.append(run_one(job, out_dir, (lambda stage, job=job: on_stage(job, stage)) if on_stage else None))
         except KeyboardInterrupt as stop:
             raise Interrupted(results, terminated=isinstance(stop, Terminated)) from None
         if on_done:

@@ -1,11 +1,25 @@
-"""A progress display for sweeps (rich): which run is going, and each finished run's headline numbers.
+"""Progress inside a sweep: the worker says which stage of a run it is in; the sweep shows it as it goes.
+
+The worker appends one JSON line per stage to a file the launcher names in $MEMBENCH_PROGRESS
+(<out>/runs/<run>.progress). A file rather than a pipe: what the worker wrote before a crash, an OOM kill or a
+timeout stays readable, and the launcher polls it while it waits for the worker (launcher.launch).
+
+Shown three ways: `membench run` draws a live line per run with rich (SweepProgress); the Python API prints one
+quiet line per stage to stderr, which notebooks show (StageLines); or a caller's own callback gets each Stage.
 
 Nothing printed here is rich markup: run names, paths, error messages and our own notes may hold '[...]' (a
 shard name, '[noisy timing ...]'), which rich would parse as markup, dropping the text or failing the sweep
-with a MarkupError. Every line goes through rich.markup.escape.
+with a MarkupError. Every line goes through rich.markup.escape or is printed with markup=False.
 """
 
 from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
@@ -14,15 +28,136 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from membench.report.noise import step_ms
 from membench.report.table import module_phrase
 from membench.results import RunRecord
-from membench.units import fmt_bytes
+from membench.units import fmt_bytes, fmt_duration, fmt_number
+
+PROGRESS_ENV = "MEMBENCH_PROGRESS"
+
+STAGE_WORDS = {
+    "start": "starting Python and torch",
+    "build": "building the model",
+    "warmup": "warm-up",
+    "measure": "measuring memory",
+    "timeline": "timeline pass",
+    "time": "timing",
+    "flops": "counting FLOPs",
+    "check": "equivalence check",
+}
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of one run, as the worker reported it. step/steps: 'timing step 3 of 5' (steps is None past
+    --steps, when --min-time keeps timing); elapsed_s: seconds since the run started."""
+
+    run: str
+    stage: str
+    elapsed_s: float = 0.0
+    step: int | None = None
+    steps: int | None = None
+
+    def describe(self) -> str:
+        words = STAGE_WORDS.get(self.stage, self.stage)
+        if self.step is None:
+            return words + (f" ({self.steps} step{'s' if self.steps > 1 else ''})" if self.steps else "")
+        return f"{words} step {self.step}" + (f" of {self.steps}" if self.steps else " (--min-time)")
+
+
+# --- the worker's side ------------------------------------------------------------------------------------------
+
+def report(stage: str, step: int | None = None, steps: int | None = None) -> None:
+    """Append this stage to $MEMBENCH_PROGRESS; nothing when it is unset (a run in the caller's process, a test).
+    Under torchrun only rank 0 reports: the ranks step together."""
+    path = os.environ.get(PROGRESS_ENV)
+    if not path or os.environ.get("RANK", "0") != "0":
+        return
+    line = json.dumps({"stage": stage, "t": time.time(), "step": step, "steps": steps})
+    try:
+        with open(path, "a") as f:  # opened per line: each line is on disk before the next stage starts
+            f.write(line + "\n")
+    except OSError:
+        pass  # progress is a courtesy: a full disk must not fail the measurement
+
+
+# --- the launcher's side ----------------------------------------------------------------------------------------
+
+class StageReader:
+    """Reads the complete lines a worker appended since the last read."""
+
+    def __init__(self, path: Path, run: str, started: float):
+        self.path, self.run, self.started, self.offset = Path(path), run, started, 0
+        self.path.write_text("")  # a rerun starts an empty file: never an earlier run's stages
+
+    def read(self) -> list[Stage]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return []
+        complete = data[:data.rfind(b"\n") + 1]  # a line being written is read next time
+        self.offset += len(complete)
+        stages = []
+        for line in complete.decode(errors="replace").splitlines():
+            try:
+                d = json.loads(line)
+                stages.append(Stage(self.run, str(d["stage"]), max(0.0, float(d["t"]) - self.started),
+                                    d.get("step"), d.get("steps")))
+            except (ValueError, KeyError, TypeError):
+                continue  # not a line of ours: skip it rather than stop the sweep
+        return stages
+
+
+# --- what is shown ----------------------------------------------------------------------------------------------
+
+class Estimate:
+    """Seconds left in a sweep, from the runs finished so far (runs of one sweep take roughly alike)."""
+
+    def __init__(self, total: int):
+        self.total, self.walls = total, []
+
+    def finished(self, wall_s: float | None) -> None:
+        if wall_s:
+            self.walls.append(wall_s)
+
+    def left_s(self, started: int, current_elapsed_s: float) -> float | None:
+        """None until a run has finished: before that there is nothing to go by."""
+        if not self.walls:
+            return None
+        mean = sum(self.walls) / len(self.walls)
+        return max(0.0, mean - current_elapsed_s) + mean * (self.total - started)
+
+
+def run_line(result: RunRecord, skipped: bool = False, wall_s: float | None = None) -> str:
+    """A finished run's headline numbers, one line; wall_s: how long the run took, process start included."""
+    mem, timing = result.memory, result.timing
+    line = f"{result.name}: {result.status}"
+    if mem is not None:
+        line += f", peak {fmt_bytes(mem.peak_allocated_bytes)} in {mem.peak_phase}"
+        if mem.top_modules:
+            line += f" (most: {module_phrase(mem.top_modules[0])})"
+    if timing is not None and timing.throughput:
+        line += f", {fmt_number(timing.throughput)} {timing.unit} (step {step_ms(timing)} ms)"
+        if timing.noisy:
+            line += " [noisy timing: treat small differences as noise]"
+    if wall_s is not None and not skipped:
+        line += f", {fmt_duration(wall_s)}"
+    if result.error:
+        line += f" ({result.error.splitlines()[0][:160]})"
+    return ("(resumed) " if skipped else "") + line
 
 
 class SweepProgress:
+    """`membench run`'s terminal display: a live line for the running run (its stage, elapsed time, what is left
+    of the sweep) and a lasting line per finished run."""
+
     def __init__(self, jobs, out_dir):
         self.console = Console(stderr=True)
-        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                 MofNCompleteColumn(), TimeElapsedColumn(), console=self.console, transient=True)
-        self.task = self.progress.add_task("sweep", total=len(jobs))
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=12),
+                                 MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[left]}"),
+                                 console=self.console, transient=True)
+        self.task = self.progress.add_task("sweep", total=len(jobs), left="")
+        self.estimate = Estimate(len(jobs))
+        self.started, self.run_started = 0, time.monotonic()
         run = jobs[0].run
         self.console.print(escape(f"membench: {len(jobs)} run(s) of {run.workload} at batch {run.batch_size} "
                                   f"on {run.device} -> {out_dir}"))
@@ -35,24 +170,50 @@ class SweepProgress:
         return self.progress.__exit__(*exc)
 
     def start(self, job) -> None:
-        self.progress.update(self.task, description=escape(f"running {job.name}"))
+        self.started += 1
+        self.run_started = time.monotonic()
+        self.progress.update(self.task, description=escape(f"{job.name}: {STAGE_WORDS['start']}"),
+                             left=self._left(0.0))
+
+    def stage(self, job, stage: Stage) -> None:
+        self.progress.update(self.task, description=escape(f"{job.name}: {stage.describe()} "
+                                                           f"({fmt_duration(stage.elapsed_s)} in)"),
+                             left=self._left(stage.elapsed_s))
+
+    def _left(self, elapsed_s: float) -> str:
+        left = self.estimate.left_s(self.started, elapsed_s)
+        return "" if not left else f"about {fmt_duration(left)} left"
 
     def note(self, job, message: str) -> None:
         self.console.print(escape(f"  {job.name}: {message}"), soft_wrap=True)
 
     def done(self, job, result: RunRecord, skipped: bool) -> None:
-        mem, timing = result.memory, result.timing
-        line = f"{job.name}: {result.status}"
-        if mem is not None:
-            line += f", peak {fmt_bytes(mem.peak_allocated_bytes)} in {mem.peak_phase}"
-            if mem.top_modules:
-                line += f" (most: {module_phrase(mem.top_modules[0])})"
-        if timing is not None and timing.throughput:
-            line += f", {timing.throughput:.1f} {timing.unit} (step {step_ms(timing)} ms)"
-            if timing.noisy:
-                line += " [noisy timing: treat small differences as noise]"
-        if result.error:
-            line += f" ({result.error.splitlines()[0][:160]})"
+        wall = time.monotonic() - self.run_started
+        if not skipped:
+            self.estimate.finished(wall)
         # markup=False: "[noisy timing ...]" is text, not a rich style tag (as markup it vanished from the line).
-        self.console.print(("  (resumed) " if skipped else "  ") + line, markup=False, soft_wrap=True)
+        self.console.print("  " + run_line(result, skipped, wall), markup=False, soft_wrap=True)
         self.progress.advance(self.task)
+
+
+class StageLines:
+    """The Python API's default: one plain line per stage on stderr (a notebook shows them under the cell),
+    without the per-step lines of the timing stage."""
+
+    def __init__(self, file=None):
+        self.file = file
+        self.started = time.monotonic()
+
+    def start(self, job) -> None:
+        self.started = time.monotonic()
+
+    def __call__(self, stage: Stage) -> None:
+        if stage.step is not None and stage.step > 1:
+            return
+        words = Stage(stage.run, stage.stage, steps=stage.steps).describe()
+        print(f"membench: {stage.run}: {words} ({fmt_duration(stage.elapsed_s)} in)", file=self.file or sys.stderr,
+              flush=True)
+
+    def done(self, job, result: RunRecord, skipped: bool) -> None:
+        print(f"membench: {run_line(result, skipped, time.monotonic() - self.started)}",
+              file=self.file or sys.stderr, flush=True)

@@ -35,6 +35,30 @@ def fmt_bytes(nbytes: float | None) -> str:
     return f"{int(nbytes)} B"
 
 
+def fmt_number(value: float | None) -> str:
+    """A rate as people read it: three significant digits, thousands separated ('14,900', '351', '0.0123')."""
+    if value is None:
+        return "-"
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    digits = math.floor(math.log10(abs(value)))
+    if digits >= 2:
+        return f"{round(value, 2 - digits):,.0f}"
+    return f"{value:.{2 - digits}f}"
+
+
+def fmt_duration(seconds: float) -> str:
+    """'0.4 s', '42 s', '7 min 36 s', '1 h 05 min'."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 59.5:
+        return f"{seconds:.0f} s"
+    minutes, s = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {s:02d} s"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
 def pct_change(new: float, old: float) -> float:
     """The change from old to new, in percent of old."""
     return (new / old - 1) * 100

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from membench import distributed, environment, equivalence, lifeline
+from membench import distributed, environment, equivalence, lifeline, progress
 from membench.measure import Build, Session
 from membench.results import (
     Environment,
@@ -65,27 +65,37 @@ class Worker:
             _watch_oom(self.out)
         rank, world = distributed.rank_world()
         self.session = session = Session(spec, stack, workload, meter, batches(workload, spec, rank, world))
+        progress.report("build")
         self.build_info = session.build()
+        progress.report("warmup", steps=how.warmup)
         session.warm_up(how.warmup)
         times: list[float] = []
+
+        def timed_step(k: int) -> None:  # 'timing step k of n'; past --steps, --min-time decides how many
+            progress.report("time", k, how.steps if k <= how.steps else None)
+
         if meter.device == "cpu":  # the exact tracker slows steps down: one measured step, timed steps apart
+            progress.report("measure", steps=1)
             self.memory = self._with_build(session.measure(1)[0])
         if how.timeline and self.out is not None:
+            progress.report("timeline")
             self.timeline = session.record_timeline(_stem(self.out))
         tensor_bytes = meter.current()
         session.detach()
         if meter.device == "cuda":  # the allocator's counters cost nothing: time and measure the same steps
             memory, times, losses = session.measure(
-                how.steps, run_steps=lambda step, idx: timing.time_steps(step, idx, how.min_time_s))
+                how.steps, run_steps=lambda step, idx: timing.time_steps(step, idx, how.min_time_s, timed_step))
             if self.timeline is not None:  # where the peak comes from: seen in the recording pass only on CUDA
                 memory.top_modules, memory.top_sites = self.timeline.top_modules, self.timeline.top_sites
             self.memory = self._with_build(memory)
+            progress.report("flops")
             flops = timing.count_flops(lambda: session.bare_step(-1))
         else:
             # With nothing of membench in the steps, a budget on CPU holds through host memory (RSS) instead.
             with _host_budget(spec.memory_budget, tensor_bytes, "the timed steps"):
                 times, losses = timing.time_steps(session.bare_step, session.timed_indices(how.steps),
-                                                  how.min_time_s)
+                                                  how.min_time_s, timed_step)
+                progress.report("flops")
                 flops = timing.count_flops(lambda: session.bare_step(-1))
         self.timing = self._timing(times, losses, flops, workload, stack, world)
         session.state = None  # free the model and optimizer before the equivalence check builds two more
@@ -95,6 +105,7 @@ class Worker:
             fields["ranks"] = [RankSummary(**r) for r in distributed.gather(_rank_summary(rank, self.memory,
                                                                                          self.timing))]
         if how.check:
+            progress.report("check", steps=how.check_steps)
             fields["equivalence"] = self._equivalence(workload, stack)
         return fields
 

@@ -177,3 +177,14 @@ def factory_forks() -> Workload:
     with open(os.environ["MEMBENCH_TEST_PIDFILE"], "w") as f:
         f.write(str(pid))
     return mlp()
+
+
+def killed_in_step() -> Workload:
+    """The worker is killed (SIGKILL, as the kernel's OOM killer does) in its first training step."""
+    import os
+    import signal
+
+    def loss(model, batch):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    return Workload(build_model=mlp().build_model, make_batch=image_batch(8, 10), loss_fn=loss)

@@ -29,12 +29,16 @@ CI_LEVEL = 0.95
 NOISY_SPREAD = 0.10
 
 
-def time_steps(step: Callable[[int], float], indices, min_time_s: float = 0.0) -> tuple[list[float], list[float]]:
+def time_steps(step: Callable[[int], float], indices, min_time_s: float = 0.0,
+               on_step: Callable[[int], None] | None = None) -> tuple[list[float], list[float]]:
     """Run step(i) for each i; then, while less than min_time_s was timed, more steps (up to MAX_STEPS_FACTOR x
-    as many). Returns (seconds per step, losses)."""
+    as many). Returns (seconds per step, losses). on_step(k) is called before the k-th step (1-based), outside
+    the timed interval."""
     indices = iter(indices)
     times, losses = [], []
     for i in indices:
+        if on_step:
+            on_step(len(times) + 1)
         start = time.perf_counter()
         losses.append(step(i))
         times.append(time.perf_counter() - start)
@@ -42,6 +46,8 @@ def time_steps(step: Callable[[int], float], indices, min_time_s: float = 0.0) -
         last, cap = i, len(times) * MAX_STEPS_FACTOR
         while sum(times) < min_time_s and len(times) < cap:
             last += 1
+            if on_step:
+                on_step(len(times) + 1)
             start = time.perf_counter()
             losses.append(step(last))
             times.append(time.perf_counter() - start)
