@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -29,10 +31,18 @@ from membench.techniques import parse_techniques, resolve
 from membench.workloads import REGISTERED, Workload, check_workload_name, is_user_workload, load_workload
 
 
+def cuda_devices() -> int:
+    """How many CUDA GPUs this process can use, asked without starting CUDA: torch.cuda.device_count() asks NVML
+    first and "will NOT poison fork if NVML discovery succeeds" (torch/cuda/__init__.py), where
+    torch.cuda.is_available() calls cudaGetDeviceCount, after which a forked child cannot use CUDA (a notebook's
+    runs are forked: child.py)."""
+    return torch.cuda.device_count()
+
+
 def resolve_device(device: str) -> str:
     if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
+        return "cuda" if cuda_devices() > 0 else "cpu"
+    if device == "cuda" and cuda_devices() == 0:
         raise UserError("--device cuda asked for, but torch sees no CUDA GPU here; use --device cpu or auto")
     if device not in ("cpu", "cuda"):
         raise UserError(f"unknown device {device!r}; valid: auto, cuda, cpu")
@@ -97,13 +107,42 @@ def plan(workload: str = DEFAULT_WORKLOAD, techniques: str | None = None, batch_
         if not resolve(spec).distributed:
             spec = dataclasses.replace(spec, nproc_per_node=1)
         resolve(spec).validate(spec, loaded)
+        if target_device is None:
+            _check_ranks_fit(spec)
         jobs.append(Job(spec, measure, launch))
     return jobs
 
 
+def _check_ranks_fit(spec: RunSpec) -> None:
+    """On CUDA each rank takes one GPU of this machine (distributed.process_group: set_device(LOCAL_RANK)): more
+    ranks than GPUs would die at set-up, before any record is written."""
+    if spec.device == "cuda" and spec.nproc_per_node > 1:
+        gpus = cuda_devices()
+        if spec.nproc_per_node > gpus:
+            raise UserError(f"--nproc-per-node {spec.nproc_per_node} asks for one GPU per rank, and this machine "
+                            f"has {gpus} CUDA GPU{'s' if gpus != 1 else ''}; valid: 1 to {gpus} (or --device cpu)")
+
+
 def default_out_dir(spec: RunSpec, root: Path = Path("results")) -> Path:
-    key = environment.machine_key(environment.describe(spec.device))
+    key = environment.machine_key(_describe_without_starting_cuda(spec.device))
     return root / key / f"{spec.workload.replace(':', '.')}-bs{spec.batch_size}{spec.loop_slug}"
+
+
+def _describe_without_starting_cuda(device: str) -> dict:
+    """environment.describe, which on CUDA starts CUDA (the device's name): asked in a child process, so this
+    process can still fork runs that use CUDA (child.py) and holds no CUDA context of its own on the GPU the
+    runs measure."""
+    if device != "cuda" or torch.cuda.is_initialized():
+        return environment.describe(device)
+    code = "import json, membench.environment as e; print(json.dumps(e.describe('cuda')))"
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise UserError(f"could not ask a child process for the CUDA device's name: {exc}; pass out=...") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise UserError(f"could not read the CUDA device's name in a child process ({last}); pass out=...")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def run_sweep(workload: str | Workload | Callable[[], nn.Module] = DEFAULT_WORKLOAD, techniques: str | None = None,

@@ -3,8 +3,9 @@
 `python -m membench.worker` rebuilds a workload from its name, which a `Workload` object made in a notebook does
 not have. So such a run is isolated by forking the caller instead: the child inherits the object, runs the same
 worker code and writes the same result file; an OOM, a crash or a hang there ends only the child. Fork works for
-this only on Linux, only before CUDA is initialised in the caller (a forked child cannot use the parent's CUDA
-context) and only where autograd works in the child (torch refuses in a child forked after the caller started
+this only on Linux, only before the caller asked CUDA anything (a forked child cannot use CUDA once the parent
+called torch.cuda.is_available() or started CUDA: membench itself asks torch.cuda.device_count(), which does not
+count) and only where autograd works in the child (torch refuses in a child forked after the caller started
 autograd's worker threads).
 Otherwise the run happens in the caller's process, with a warning saying what that costs. A forked child
 computes on one CPU thread (see _child_main): CPU timings of such runs are single-threaded.
@@ -40,39 +41,52 @@ class InProcessWarning(UserWarning):
     """A run that could not be isolated in a child process."""
 
 
-def why_not_fork() -> str | None:
-    """None when a forked child can run the job; else why not, in words."""
+# The probe child's exit codes: what it found.
+_FORK_OK, _NO_AUTOGRAD, _NO_CUDA = 0, 1, 3
+
+
+def why_not_fork(device: str = "cpu") -> str | None:
+    """None when a forked child can run a job on `device`; else why not, in words."""
     if sys.platform != "linux" or "fork" not in multiprocessing.get_all_start_methods():
         return f"fork is used only on Linux (this is {sys.platform})"
-    if torch.cuda.is_initialized():
+    if device == "cuda" and torch.cuda.is_initialized():
         return "CUDA is already initialised in this process, and a forked child cannot use it"
-    if not _autograd_works_in_fork():
+    found = _probe_fork(device)
+    if found == _NO_CUDA:
+        # torch.cuda.is_available() (cudaGetDeviceCount) poisons fork without initialising CUDA
+        # (torch/csrc/cuda/Module.cpp): the child would fail at its first CUDA call.
+        return ("CUDA was started in this process (torch.cuda.is_available() or another CUDA call), and a forked "
+                "child cannot use it; torch.cuda.device_count() asks without starting it")
+    if found != _FORK_OK:
         return f"autograd cannot run in a child forked from this process ({AUTOGRAD_FORK})"
     return None
 
 
-def _autograd_works_in_fork() -> bool:
-    """Whether a forked child can run backward: torch refuses in a child forked after the parent started
-    autograd's worker threads. No public flag says so, so ask a child: a few milliseconds. A model's own
-    backward can still be refused where this small one is not: `launch` then runs it in this process."""
-    probe = multiprocessing.get_context("fork").Process(target=_probe, daemon=True)
+def _probe_fork(device: str) -> int | None:
+    """Whether a forked child can run a job: torch refuses backward in a child forked after the parent started
+    autograd's worker threads, and CUDA in a child forked after the parent asked CUDA anything. No public flag
+    says either in the parent, so ask a child: a few milliseconds. A model's own backward can still be refused
+    where this small one is not: `launch` then runs it in this process."""
+    probe = multiprocessing.get_context("fork").Process(target=_probe, args=(device,), daemon=True)
     probe.start()
     probe.join(60)
     if probe.is_alive():
         probe.kill()
         probe.join()
-        return False
-    return probe.exitcode == 0
+        return None
+    return probe.exitcode
 
 
-def _probe() -> None:
+def _probe(device: str) -> None:
     try:
+        if device == "cuda" and torch.cuda._is_in_bad_fork():
+            os._exit(_NO_CUDA)
         torch.set_num_threads(1)
         x = torch.ones(2, requires_grad=True)
         (x * 2).sum().backward()
     except Exception:  # noqa: BLE001 - any failure means: do not fork
-        os._exit(1)
-    os._exit(0)
+        os._exit(_NO_AUTOGRAD)
+    os._exit(_FORK_OK)
 
 
 def launch(job: Job, out_dir: Path, on_stage=None) -> RunRecord:
@@ -87,7 +101,7 @@ def launch(job: Job, out_dir: Path, on_stage=None) -> RunRecord:
     archive(out_dir, job.name)  # every file of an earlier run of this name moves to previous/, together
     log = runs_dir / f"{job.name}.log"
     env = {k: v for k, v in environment_for(stack).items() if os.environ.get(k) != v}
-    reason = why_not_fork()
+    reason = why_not_fork(job.run.device)
     if reason is not None:
         return _in_process(job, out_path, env, reason)
     started = time.time()

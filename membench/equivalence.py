@@ -5,8 +5,10 @@ accumulation must match one big batch up to fp32 rounding; precision techniques 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -233,7 +235,50 @@ def _random_words(ops: set[str]) -> str:
         f"random ops ({', '.join(sorted(ops))})"
 
 
+@contextlib.contextmanager
+def deterministic(device: str):
+    """On CUDA the check runs with torch.use_deterministic_algorithms(True, warn_only=True) and cuDNN's
+    deterministic kernels (benchmark off), so a "bitwise" verdict does not depend on the order in which atomic
+    adds landed (attention and embedding backward, index_add, scatter_add). Yields a list that names, after the
+    block, the ops torch warned have no deterministic kernel (warn_only: they still ran). On CPU: nothing to do
+    (its kernels are deterministic at a fixed thread count)."""
+    flagged: list[str] = []
+    if device != "cuda":
+        yield flagged
+        return
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield flagged
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2], saved[3]
+    for w in caught:
+        text = str(w.message)
+        # torch's alerts (aten/src/ATen/Context.cpp): "<op> does not have a deterministic implementation, ..."
+        # and, for cuBLAS without CUBLAS_WORKSPACE_CONFIG=:4096:8, "... because it uses CuBLAS ...".
+        name = ("cuBLAS (CUBLAS_WORKSPACE_CONFIG not set)" if "CuBLAS" in text else
+                text.split(" does not have a deterministic implementation")[0] if
+                " does not have a deterministic implementation" in text else None)
+        if name and name not in flagged:
+            flagged.append(name)
+
+
 def check(spec: RunSpec, stack: Stack, workload: Workload, check_steps: int = 2) -> Equivalence:
+    """The check (see _check), on CUDA with deterministic algorithms; a verdict says which ops had none."""
+    with deterministic(spec.device) as flagged:
+        result = _check(spec, stack, workload, check_steps)
+    if flagged:
+        result.detail += (f" (checked with deterministic algorithms on; without a deterministic kernel: "
+                          f"{', '.join(flagged)}: a last-bit difference can be their summation order)")
+    return result
+
+
+def _check(spec: RunSpec, stack: Stack, workload: Workload, check_steps: int = 2) -> Equivalence:
     """Train the baseline and `spec` for check_steps steps from the same seed on the same data; compare the whole
     state they leave (parameters, buffers, optimizer state).
 
@@ -241,7 +286,7 @@ def check(spec: RunSpec, stack: Stack, workload: Workload, check_steps: int = 2)
     is one process training on the ranks' combined batch. A step that draws random numbers (dropout) is checked
     again with dropout off, so a difference in masks is not mistaken for a different model.
     """
-    from membench.distributed import rank_world
+    from membench.distributed import agree, rank_world
 
     rank, world = rank_world()
     if not stack.techniques:
@@ -260,7 +305,13 @@ def check(spec: RunSpec, stack: Stack, workload: Workload, check_steps: int = 2)
     tolerance = TOLERANCE.get(mode, EXACT_RTOL)
 
     def both(no_dropout: bool = False) -> tuple[Trained, Trained]:
-        ref = _train(reference, workload, check_steps, no_dropout=no_dropout)
+        ref, error = None, None
+        try:
+            ref = _train(reference, workload, check_steps, no_dropout=no_dropout)
+        except Exception as exc:  # noqa: BLE001 - every rank must hear of it before the next collective
+            error = exc
+        # The reference pass has no collective in it (each rank trains it alone); the run's has: agree first.
+        agree(error, "the check's reference pass")
         run = _train(spec, workload, check_steps, rank, world, init=None if stack.same_init else ref.start,
                      no_dropout=no_dropout)
         return ref, run

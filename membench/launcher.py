@@ -104,11 +104,23 @@ def command_for(job: Job, stack: Stack, spec_path: Path, out_path: Path) -> list
     return [sys.executable, "-m", "membench.worker", str(spec_path), str(out_path)]
 
 
+# The CUDA allocator's settings go by two names, and torch reads them in different orders: since 2.9
+# AcceleratorAllocatorConfig prefers PYTORCH_ALLOC_CONF ("PYTORCH_CUDA_ALLOC_CONF is also supported with lower
+# priority", c10/core/AllocatorConfig.h), CUDAAllocatorConfig::instance() reads PYTORCH_CUDA_ALLOC_CONF first
+# (c10/cuda/CUDAAllocatorConfig.h, 2.14). A setting made under one name only is ignored wherever the other is set.
+ALLOC_CONF = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
 def environment_for(stack: Stack) -> dict[str, str]:
     env = dict(os.environ)
     for key, value in stack.env.items():
-        # Allocator settings are comma-separated lists: add ours to what the user already set.
-        env[key] = f"{env[key]},{value}" if env.get(key) else value
+        # Allocator settings are comma-separated lists: add ours to what the user already set, under both names
+        # (each keeps what the user set under it, else under the other name).
+        names = ALLOC_CONF if key in ALLOC_CONF else (key,)
+        user = {name: env.get(name) for name in names}
+        for name in names:
+            theirs = user[name] or next((user[n] for n in names if user[n]), None)
+            env[name] = f"{theirs},{value}" if theirs else value
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
@@ -227,6 +239,14 @@ def launch(job: Job, out_dir: Path, on_stage: Callable[[Stage], None] | None = N
         except KeyboardInterrupt:
             _kill(proc)
             raise
+    if job.run.nproc_per_node > 1 or stack.distributed:  # every rank wrote its record: a failed rank's is the run's
+        from membench.distributed import merge_ranks
+
+        merged = merge_ranks(out_path, started)
+        if merged is not None:
+            merged.log_tail = log.read_text(errors="replace")[-4000:] if log.exists() else None
+            write_record(out_path, merged)
+            return read_result(out_path)
     if out_path.exists() and out_path.stat().st_mtime >= started - 1:
         return read_result(out_path)
     message = f"worker exited with code {rc} before writing a result"

@@ -10,11 +10,13 @@ benchmarks call it as it is, so a change in how memory is measured reaches all o
     session.record_timeline(stem)    # optional: a separate pass that keeps every allocation and free
     session.detach()                 # from here on, steps run with nothing of membench attached
     session.bare_step(i)             # what timing, FLOP counting and benchmarks run
+    session.release()                # the model and optimizer freed (before the equivalence check)
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -77,8 +79,16 @@ class Session:
         return train_step(self.state, batch, self.meter.phase)
 
     def bare_step(self, i: int) -> float:
-        """One training step with nothing of membench in it (after detach): what is timed."""
+        """One training step with nothing of membench in it (after detach)."""
         return train_step(self.state, next(self.data))
+
+    def next_batch(self, i: int) -> Batch:
+        """The next batch, made outside the step: timing.time_steps makes it before its clock starts."""
+        return next(self.data)
+
+    def bare_step_on(self, batch: Batch) -> float:
+        """One training step on a batch already made, with nothing of membench in it: what is timed."""
+        return train_step(self.state, batch)
 
     def _indices(self, n: int) -> range:
         first, self.next_index = self.next_index, self.next_index + n
@@ -106,13 +116,21 @@ class Session:
         """A separate pass of a few untimed steps that keeps every allocation and free (recording slows steps
         down, so it never overlaps the measured or timed ones). Writes `<stem>.timeline.json`."""
         self.stage = "timeline"
+        start = time.perf_counter()
         with self.meter.recording(stem) as recording:
             for i in self._indices(steps):
                 self.step(i)
-        return TimelineInfo(**recording.save(stem))
+        return TimelineInfo(**recording.save(stem), seconds=time.perf_counter() - start)
 
     def detach(self) -> None:
         self.meter.detach()
+
+    def release(self) -> None:
+        """Let go of the model, its gradients and the optimizers' state (the meter lets go of them at detach):
+        what runs next, the equivalence check's two models, starts from memory this run no longer holds."""
+        self.meter.detach()
+        self.state = None
+        gc.collect()  # hooks' closures and autograd nodes form reference cycles that can hold a model
 
     def timed_indices(self, steps: int) -> range:
         self.stage = "time"

@@ -174,6 +174,7 @@ class TimelineInfo:
     trace_peak_allocated_bytes: int | None = None
     top_modules: list[ModuleBytes] | None = None  # at the recording pass's peak
     top_sites: list[SiteBytes] | None = None  # CUDA: from the snapshot's frames at the trace's peak
+    seconds: float | None = None  # the whole recording pass: its steps, and on CUDA the snapshot and its saving
 
 
 @dataclass

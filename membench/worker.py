@@ -49,6 +49,7 @@ class Worker:
         self.timing: Timing | None = None
         self.timeline: TimelineInfo | None = None
         self.build_info: Build | None = None
+        self.leave_group = False  # under torchrun: this rank failed out of step with the others (see _equivalence)
 
     @property
     def stage(self) -> str:
@@ -56,49 +57,59 @@ class Worker:
 
     def execute(self) -> dict:
         """Run every stage; returns the record's fields (memory, timing, timeline, equivalence, ranks)."""
-        spec, how = self.spec, self.job.measure
+        spec = self.spec
         workload = load_workload(spec.workload, spec.seq_len)
         stack = resolve(spec)
         stack.validate(spec, workload)
         meter = make_meter(spec.device, spec.memory_budget)
-        if spec.device == "cuda" and self.out is not None:
-            _watch_oom(self.out)
+        try:
+            if spec.device == "cuda" and self.out is not None:
+                _watch_oom(self.out)
+            return self._stages(workload, stack, meter)
+        finally:
+            # A run in the caller's process (a notebook) leaves no memory fraction and no OOM snapshots behind.
+            meter.close()
+            if spec.device == "cuda":
+                from membench.trackers import cuda
+
+                cuda.stop_snapshot_on_oom()
+
+    def _stages(self, workload: Workload, stack: Stack, meter) -> dict:
+        spec, how = self.spec, self.job.measure
         rank, world = distributed.rank_world()
         self.session = session = Session(spec, stack, workload, meter, batches(workload, spec, rank, world))
         progress.report("build")
         self.build_info = session.build()
         progress.report("warmup", steps=how.warmup)
         session.warm_up(how.warmup)
-        times: list[float] = []
 
         def timed_step(k: int) -> None:  # 'timing step k of n'; past --steps, --min-time decides how many
             progress.report("time", k, how.steps if k <= how.steps else None)
 
-        if meter.device == "cpu":  # the exact tracker slows steps down: one measured step, timed steps apart
-            progress.report("measure", steps=1)
-            self.memory = self._with_build(session.measure(1)[0])
+        # Memory is measured on steps of its own, never timed: the exact tracker slows steps down (one measured
+        # step on CPU), and on CUDA reading the allocator's counters at each phase costs host time too.
+        measured_steps = 1 if meter.device == "cpu" else how.steps
+        progress.report("measure", steps=measured_steps)
+        memory = session.measure(measured_steps)[0]
+        self.memory = self._with_build(memory)
         if how.timeline and self.out is not None:
             progress.report("timeline")
             self.timeline = session.record_timeline(_stem(self.out))
+            if meter.device == "cuda":  # where the peak comes from: seen in the recording pass only on CUDA
+                memory.top_modules, memory.top_sites = self.timeline.top_modules, self.timeline.top_sites
         tensor_bytes = meter.current()
         session.detach()
-        if meter.device == "cuda":  # the allocator's counters cost nothing: time and measure the same steps
-            memory, times, losses = session.measure(
-                how.steps, run_steps=lambda step, idx: timing.time_steps(step, idx, how.min_time_s, timed_step))
-            if self.timeline is not None:  # where the peak comes from: seen in the recording pass only on CUDA
-                memory.top_modules, memory.top_sites = self.timeline.top_modules, self.timeline.top_sites
-            self.memory = self._with_build(memory)
+        # With nothing of membench in the steps, a budget on CPU holds through host memory (RSS) instead; on CUDA
+        # the allocator's memory fraction still holds it.
+        with _host_budget(spec.memory_budget if meter.device == "cpu" else None, tensor_bytes, "the timed steps"):
+            times, losses = timing.time_steps(session.bare_step_on, session.timed_indices(how.steps),
+                                              how.min_time_s, prepare=session.next_batch, on_step=timed_step)
             progress.report("flops")
             flops = timing.count_flops(lambda: session.bare_step(-1))
-        else:
-            # With nothing of membench in the steps, a budget on CPU holds through host memory (RSS) instead.
-            with _host_budget(spec.memory_budget, tensor_bytes, "the timed steps"):
-                times, losses = timing.time_steps(session.bare_step, session.timed_indices(how.steps),
-                                                  how.min_time_s, timed_step)
-                progress.report("flops")
-                flops = timing.count_flops(lambda: session.bare_step(-1))
         self.timing = self._timing(times, losses, flops, workload, stack, world)
-        session.state = None  # free the model and optimizer before the equivalence check builds two more
+        session.release()  # the model and optimizer, freed before the equivalence check builds two more
+        if meter.device == "cuda":
+            torch.cuda.empty_cache()  # and their cached blocks, so the check's models get whole segments
         fields = {"memory": self.memory, "timing": self.timing, "timeline": self.timeline}
         if world > 1 or stack.distributed or distributed.launched_by_torchrun():
             fields["world_size"] = world
@@ -133,7 +144,21 @@ class Worker:
         return summary
 
     def _equivalence(self, workload: Workload, stack: Stack) -> Equivalence:
-        return equivalence.check(self.spec, stack, workload, self.job.measure.check_steps)
+        """The check's own failure (out of memory for its two models, a crash) is the check's verdict: the run's
+        measurements are done and stand. Under torchrun, a failure every rank agreed on (distributed.agree) is
+        the same; one inside a collective leaves this rank out of step with the others: it sets
+        `leave_group`, and the rank exits after writing its record (run) so torchrun stops the others."""
+        self.session.stage = "check"
+        try:
+            return equivalence.check(self.spec, stack, workload, self.job.measure.check_steps)
+        except distributed.PeerFailed as exc:
+            return Equivalence(verdict="failed", detail=f"the equivalence check did not finish: {exc}")
+        except Exception as exc:  # noqa: BLE001 - torch.OutOfMemoryError included: the check's, not the run's
+            traceback.print_exc()
+            self.leave_group = distributed.rank_world()[1] > 1
+            what = "ran out of memory" if isinstance(exc, torch.OutOfMemoryError) else f"raised {type(exc).__name__}"
+            return Equivalence(verdict="failed", detail=f"the equivalence check {what} (the run's measurements "
+                                                        f"stand): {str(exc).splitlines()[0] if str(exc) else ''}")
 
 
 def _mark_diverged(record: RunRecord) -> None:
@@ -179,18 +204,28 @@ def _stem(out: Path) -> Path:
 
 
 def run(job: Job, out: Path) -> RunRecord:
-    """Execute one job and write its result file (rank 0 only, under torchrun); returns the record."""
+    """Execute one job and write its result file; returns the record.
+
+    Under torchrun every rank writes its record (rank 0 the run's result file, rank N
+    distributed.rank_record_path), and a rank that failed out of step with the others (an OOM inside a step,
+    whose collectives the others are waiting in) leaves at once with a non-zero exit: torchrun then stops the
+    other ranks (instead of their hanging in a collective until the process group's timeout), and the launcher
+    makes the run's result from the ranks' records (distributed.merge_ranks)."""
     with distributed.process_group(job.run.device):
-        return _run(job, out)
+        record, leave = _run(job, out)
+        if leave and distributed.rank_world()[1] > 1:
+            distributed.leave()
+    return record
 
 
-def _run(job: Job, out: Path) -> RunRecord:
+def _run(job: Job, out: Path) -> tuple[RunRecord, bool]:
     started = time.time()
-    record = RunRecord(name=job.name, status="ok", spec=job, env=Environment(**environment.describe(job.run.device)),
-                       started=started)
+    record = RunRecord(name=job.name, status="ok", spec=job, env=Environment(device=job.run.device), started=started)
     worker = Worker(job, out)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
+        # Inside the try: a process that cannot use CUDA (a child forked after CUDA started) still leaves a record.
+        record.env = Environment(**environment.describe(job.run.device))
         for key, value in worker.execute().items():
             setattr(record, key, value)
         _mark_diverged(record)
@@ -209,9 +244,9 @@ def _run(job: Job, out: Path) -> RunRecord:
     if record.status == "oom" and oom_snapshot.exists():
         record.oom_snapshot = FileRef(file=oom_snapshot.name, file_bytes=oom_snapshot.stat().st_size)
     record.wall_s = time.time() - started
-    if distributed.rank_world()[0] == 0:
-        write_record(out, record)
-    return record
+    rank = distributed.rank_world()[0]
+    write_record(out if rank == 0 else distributed.rank_record_path(out, rank), record)
+    return record, record.status in ("oom", "error") or worker.leave_group
 
 
 def main(argv: list[str]) -> int:

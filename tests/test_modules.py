@@ -104,11 +104,12 @@ def test_cuda_top_sites_at_the_trace_peak_from_a_hand_built_snapshot():
         {"action": "alloc", "addr": 2, "size": 3000, "frames": frames("attention", 20)},
         {"action": "alloc", "addr": 3, "size": 2000, "frames": frames("attention", 20)},
         {"action": "free_requested", "addr": 2, "size": 3000},
-        {"action": "free_completed", "addr": 2, "size": 3000},  # the peak (6000) was just before this
+        {"action": "free_completed", "addr": 2, "size": 3000},  # the peak (6144 in blocks) was just before this
         {"action": "alloc", "addr": 4, "size": 500, "frames": frames("mlp", 30)},
     ]
     sites = cuda.top_sites({"segments": [], "device_traces": [trace]})
+    # In blocks, as memory_allocated counts them: 3000 -> 3072 and 2000 -> 2048 bytes, 1000 -> 1024.
     assert [(s.site, s.bytes, s.blocks) for s in sites] == [
-        ("/home/me/train.py:20 (attention)", 5000, 2), ("/home/me/train.py:10 (embed)", 1000, 1)]
+        ("/home/me/train.py:20 (attention)", 5120, 2), ("/home/me/train.py:10 (embed)", 1024, 1)]
     assert cuda.allocation_site([]) == "(no Python frame)"
     assert cuda.allocation_site(frames("x", 1)[:1]).startswith("/site-packages/torch/nn/modules/linear.py:125")

@@ -15,7 +15,8 @@ from membench.results import SCHEMA_VERSION, read_result
 
 
 def run_cli(*args) -> int:
-    return main(["run", "--steps", "2", "--warmup", "1", *args])
+    # --device cpu: these tests check CPU numbers (exact bytes, a host budget); on a GPU machine "auto" is cuda.
+    return main(["run", "--device", "cpu", "--steps", "2", "--warmup", "1", *args])
 
 
 def test_sweep_writes_one_result_per_run_with_spec_and_environment(tmp_path, capsys):
@@ -73,7 +74,8 @@ def test_resume_skips_finished_runs_and_reruns_keep_history(tmp_path):
 
 def test_ctrl_c_keeps_finished_runs(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "membench", "run", "--workload", "tests.workloads:hang",
-                             "--techniques", "baseline", "--out", str(tmp_path)], env=os.environ.copy(),
+                             "--techniques", "baseline", "--device", "cpu", "--out", str(tmp_path)],
+                            env=os.environ.copy(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # The baseline hangs; once its worker has started, interrupt the sweep as a person at the terminal would.
     deadline = time.time() + 60

@@ -225,7 +225,7 @@ def test_when_torch_refuses_autograd_in_the_child_the_run_moves_into_this_proces
             error=f"RuntimeError during warmup: Unable to handle autograd's threading ... {child.AUTOGRAD_FORK}")))
 
     monkeypatch.setattr(worker, "run", run)
-    monkeypatch.setattr(child, "why_not_fork", lambda: None)
+    monkeypatch.setattr(child, "why_not_fork", lambda device: None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         frame = membench.run_sweep(_tiny_model, "baseline", batch_size=4, device="cpu", out=tmp_path, steps=1,
@@ -237,7 +237,7 @@ def test_when_torch_refuses_autograd_in_the_child_the_run_moves_into_this_proces
 def test_where_it_cannot_fork_it_runs_in_process_and_says_what_that_costs(tmp_path, monkeypatch):
     from membench import child
 
-    monkeypatch.setattr(child, "why_not_fork", lambda: "fork is used only on Linux (this is darwin)")
+    monkeypatch.setattr(child, "why_not_fork", lambda device: "fork is used only on Linux (this is darwin)")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         frame = membench.run_sweep(_tiny_model, "baseline", batch_size=4, device="cpu", out=tmp_path, steps=1,

@@ -1,6 +1,7 @@
 """User workloads for tests, loaded as `tests.workloads:NAME` exactly as a user's own model would be."""
 
 import dataclasses
+import os
 import time
 
 import torch
@@ -186,5 +187,17 @@ def killed_in_step() -> Workload:
 
     def loss(model, batch):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def oom_on_rank1() -> Workload:
+    """Under torchrun, rank 1 runs out of memory in its second step (the first after one warm-up step) while
+    rank 0 does not: rank 0 is then inside that step's collectives, waiting for rank 1."""
+    calls = []
+
+    def loss(model, batch):
+        calls.append(1)
+        if os.environ.get("RANK") == "1" and len(calls) == 2:
+            raise torch.OutOfMemoryError("planted: rank 1 out of memory in its second step")
+        return classification_loss(model, batch)
 
     return Workload(build_model=mlp().build_model, make_batch=image_batch(8, 10), loss_fn=loss)

@@ -211,4 +211,5 @@ def settings_from_env(env: Mapping[str, str]) -> AllocatorSettings:
     For a membench run that is launcher.environment_for(spec): the user's own setting plus the techniques'
     (the expandable-segments technique adds expandable_segments:True; a later key wins, as in PyTorch).
     """
-    return parse_alloc_conf(env.get("PYTORCH_CUDA_ALLOC_CONF", ""))
+    # CUDAAllocatorConfig's order (c10/cuda/CUDAAllocatorConfig.h, torch 2.14): the CUDA name, else the generic one.
+    return parse_alloc_conf(env.get("PYTORCH_CUDA_ALLOC_CONF") or env.get("PYTORCH_ALLOC_CONF", ""))

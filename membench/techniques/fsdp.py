@@ -1,7 +1,7 @@
 """FSDP2: parameters, gradients and optimizer state sharded across the ranks that torchrun starts."""
 
-import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from membench.errors import UserError
 from membench.techniques.base import Technique
@@ -27,16 +27,21 @@ class Fsdp(Technique):
     conflict_reason = "fsdp-offload is fsdp with CPU offload: choose one"
     order = 35  # after ckpt/sac have wrapped the blocks, before any optimizer is made
 
-    def offload_policy(self):
+    def offload_policy(self, device: str):
         return OffloadPolicy()
 
     def configure(self, state) -> None:
         if not dist.is_initialized():
             raise UserError(f"technique {self.name} runs under torchrun: use `membench run` (it launches torchrun)")
+        # The mesh of the run's device: without one, fully_shard builds its default mesh on the machine's
+        # accelerator (torch._C._get_accelerator(), torch/distributed/fsdp/_fully_shard/_fsdp_init.py), so a
+        # --device cpu run on a GPU machine would shard onto CUDA while its batches stay on the CPU.
+        mesh = init_device_mesh(state.device.type, (dist.get_world_size(),))
+        policy = self.offload_policy(state.device.type)
         blocks = state.workload.blocks(state.model) if state.workload.blocks else []
         for block in blocks:
-            fully_shard(block, offload_policy=self.offload_policy())
-        fully_shard(state.model, offload_policy=self.offload_policy())
+            fully_shard(block, mesh=mesh, offload_policy=policy)
+        fully_shard(state.model, mesh=mesh, offload_policy=policy)
         if state.on_model is not None:
             state.on_model(state.model)  # the sharded parameters are new tensors: let the meter see them
 
@@ -55,5 +60,5 @@ class FsdpOffload(Fsdp):
     devices = ("cuda",)
     predictable = False  # on CPU, host and device memory are one
 
-    def offload_policy(self):
-        return CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+    def offload_policy(self, device: str):
+        return CPUOffloadPolicy(pin_memory=device == "cuda")

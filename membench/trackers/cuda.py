@@ -28,24 +28,39 @@ def save_snapshot(path: Path) -> int:
     return atomic_write_bytes(path, pickle.dumps(private.memory_snapshot(), protocol=4))
 
 
-def trace_summary(snapshot: dict, device: int, start_bytes: int, max_entries: int) -> dict:
-    """Allocated bytes over the recorded trace: its peak, to cross-check the tracker's 512-byte-rounded peak.
+def _block_sizes(snapshot: dict):
+    """Trace sizes are what was asked for (requested bytes: torch's record_trace passes the request, and
+    block->requested_size at free_completed, c10/cuda/CUDACachingAllocator.cpp), memory_allocated() counts whole
+    blocks: round a request to the block the allocator gives it, under the settings the snapshot was recorded with,
+    as the allocator simulator does, so a sum of trace sizes is in blocks too."""
+    from membench.allocator.settings import settings_from_snapshot
+    from membench.allocator.simulator import round_size
 
-    start_bytes is torch.cuda.memory_allocated() when recording began; a trace that hit max_entries lost its
-    first events (a ring buffer), so its peak cannot be trusted and is left out.
+    settings = settings_from_snapshot(snapshot.get("allocator_settings"))
+    return lambda size: round_size(size, settings)
+
+
+def trace_summary(snapshot: dict, device: int, start_bytes: int, max_entries: int) -> dict:
+    """Allocated bytes (whole blocks) over the recorded trace: its peak, to cross-check the tracker's 512-byte-rounded
+    peak.
+
+    start_bytes is torch.cuda.memory_allocated() when recording began (blocks); each traced request counts as its
+    rounded block (_block_sizes). A trace that hit max_entries lost its first events (a ring buffer), so its peak
+    cannot be trusted and is left out.
     """
     traces = snapshot.get("device_traces") or []
     trace = traces[device] if device < len(traces) else []
     summary = {"trace_entries": len(trace), "trace_truncated": len(trace) >= max_entries}
     if summary["trace_truncated"]:
         return summary
+    block = _block_sizes(snapshot)
     current = peak = start_bytes
     for entry in trace:
         if entry["action"] == "alloc":
-            current += entry["size"]
+            current += block(entry["size"])
             peak = max(peak, current)
         elif entry["action"] == "free_completed":
-            current -= entry["size"]
+            current -= block(entry["size"])
     summary["trace_peak_allocated_bytes"] = peak
     return summary
 
@@ -68,6 +83,7 @@ def top_sites(snapshot: dict, device: int = 0, n: int = 10) -> list[SiteBytes]:
     live set is copied at the first free after a new peak, not at every allocation that raises it."""
     traces = snapshot.get("device_traces") or []
     trace = traces[device] if device < len(traces) else []
+    block = _block_sizes(snapshot)  # the blocks' bytes, as trace_summary counts them
     live: dict[int, tuple[int, str]] = {}
     current = peak = 0
     at_peak: dict[int, tuple[int, str]] = {}
@@ -75,8 +91,9 @@ def top_sites(snapshot: dict, device: int = 0, n: int = 10) -> list[SiteBytes]:
     for entry in trace:
         action = entry.get("action")
         if action == "alloc":
-            live[entry["addr"]] = (entry["size"], allocation_site(entry.get("frames", [])))
-            current += entry["size"]
+            size = block(entry["size"])
+            live[entry["addr"]] = (size, allocation_site(entry.get("frames", [])))
+            current += size
             if current > peak:
                 peak, pending = current, True
         elif action == "free_completed" and entry["addr"] in live:
@@ -103,7 +120,9 @@ def recorded_history(path: Path, max_entries: int = MAX_ENTRIES):
     info: dict = {}
     torch.cuda.synchronize()
     start = torch.cuda.memory_allocated()
-    private.record_memory_history(max_entries=max_entries)
+    # Python frames only: allocation_site reads nothing else, and C++ frames ("all", the default) are
+    # symbolised when the snapshot is taken, which can take minutes on a large model.
+    private.record_memory_history(max_entries=max_entries, stacks="python")
     try:
         yield info
         torch.cuda.synchronize()
@@ -116,15 +135,32 @@ def recorded_history(path: Path, max_entries: int = MAX_ENTRIES):
         private.record_memory_history(enabled=None)
 
 
+# Where the OOM observer saves its snapshot: None when no run is measuring. The observer cannot be detached
+# (torch._C._cuda_attach_out_of_memory_observer only adds), so one is attached per process, and each run points
+# it at its own file for its duration: a later run in the same process never writes into an earlier run's folder.
+_oom_path: list[Path | None] = [None]
+_observer_attached = [False]
+
+
 def snapshot_on_oom(path: Path) -> None:
-    """At an out-of-memory error, save what the allocator holds (segments and blocks; no history unless it was
-    being recorded), so an OOM run can still be opened in memory_viz."""
+    """Until stop_snapshot_on_oom, at an out-of-memory error, save what the allocator holds (segments and blocks;
+    no history unless it was being recorded) at `path`, so an OOM run can still be opened in memory_viz."""
+    _oom_path[0] = path
+    if not _observer_attached[0]:
+        private.attach_out_of_memory_observer(_observer)
+        _observer_attached[0] = True
 
-    def observer(device, alloc, device_allocated, device_free):
-        try:
-            save_snapshot(path)
-        except Exception:  # noqa: BLE001 - never turn an OOM into a different error; but say why it is missing
-            print(f"membench: could not save the snapshot at OOM to {path}:", file=sys.stderr)
-            traceback.print_exc()
 
-    private.attach_out_of_memory_observer(observer)
+def stop_snapshot_on_oom() -> None:
+    _oom_path[0] = None
+
+
+def _observer(device, alloc, device_allocated, device_free) -> None:
+    path = _oom_path[0]
+    if path is None:
+        return
+    try:
+        save_snapshot(path)
+    except Exception:  # noqa: BLE001 - never turn an OOM into a different error; but say why it is missing
+        print(f"membench: could not save the snapshot at OOM to {path}:", file=sys.stderr)
+        traceback.print_exc()

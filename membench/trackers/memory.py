@@ -74,7 +74,9 @@ class _Categorised:
                 self.tracker.track_all(state.values(), cat.OPTIMIZER, owners.get(param))
 
     def detach(self) -> None:
-        """Remove every hook membench put on the model and optimizers."""
+        """Remove every hook membench put on the model and optimizers, and let go of them: after this the meter
+        holds no reference to the model, its parameters or the optimizers (their state), so the caller can free
+        them (the equivalence check builds two more models on the same device)."""
         for handle in getattr(self, "_handles", []):
             handle.remove()
         self._handles = []
@@ -84,6 +86,7 @@ class _Categorised:
         if getattr(self, "_scopes", None) is not None:
             self._scopes.remove()
             self._scopes = None
+        self.model, self.optimizers, self._owners = None, [], {}
         self.detached = True
 
 
@@ -165,6 +168,9 @@ class CpuMeter(_Categorised):
     def current(self) -> int:
         return self.tracker.current
 
+    def close(self) -> None:
+        """Nothing process-wide to undo on CPU."""
+
     def result(self) -> Memory:
         peak = self.tracker.peak
         rounding = self.tracker.round_to
@@ -183,6 +189,7 @@ class CudaMeter(_Categorised):
     device = "cuda"
 
     def __init__(self, budget: int | None = None):
+        self.budget = budget
         if budget is not None:
             total = torch.cuda.get_device_properties(0).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total))
@@ -200,7 +207,9 @@ class CudaMeter(_Categorised):
         the same storage tracker as on CPU with sizes rounded to the allocator's 512-byte blocks."""
         from membench.trackers import cuda
 
-        self.tracker = StorageTracker(round_to=512, timeline=True)
+        # Device memory only: pinned host copies (opt-offload, act-offload, fsdp-offload's shards) and the CPU
+        # input batch are host memory, and counting them would misplace exactly the offload techniques' peaks.
+        self.tracker = StorageTracker(round_to=512, timeline=True, device_types=("cuda",))
         self._register_model()
         for opt in getattr(self, "optimizers", ()):
             self._track_state(opt)
@@ -214,6 +223,11 @@ class CudaMeter(_Categorised):
 
     def track_inputs(self, batch) -> None:
         pass
+
+    def close(self) -> None:
+        """The memory fraction is process-wide: a run in the caller's own process must not leave it set."""
+        if self.budget is not None:
+            torch.cuda.set_per_process_memory_fraction(1.0)
 
     @contextlib.contextmanager
     def phase(self, name: str):

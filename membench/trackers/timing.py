@@ -29,28 +29,30 @@ CI_LEVEL = 0.95
 NOISY_SPREAD = 0.10
 
 
-def time_steps(step: Callable[[int], float], indices, min_time_s: float = 0.0,
+def time_steps(step: Callable, indices, min_time_s: float = 0.0, prepare: Callable | None = None,
                on_step: Callable[[int], None] | None = None) -> tuple[list[float], list[float]]:
-    """Run step(i) for each i; then, while less than min_time_s was timed, more steps (up to MAX_STEPS_FACTOR x
-    as many). Returns (seconds per step, losses). on_step(k) is called before the k-th step (1-based), outside
-    the timed interval."""
-    indices = iter(indices)
+    """Run step(i) for each i (step(prepare(i)) when prepare is given: the input is made before the clock
+    starts, so making a batch is not timed); then, while less than min_time_s was timed, more steps (up to
+    MAX_STEPS_FACTOR x as many). Returns (seconds per step, losses). on_step(k) is called before the k-th step
+    (1-based), outside the timed interval."""
     times, losses = [], []
-    for i in indices:
+
+    def timed(i: int) -> None:
         if on_step:
             on_step(len(times) + 1)
+        arg = prepare(i) if prepare is not None else i
         start = time.perf_counter()
-        losses.append(step(i))
+        losses.append(step(arg))
         times.append(time.perf_counter() - start)
+
+    last = None
+    for last in indices:
+        timed(last)
     if min_time_s > 0 and times:
-        last, cap = i, len(times) * MAX_STEPS_FACTOR
+        cap = len(times) * MAX_STEPS_FACTOR
         while sum(times) < min_time_s and len(times) < cap:
             last += 1
-            if on_step:
-                on_step(len(times) + 1)
-            start = time.perf_counter()
-            losses.append(step(last))
-            times.append(time.perf_counter() - start)
+            timed(last)
     return times, losses
 
 
