@@ -1,4 +1,4 @@
-"""The result record: typed, versioned, validated on load, written atomically. Loading a results directory.
+"""The result record's schema: what a result file holds, typed and versioned.
 
 A result file is one `RunRecord` as JSON. `RunRecord.from_json` is the only reader: it checks every known field's
 type (a malformed or hand-edited file is refused with one line naming the file and the field) and upgrades older
@@ -14,12 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from membench.errors import UserError
-from membench.fsio import atomic_write_text, make_dir
 from membench.spec import Job
 from membench.typedjson import build_checked, to_plain
 
 SCHEMA_VERSION = 2
-MAX_RESULT_BYTES = 64 * 2**20  # a result file is a few KiB; anything this big is not one
 STATUSES = ("ok", "oom", "diverged", "error", "timeout")
 # Runs that measured what they could and would measure the same again: --resume keeps them, and the sweep's exit
 # code counts them as done (a diverged loss or an OOM is the technique's result, not a failure of the sweep).
@@ -283,107 +281,3 @@ def _upgrade_v1(data: dict, where: str) -> dict:
     if isinstance(data.get("timeline"), dict) and "error" in data["timeline"]:
         data["timeline"] = None  # schema 1 stored a failed recording pass as a timeline with an error
     return data
-
-
-# --- files -------------------------------------------------------------------------------------------------------
-def write_record(path: Path, record: RunRecord) -> None:
-    """Write-then-rename (fsio): a reader (or a crash) never sees half a file; a full disk is one UserError."""
-    path = Path(path)
-    make_dir(path.parent)
-    atomic_write_text(path, record.to_json())
-
-
-def result_path(out_dir: Path, run_name: str) -> Path:
-    return Path(out_dir) / f"{run_name}.json"
-
-
-def read_result(path: Path) -> RunRecord:
-    path = Path(path)
-    if path.is_dir():
-        raise UserError(f"results file {path} is a folder, not a result file")
-    try:
-        if not path.is_file():
-            raise FileNotFoundError
-        if path.stat().st_size > MAX_RESULT_BYTES:
-            raise UserError(f"results file {path} is too large to be a membench result")
-        text = path.read_text()
-    except FileNotFoundError:
-        raise UserError(f"results file {path} does not exist") from None
-    except UnicodeDecodeError:
-        raise UserError(f"results file {path} is corrupt (not UTF-8 text)") from None
-    except OSError as exc:
-        raise UserError(f"cannot read results file {path}: {exc.strerror}") from None
-    record = RunRecord.from_json(text, f"results file {path}")
-    record.path = path
-    return record
-
-
-def load_dir(path: Path) -> list[RunRecord]:
-    """All results under a directory (recursively), or one file."""
-    path = Path(path)
-    if not path.exists():
-        raise UserError(f"results path {path} does not exist")
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*.json") if _is_result_name(p, path))
-    results = [read_result(p) for p in files if p.name != "sweep.json"]
-    if not results:
-        raise UserError(f"no membench results under {path}")
-    return results
-
-
-def _is_result_name(p: Path, root: Path) -> bool:
-    """Result files, not the files beside them: run specs (runs/), archived results (previous/), timelines."""
-    parts = p.relative_to(root).parts
-    return not (p.name.startswith(".") or p.name.endswith((".spec.json", ".timeline.json"))
-                or "runs" in parts[:-1] or "previous" in parts[:-1] or "report" in parts[:-1])
-
-
-def is_finished(path: Path) -> bool:
-    """A run counts as done for --resume when it measured something: ok, a deterministic OOM, a diverged loss."""
-    try:
-        return read_result(path).finished
-    except UserError:
-        return False
-
-
-def to_frame(results: list[RunRecord]):
-    """One row per run: the numbers people compare, in bytes and seconds, plus the change against the baseline."""
-    import pandas as pd
-
-    rows = []
-    for r in results:
-        mem, timing, eq = r.memory, r.timing, r.equivalence
-        rows.append({
-            "run": r.name,
-            "status": r.status,
-            "workload": r.spec.run.workload,
-            "batch_size": r.spec.run.batch_size,
-            "device": r.env.device if r.env else r.spec.run.device,
-            "device_name": r.env.device_name if r.env else None,
-            "predicted": r.predicted,
-            "peak_allocated_bytes": mem.peak_allocated_bytes if mem else None,
-            "peak_reserved_bytes": mem.peak_reserved_bytes if mem else None,
-            "driver_used_bytes": mem.driver_used_bytes if mem else None,
-            "peak_phase": mem.peak_phase if mem else None,
-            "median_step_s": timing.median_s if timing else None,
-            "iqr_step_s": timing.iqr_s if timing else None,
-            "ci_low_step_s": timing.ci_low_s if timing else None,
-            "ci_high_step_s": timing.ci_high_s if timing else None,
-            "noisy": timing.noisy if timing else None,
-            "throughput": timing.throughput if timing else None,
-            "throughput_unit": timing.unit if timing else None,
-            "tflops": (timing.achieved_flops or 0) / 1e12 or None if timing else None,
-            "mfu": timing.mfu if timing else None,
-            "equivalence": eq.verdict if eq else None,
-            "error": r.error,
-        })
-    df = pd.DataFrame(rows)
-    # Deltas against the baseline of the same sweep, and only one that finished: an OOM baseline's peak is partial.
-    key = ["workload", "batch_size", "device", "predicted"]
-    for col, delta in (("peak_allocated_bytes", "peak_vs_baseline_pct"), ("throughput", "throughput_vs_baseline_pct")):
-        df[delta] = None
-        for _, group in df.groupby(key, dropna=False, sort=False):
-            base = group[(group["run"] == "baseline") & (group["status"] == "ok")]
-            ref = base[col].iloc[0] if len(base) and base[col].notna().iloc[0] else None
-            if ref:
-                df.loc[group.index, delta] = (group[col] / ref - 1) * 100
-    return df
