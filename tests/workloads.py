@@ -188,6 +188,8 @@ def killed_in_step() -> Workload:
     def loss(model, batch):
         os.kill(os.getpid(), signal.SIGKILL)
 
+    return Workload(build_model=mlp().build_model, make_batch=image_batch(8, 10), loss_fn=loss)
+
 
 def oom_on_rank1() -> Workload:
     """Under torchrun, rank 1 runs out of memory in its second step (the first after one warm-up step) while
