@@ -27,3 +27,88 @@ def test_vit_l_16_opt_in_bwd_lowers_the_tutorial_peak(tmp_path):
     base, fused = read_result(tmp_path / "baseline.json"), read_result(tmp_path / "opt-in-bwd.json")
     assert base.memory.peak_phase == "optimizer"
     assert fused.memory.peak_allocated_bytes < 0.8 * base.memory.peak_allocated_bytes
+
+
+def _batch(n, generator):
+    import torch
+
+    return torch.randn(n, 64, generator=generator), torch.randint(10, (n,), generator=generator)
+
+
+# --- Issue 22: what only a GPU shows. Each would have caught one item of the CUDA review on its first GPU run. ---
+def test_a_notebook_run_after_is_available_still_writes_records(tmp_path):
+    """Item 1: a notebook asks torch.cuda.is_available() first (poisoning fork); its model-function runs must then
+    run without forking (or fork before CUDA starts) and still write every record."""
+    import warnings
+
+    import torch
+    from torch import nn
+
+    from membench import api
+
+    assert torch.cuda.is_available()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an InProcessWarning is the documented way out
+        frame = api.run_sweep(lambda: nn.Linear(64, 10), "ckpt", batch_size=4, device="cuda", out=tmp_path,
+                              make_batch=_batch, steps=2, progress=False)
+    assert set(frame["status"]) == {"ok"}, frame[["run", "status", "error"]].to_string()
+
+
+def test_more_ranks_than_gpus_is_one_line_before_anything_runs(tmp_path, capsys):
+    """Item 2: ranks are checked against the GPUs present, not discovered by a dead torchrun."""
+    import torch
+
+    n = torch.cuda.device_count()
+    assert main(["run", "--device", "cuda", "--workload", "gpt-tiny", "--techniques", "fsdp",
+                 "--nproc-per-node", str(n + 1), "--out", str(tmp_path)]) == 2
+    assert f"{n} CUDA GPU" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.json"))
+
+
+def test_fsdp_on_cpu_on_a_gpu_machine_trains_on_cpu(tmp_path):
+    """Item 2: --device cpu --techniques fsdp on a GPU machine shards on a CPU mesh (torch's default mesh would
+    take the accelerator)."""
+    assert main(["run", "--device", "cpu", "--workload", "gpt-tiny", "--batch-size", "4", "--steps", "2",
+                 "--techniques", "fsdp", "--nproc-per-node", "2", "--out", str(tmp_path)]) == 0
+    record = read_result(tmp_path / "fsdp.json")
+    assert record.status == "ok" and record.memory.device == "cpu"
+
+
+def test_the_check_of_a_large_model_does_not_turn_a_finished_run_into_oom(tmp_path):
+    """Item 3: the measured state is freed before the equivalence check trains its two models; a failure of the
+    check is the check's verdict, never the run's status."""
+    assert main(["run", "--device", "cuda", "--workload", "vit_l_16", "--batch-size", "1", "--steps", "2",
+                 "--techniques", "opt-in-bwd", "--out", str(tmp_path)]) == 0
+    record = read_result(tmp_path / "opt-in-bwd.json")
+    assert record.status == "ok"
+    assert record.equivalence is not None and record.equivalence.verdict != "failed", record.equivalence
+
+
+def test_the_timeline_of_an_offload_run_counts_device_memory_only(tmp_path):
+    """Item 4: opt-offload keeps optimizer state in pinned host memory; the CUDA timeline must not count it, so
+    the timeline's peak cannot exceed what the allocator itself reported."""
+    assert main(["run", "--device", "cuda", "--workload", "vit-tiny", "--batch-size", "8", "--steps", "2",
+                 "--techniques", "opt-offload", "--timeline", "--out", str(tmp_path)]) == 0
+    record = read_result(tmp_path / "opt-offload.json")
+    assert record.status == "ok" and record.timeline is not None
+    assert record.timeline.peak_bytes <= record.memory.peak_allocated_bytes
+
+
+def test_an_in_process_cuda_run_leaves_no_memory_fraction_behind(tmp_path):
+    """Item 9: --memory-budget sets the per-process memory fraction; a run in this process must undo it."""
+    import warnings
+
+    import torch
+    from torch import nn
+
+    from membench import api
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        api.run_sweep(lambda: nn.Linear(64, 10), None, batch_size=4, device="cuda", out=tmp_path, steps=2,
+                      make_batch=_batch,
+                      memory_budget=2**30, progress=False)
+    # A fraction still set would refuse this allocation of more than 1 GiB.
+    big = torch.empty(min(2 * 2**30, total // 2), dtype=torch.uint8, device="cuda")
+    del big
