@@ -80,10 +80,24 @@ def add_workload_options(p: argparse.ArgumentParser, batch: bool = True) -> None
                            "(default techniques: the baseline only)")
 
 
+def _gpu_name(text: str) -> str:
+    from membench.gpus import gpu
+
+    try:
+        return gpu(text).name
+    except UserError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("unknown --gpu", "unknown GPU")) from None
+
+
 def add_target_options(p: argparse.ArgumentParser) -> None:
     """Where the numbers of a prediction are for (computed on this machine's CPU either way)."""
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                    help="the device predicted for (default cuda; cpu: what the exact CPU tracker would measure)")
+    from membench.gpus import DEFAULT_GPU, GPUS
+
+    p.add_argument("--gpu", default=DEFAULT_GPU, type=_gpu_name, metavar="NAME",
+                   help=f"the GPU a --device cuda prediction is for: its cuBLAS workspace and compute capability "
+                        f"(default {DEFAULT_GPU}; valid: {', '.join(GPUS)})")
     p.add_argument("--world-size", type=_positive_int, default=1,
                    help=f"ranks a distributed technique (FSDP) is predicted for, in one process (default 1, at most "
                         f"{MAX_WORLD_SIZE})")
@@ -260,7 +274,7 @@ def _predict_plan(args, batch_size: int) -> dict:
                         "(2**31 - 1) samples")
     return dict(workload=args.workload, techniques=args.techniques, batch_size=batch_size,
                 target_device=args.device, nproc_per_node=args.world_size, check=False, timeline=False,
-                warmup=args.warmup,
+                warmup=args.warmup, gpu=args.gpu if args.device == "cuda" else None,
                 **_model_options(args))
 
 
@@ -284,7 +298,10 @@ def cmd_predict(args) -> int:
     results = [read_result(result_path(out, name)) for name in answer["names"]]
     print(render(results))
     if args.device == "cuda":
-        print("\nPREDICTED cuda memory (no timing); a prediction cannot see: " + "; ".join(CANNOT_SEE))
+        from membench.gpus import gpu
+
+        print(f"\nPREDICTED cuda memory for an {gpu(args.gpu).describe()}, with CUDA's autocast policy (no "
+              "timing); a prediction cannot see: " + "; ".join(CANNOT_SEE))
     else:  # the CPU tracker is what the prediction reproduces: no CUDA caveat applies
         print("\nPREDICTED cpu memory (no timing): what `membench run --device cpu` measures, to the byte where the "
               "model does not branch on tensor values")

@@ -16,7 +16,7 @@ import time
 import traceback
 from pathlib import Path
 
-from membench import environment, optimizers
+from membench import environment, gpus, optimizers
 from membench.errors import UserError
 from membench.measure import Session
 from membench.results import Environment, Memory, RunRecord, result_path, write_record
@@ -24,6 +24,8 @@ from membench.spec import Job, RunSpec
 from membench.step import batches
 from membench.techniques import Stack, Technique, resolve
 from membench.trackers import fake
+from membench.trackers.cuda_autocast import cuda_policy
+from membench.trackers.cuda_kernels import CublasWorkspaces
 from membench.trackers.memory import CpuMeter
 from membench.workloads import load_workload
 
@@ -31,7 +33,10 @@ CUDA_BLOCK = 512  # the caching allocator rounds every allocation up to a multip
 
 CANNOT_SEE = (
     "CUDA context and loaded kernels (in driver_used, not in allocated)",
-    "library workspaces outside the caching allocator (cuDNN, NCCL; cuBLAS on old torch)",
+    "library workspaces outside the caching allocator (cuDNN, NCCL); cuBLAS's are counted (one per handle: the "
+    "main thread's, and the autograd thread's once backward runs a matmul)",
+    "scratch buffers CUDA reductions take from the caching allocator (cross-entropy, norms' backward: a few MiB, "
+    "freed at once; they can raise reserved memory, rarely the peak allocated)",
     "reserved memory is simulated (membench.allocator), from allocations whose sizes are exact but whose order on a "
     "GPU can differ (kernel choice, streams); CUDA graphs and cudaMallocAsync are not modelled",
     "kernel choice: CUDA kernels may save other tensors than the CPU ones (flash vs math attention, cuDNN)",
@@ -124,10 +129,14 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True) ->
     meta_model = meta_model or meta_build()
     warmup = min(job.measure.warmup, 1)  # after one step the optimizer state exists: the steady state
     group = fake.fake_process_group(ranks) if ranks else contextlib.nullcontext()
-    with group, fake.fake_tensors():
+    # For a CUDA GPU: CUDA's autocast policy instead of CPU's, and cuBLAS's workspaces (see their modules).
+    policy = cuda_policy() if cuda else contextlib.nullcontext()
+    with group, fake.fake_tensors(), policy:
         prepared = _Prepared(run, fake.materialize(meta_model), cuda)
         techniques = (prepared, *(_WithRealRanks(t) if t.distributed else t for t in stack.techniques))
         meter = CpuMeter(round_to=round_to, trace=trace or cuda)
+        if cuda:
+            meter.tracker.kernels = CublasWorkspaces(gpus.gpu(spec.gpu).cublas_workspace_bytes)
         session = Session(run, dataclasses.replace(stack, techniques=techniques), workload, meter,
                           batches(workload, run), track_host=False)
         session.build()

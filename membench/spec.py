@@ -61,6 +61,9 @@ class RunSpec:
     zero_grad: ZeroGrad = "none"  # after the step, gradients are freed (set_to_none) or kept as zeros (pre-2.0)
     clip_grad_norm: float | None = None  # clip the gradients' total 2-norm to this before the step
     inference: bool = False  # forward only: eval mode, torch.inference_mode, no backward, no optimizer
+    # The GPU a CUDA prediction is for (membench.gpus: its cuBLAS workspace, its kernels); None: measured runs,
+    # and predictions for cpu. Predictions for different GPUs are different sweeps.
+    gpu: str | None = None
 
     @property
     def name(self) -> str:
@@ -99,6 +102,10 @@ class RunSpec:
             raise UserError(f"unknown --zero-grad {self.zero_grad!r}; valid: {', '.join(ZERO_GRAD)}")
         if self.clip_grad_norm is not None:
             _positive_number("clip_grad_norm", self.clip_grad_norm)
+        if self.gpu is not None:
+            from membench.gpus import gpu
+
+            gpu(self.gpu)
         if not isinstance(self.inference, bool):
             raise UserError(f"--inference must be true or false, got {self.inference!r}")
         return self

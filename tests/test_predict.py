@@ -44,14 +44,15 @@ def test_cuda_target_rounds_to_allocator_blocks():
 def test_cuda_target_uses_cudas_foreach_adam_default():
     """On CUDA, Adam defaults to foreach, whose intermediates add to a peak in the optimizer step; on CPU it does
     not. So a CUDA-target prediction of an optimizer-bound run is above the same run rounded on the CPU default,
-    and forcing foreach off (the foreach-off technique) brings it back to exactly that."""
+    and forcing foreach off (the foreach-off technique) brings it back to exactly that, plus the two cuBLAS
+    workspaces a CUDA step holds (the main thread's handle and the autograd thread's: 32 MiB each on an H100)."""
     job = spec("vit-tiny", batch_size=1, device="cuda")
     cuda = predict_memory(job)
     cpu_default = predict_memory(job.with_run(device="cpu"), round_to=512)
     assert cpu_default.peak_phase == "optimizer"
     assert cuda.peak_allocated_bytes > cpu_default.peak_allocated_bytes
     foreach_off = predict_memory(job.with_run(techniques=("foreach-off",)))
-    assert foreach_off.peak_allocated_bytes == cpu_default.peak_allocated_bytes
+    assert foreach_off.peak_allocated_bytes == cpu_default.peak_allocated_bytes + 2 * 32 * 2**20
 
 
 def test_prediction_record_is_labelled_and_says_what_it_cannot_see():

@@ -51,6 +51,7 @@ def simulate(events: Iterable[tuple], settings: AllocatorSettings | str | None =
                                     rounds it as the allocator does); key is any hashable that names it
         ("free", key)               that storage is freed (and its memory reusable at once: one stream)
         ("empty_cache",)            torch.cuda.empty_cache()
+        ("reset_peak",)             torch.cuda.reset_peak_memory_stats(): peaks count from here
     settings: AllocatorSettings, or PYTORCH_CUDA_ALLOC_CONF text such as "expandable_segments:True"
               (default: PyTorch's defaults).
     capacity: the device's memory in bytes; None = unlimited. With it, a cudaMalloc that would exceed it fails,
@@ -85,9 +86,11 @@ def simulate(events: Iterable[tuple], settings: AllocatorSettings | str | None =
             alloc.free(live.pop(event[1]))
         elif kind == "empty_cache" and len(event) == 1:
             alloc.empty_cache()
+        elif kind == "reset_peak" and len(event) == 1:
+            alloc.reset_peak()
         else:
-            raise ValueError(f"event {index}: expected ('alloc', key, size), ('free', key) or ('empty_cache',), "
-                             f"got {event!r}")
+            raise ValueError(f"event {index}: expected ('alloc', key, size), ('free', key), ('empty_cache',) or "
+                             f"('reset_peak',), got {event!r}")
     return SimulationResult(
         peak_reserved_bytes=alloc.peak_reserved, peak_allocated_bytes=alloc.peak_allocated,
         reserved_at_peak_allocated=alloc.reserved_at_peak_allocated,

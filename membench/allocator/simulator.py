@@ -188,6 +188,11 @@ class CachingAllocator:
         return address
 
     # --- the public operations ---------------------------------------------------------------------------------
+    def reset_peak(self) -> None:
+        """torch.cuda.reset_peak_memory_stats(): the peaks start again from what is held now."""
+        self.peak_reserved, self.allocated_at_peak_reserved = self.reserved, self.allocated
+        self.peak_allocated, self.reserved_at_peak_allocated = self.allocated, self.reserved
+
     def malloc(self, orig_size: int, stream: int = 0) -> Block:
         self.mallocs += 1
         size = round_size(orig_size, self.settings)

@@ -7,6 +7,7 @@ not yet run on a GPU (no GPU has been lent to this project's sessions so far).
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import torch
@@ -23,6 +24,31 @@ SCALAR_OPS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.de
 # GradScaler's inf/nan check: writes into its second argument (found_inf) whether a gradient was inf or nan.
 # checked: 2.14.1
 AMP_CHECK_AND_UNSCALE = torch.ops.aten._amp_foreach_non_finite_check_and_unscale_.default
+
+# --- the dispatcher's autocast key, for CUDA's autocast policy on CPU fake tensors (trackers/cuda_autocast.py) ---
+# checked: 2.14.1 (Library.impl over a key that has a kernel replaces it until the library is destroyed)
+AUTOCAST_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+exclude_dispatch_keys = torch._C._ExcludeDispatchKeyGuard
+
+
+def ops_with_kernel_for(key: str, namespace: str = "aten") -> list[str]:
+    """Ops of a namespace with a kernel of their own at a dispatch key, as "name" or "name.overload"."""
+    prefix = f"{namespace}::"
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return [n[len(prefix):] for n in torch._C._dispatch_get_all_op_names() if n.startswith(prefix) and has(n, key)]
+
+
+def destroy_library(library) -> None:
+    library._destroy()
+
+
+# --- whether an op decomposes (CompositeImplicitAutograd): the storage tracker under inference_mode ----------
+# checked: 2.14.1 (OpOverload.decompose runs that kernel)
+@functools.cache
+def has_composite_implicit_kernel(op) -> bool:
+    return op.namespace == "aten" and torch._C._dispatch_has_kernel_for_dispatch_key(
+        op.name(), torch._C.DispatchKey.CompositeImplicitAutograd)
+
 
 # --- BatchNorm's base class, to tell a model that normalises over the batch (equivalence) ------------------------
 # checked: 2.14.1 (nn.modules.batchnorm._BatchNorm, a base of BatchNorm1d/2d/3d, SyncBatchNorm and the lazy ones)

@@ -24,6 +24,7 @@ from membench.trackers import recompute
 from membench.trackers.private import (
     TorchDispatchMode,
     fsdp_storage_modules,
+    has_composite_implicit_kernel,
     is_traceable_wrapper_subclass,
     tree_flatten,
 )
@@ -56,6 +57,7 @@ class StorageTracker(TorchDispatchMode):
                  device_types: tuple[str, ...] | None = None, trace: bool = False):
         super().__init__()
         self.trace: list[tuple] | None = [] if trace else None
+        self.kernels = None  # e.g. trackers.cuda_kernels.CublasWorkspaces: called before every op
         self.device_types = device_types
         self.round_to = round_to
         self.budget = budget
@@ -90,6 +92,14 @@ class StorageTracker(TorchDispatchMode):
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if torch.is_inference_mode_enabled() and has_composite_implicit_kernel(func):
+            # Under inference_mode a composite op (einsum, linear, matmul) reaches dispatch modes whole, and its
+            # decomposition would run below this mode, unseen: its temporaries (layout copies) would be missed.
+            # Run the decomposition here, with this mode on top again, as it runs outside inference_mode.
+            with self:
+                return func.decompose(*args, **(kwargs or {}))
+        if self.kernels is not None:  # a CUDA prediction: what CUDA kernels allocate besides their outputs
+            self.kernels.before(func, self)
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):

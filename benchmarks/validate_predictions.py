@@ -1,0 +1,135 @@
+"""Check membench's CUDA predictions against real GPU traces of a model whose exact code is public.
+
+    python benchmarks/validate_predictions.py [--truth ../shared/gpu-truth]
+
+The folder (development data beside the repository, not shipped; see its README) holds eight
+`torch.cuda.memory._dump_snapshot` pickles recorded on a real GPU (torch 2.11) by a public script, and the model
+code that made them: the CS336 staff `BasicsTransformerLM` "medium" at contexts 128 to 1024, training steps and
+inference forwards, three of them under bf16 autocast. For each, the script's own sequence (its warm-up batches
+kept on the GPU, its warm-up steps, the recorded step with its output and loss kept alive) runs on membench's
+prediction engine: fake tensors on CPU, the exact storage tracker at the CUDA allocator's 512-byte blocks, CUDA's
+autocast policy (trackers/cuda_autocast.py) and cuBLAS's workspaces (trackers/cuda_kernels.py), then the
+caching-allocator simulator for reserved memory. The real numbers come from the trace: its events replayed from
+the allocator state at its start (the blocks alive before recording began) give the peak allocated and reserved
+that `max_memory_allocated()` / `max_memory_reserved()` reported. Prints predicted vs real and the error; exit 0
+when every peak allocated is equal to the byte, 1 otherwise, 0 with a message when the folder is absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's membench, run from anywhere
+
+import torch  # noqa: E402
+from tabulate import tabulate  # noqa: E402
+
+from membench.allocator import simulate  # noqa: E402
+from membench.allocator.replay import actual_of, replay  # noqa: E402
+from membench.allocator.snapshot import initial_state, load_snapshot  # noqa: E402
+from membench.trackers import fake  # noqa: E402
+from membench.trackers.cuda_autocast import cuda_policy  # noqa: E402
+from membench.trackers.cuda_kernels import CublasWorkspaces  # noqa: E402
+from membench.trackers.storage import StorageTracker  # noqa: E402
+
+DEFAULT_TRUTH = Path(__file__).resolve().parents[1].parent / "shared" / "gpu-truth"
+TRACE_WORKSPACE = 8_519_680  # the traces' GPU gave each cuBLAS handle this (their README): not Hopper
+BATCH, WARMUP, VOCAB = 4, 5, 10_000
+CASES = [(ctx, kind, autocast) for ctx in (128, 256, 512, 1024) for kind in ("inference", "training")
+         for autocast in [ctx in (512, 1024) and (kind == "training" or ctx == 512)]]
+
+
+def predicted(truth: Path, ctx: int, training: bool, autocast: bool) -> tuple[int, int]:
+    """(peak allocated, peak reserved) after the script's reset_peak_memory_stats(), predicted; see the module's
+    docstring."""
+    sys.path.insert(0, str(truth))
+    from cs336_basics.model import BasicsTransformerLM
+    from cs336_basics.nn_utils import cross_entropy
+    from cs336_basics.optimizer import AdamW
+
+    # Built on meta and made fake, as `membench predict` builds (initialisers that loop on values cannot run fake).
+    meta = fake.build_on_meta(lambda: BasicsTransformerLM(vocab_size=VOCAB, context_length=ctx, d_model=1024,
+                                                          num_layers=24, num_heads=16, d_ff=4096))
+    with fake.fake_tensors(), cuda_policy():
+        tracker = StorageTracker(round_to=512, trace=True)
+        tracker.kernels = CublasWorkspaces(TRACE_WORKSPACE)
+        with tracker:
+            model = fake.materialize(meta)
+            optimizer = AdamW(model.parameters())
+            autocast_on = lambda: torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)  # noqa: E731
+            warm_inputs = torch.randint(0, VOCAB, (WARMUP, BATCH, ctx))
+            inputs = torch.randint(0, VOCAB, (1, BATCH, ctx))
+            if training:
+                warm_targets = torch.randint(0, VOCAB, (WARMUP, BATCH, ctx))
+                targets = torch.randint(0, VOCAB, (1, BATCH, ctx))
+                model.train()
+                for i in range(WARMUP):
+                    with autocast_on():
+                        output = model(warm_inputs[i])
+                        loss = cross_entropy(output, warm_targets[i])
+                    loss.backward()
+                    optimizer.step()
+                    optimizer.zero_grad()
+                del output, loss
+                optimizer.zero_grad(set_to_none=True)
+                tracker.reset_peak()
+                start = len(tracker.trace)
+                with autocast_on():
+                    output = model(inputs[0])
+                    loss = cross_entropy(output, targets[0])
+                loss.backward()
+                optimizer.step()
+            else:
+                model.eval()
+                with torch.inference_mode():
+                    for i in range(WARMUP):
+                        with autocast_on():
+                            model(warm_inputs[i])
+                    tracker.reset_peak()
+                    start = len(tracker.trace)
+                    with autocast_on():
+                        model(inputs[0])
+    # The whole process's allocations through the allocator simulator, its peaks reset where the script reset
+    # them: max_memory_allocated() counts whole blocks (a large block keeps a remainder of up to 1 MiB unsplit).
+    result = simulate([*tracker.trace[:start], ("reset_peak",), *tracker.trace[start:]])
+    return result.peak_allocated_bytes, result.peak_reserved_bytes
+
+
+def real(path: Path) -> tuple[int, int, int]:
+    """(peak allocated, peak reserved, reserved before recording) from the trace."""
+    trace = initial_state(load_snapshot(path))
+    result = replay(trace)
+    return result.peak_allocated_bytes, actual_of(trace).peak_reserved_bytes, actual_of(trace).initial_reserved_bytes
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--truth", type=Path, default=DEFAULT_TRUTH)
+    args = parser.parse_args(argv)
+    traces = args.truth / "traces"
+    if not traces.is_dir():
+        print(f"{traces} is absent: the real GPU traces are development data beside the repository, not shipped; "
+              "nothing to check")
+        return 0
+    rows, exact = [], True
+    for ctx, kind, autocast in CASES:
+        path = traces / f"medium_{ctx}_{kind}_memory_snapshot.pickle"
+        started = time.perf_counter()
+        p_alloc, p_res = predicted(args.truth, ctx, kind == "training", autocast)
+        seconds = time.perf_counter() - started
+        r_alloc, r_res, _ = real(path)
+        exact &= p_alloc == r_alloc
+        rows.append([f"medium ctx{ctx} {kind}" + (" bf16 autocast" if autocast else ""), f"{r_alloc:,}",
+                     f"{p_alloc:,}", f"{p_alloc - r_alloc:+,}", f"{(p_alloc - r_alloc) / r_alloc:+.2%}",
+                     f"{r_res:,}", f"{p_res:,}", f"{(p_res - r_res) / r_res:+.2%}", f"{seconds:.1f}"])
+    print(tabulate(rows, headers=["trace", "real peak alloc B", "predicted B", "diff B", "error",
+                                  "real peak reserved B", "predicted B", "error", "predict s"]))
+    print(f"\ntorch {torch.__version__} on this machine's CPU (fake tensors); real: the traces' GPU, torch 2.11")
+    return 0 if exact else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

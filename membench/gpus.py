@@ -1,0 +1,75 @@
+"""The GPUs a CUDA prediction can be for: what of each one changes the memory a training step takes.
+
+A prediction runs on CPU fake tensors; what the GPU decides is added from this table: the cuBLAS workspace each
+cuBLAS handle takes from the caching allocator, and the compute capability that decides it (and the attention
+kernel). Memory sizes are the nominal ones the GPUs are sold with (GB as printed on the card's specification); the
+total a process can use is a little less (the CUDA context and the driver take their share).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from membench.errors import UserError
+
+DEFAULT_GPU = "H100"
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    compute_capability: tuple[int, int]
+    memory_gb: int  # nominal, as sold
+
+    @property
+    def cublas_workspace_bytes(self) -> int:
+        return cublas_workspace_bytes(self.compute_capability)
+
+    def describe(self) -> str:
+        major, minor = self.compute_capability
+        return (f"{self.name} (sm{major}{minor}, {self.memory_gb} GB nominal; cuBLAS workspace "
+                f"{self.cublas_workspace_bytes:,} B per handle)")
+
+
+GPUS = {g.name: g for g in (
+    Gpu("H100", (9, 0), 80),
+    Gpu("H200", (9, 0), 141),
+    Gpu("A100", (8, 0), 80),
+    Gpu("A100-40GB", (8, 0), 40),
+    Gpu("V100", (7, 0), 16),
+    Gpu("V100-32GB", (7, 0), 32),
+    Gpu("L4", (8, 9), 24),
+    Gpu("RTX4090", (8, 9), 24),
+    Gpu("A10G", (8, 6), 24),
+    Gpu("T4", (7, 5), 16),
+)}
+
+
+def gpu(name: str | None) -> Gpu:
+    """The GPU of that name (case and '-'/' ' insensitive), or one line naming the valid ones."""
+    key = (name or DEFAULT_GPU).upper().replace(" ", "").replace("_", "-")
+    for known in GPUS.values():
+        if known.name.upper() == key or known.name.upper().replace("-", "") == key.replace("-", ""):
+            return known
+    raise UserError(f"unknown --gpu {name!r}; valid: {', '.join(GPUS)}")
+
+
+def cublas_workspace_bytes(compute_capability: tuple[int, int], env: dict | None = None) -> int:
+    """What torch gives each cuBLAS handle (aten/src/ATen/cuda/CublasHandlePool.cpp, parseChosenWorkspaceSize,
+    torch 2.x): CUBLAS_WORKSPACE_CONFIG (":SIZE_KiB:COUNT" pairs, summed) when set, else 4096 KiB x 8 on sm90
+    (Hopper) and 4096 KiB x 2 + 16 KiB x 8 elsewhere. It is allocated through the caching allocator."""
+    config = (os.environ if env is None else env).get("CUBLAS_WORKSPACE_CONFIG")
+    if config:
+        parts = config.split(":")[1:]
+        try:
+            sizes = [int(p) for p in parts]
+        except ValueError:
+            raise UserError(f"CUBLAS_WORKSPACE_CONFIG={config!r} is not :SIZE:COUNT pairs (KiB), "
+                            "e.g. :4096:8") from None
+        if len(sizes) % 2 or not sizes or any(s < 0 for s in sizes):
+            raise UserError(f"CUBLAS_WORKSPACE_CONFIG={config!r} is not :SIZE:COUNT pairs (KiB), e.g. :4096:8")
+        return sum(size * count for size, count in zip(sizes[::2], sizes[1::2])) * 1024
+    if compute_capability == (9, 0):
+        return 4096 * 1024 * 8
+    return 4096 * 1024 * 2 + 16 * 1024 * 8

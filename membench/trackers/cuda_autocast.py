@@ -1,0 +1,196 @@
+"""CUDA's autocast policy on CPU fake tensors: a prediction for a CUDA GPU casts what CUDA's autocast casts.
+
+Predictions run on fake tensors on device cpu, so `torch.autocast` there runs CPU's policy, which differs from
+CUDA's where memory is concerned: CPU runs softmax, layer_norm, exp, sum, log and vector norms in the low
+precision (CUDA: fp32), casts einsum's operands only inside its matmuls (CUDA: einsum as a whole), and leaves out
+ops CUDA casts (addmv, addr, rms_norm, ...). While `cuda_policy()` is active, the AutocastCPU dispatch key runs
+CUDA's policy instead: the op lists below are CUDA's, and each kernel does what ATen's autocast kernels do
+(aten/src/ATen/autocast_mode.h and .cpp, torch 2.14): `cached_cast` of every eligible floating-point argument
+(not float64) to the op's type, the lower-precision casts of fp32 leaf tensors that require grad (the weights)
+kept in a cache until the outermost autocast region ends, `fp32_set_opt_dtype` ops given `dtype=float32`,
+`promote` ops cast to the widest floating type among their arguments. Ops CPU autocasts and CUDA does not run
+uncast. `tests/test_cuda_autocast.py` checks the lists against the installed torch's header where it ships one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import torch
+
+from membench.trackers.private import AUTOCAST_CPU_KEYS, destroy_library, exclude_dispatch_keys, ops_with_kernel_for
+
+LOWER_PRECISION_FP = (
+    "_convolution.deprecated", "_convolution", "conv1d", "conv2d", "conv3d", "conv_tbc", "conv_transpose1d",
+    "conv_transpose2d.input", "conv_transpose3d.input", "convolution", "prelu", "addmm", "addmv", "addr", "matmul",
+    "einsum", "mm", "mv", "linalg_vecdot", "linear", "addbmm", "baddbmm", "bmm", "chain_matmul",
+    "linalg_multi_dot", "_thnn_fused_lstm_cell", "_thnn_fused_gru_cell", "lstm_cell", "gru_cell", "rnn_tanh_cell",
+    "rnn_relu_cell", "_scaled_dot_product_flash_attention", "scaled_dot_product_attention",
+)
+FP32 = (
+    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt", "sinh",
+    "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar", "softplus", "layer_norm", "native_layer_norm",
+    "rms_norm", "group_norm", "frobenius_norm.dim", "nuclear_norm", "nuclear_norm.dim", "cosine_similarity",
+    "poisson_nll_loss", "cosine_embedding_loss", "nll_loss", "nll_loss2d", "hinge_embedding_loss", "kl_div",
+    "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss", "margin_ranking_loss", "multilabel_margin_loss",
+    "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss", "binary_cross_entropy_with_logits", "dist",
+    "pdist", "cdist", "renorm", "logsumexp", "upsample_nearest1d", "_upsample_nearest_exact1d",
+    "upsample_nearest2d", "_upsample_nearest_exact2d", "upsample_nearest3d", "_upsample_nearest_exact3d",
+    "upsample_linear1d", "upsample_bilinear2d", "_upsample_bilinear2d_aa", "upsample_trilinear3d",
+    "upsample_bicubic2d", "_upsample_bicubic2d_aa",
+)
+FP32_SET_OPT_DTYPE = (
+    "prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum", "linalg_vector_norm",
+    "linalg_matrix_norm", "linalg_matrix_norm.str_ord", "sum", "sum.dim_IntList",
+)
+# norm without a dtype is redispatched to its overload with one (fp32_append_dtype).
+FP32_APPEND_DTYPE = {"norm.Scalar": "norm.ScalarOpt_dtype", "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype"}
+PROMOTE = ("addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler", "index_put",
+           "tensordot", "scatter_add")
+
+def _op(name: str):
+    base, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.aten, base), overload or "default")
+
+
+class _Casts:
+    """The autocast weight cache: one low-precision copy per fp32 leaf tensor that requires grad, kept until the
+    outermost autocast region ends (torch.autocast's exit calls torch.clear_autocast_cache). Not under
+    torch.inference_mode: a real GPU's trace of a bf16 inference forward (benchmarks/validate_predictions.py,
+    medium ctx512) holds no cast weights, and predicting it so is exact to the byte."""
+
+    def __init__(self):
+        self.cached: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def cast(self, value, to_type: torch.dtype, lower: torch.dtype):
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.cast(v, to_type, lower) for v in value)
+        if not _eligible(value) or value.dtype == to_type:
+            return value
+        if (to_type == lower and value.dtype == torch.float32 and value.requires_grad and value.is_leaf
+                and value._base is None and torch.is_autocast_cache_enabled()
+                and not torch.is_inference_mode_enabled()):
+            hit = self.cached.get(id(value))
+            if hit is not None and hit[0] is value:
+                return hit[1]
+            casted = value.to(to_type)
+            self.cached[id(value)] = (value, casted)
+            return casted
+        return value.to(to_type)
+
+    def clear(self) -> None:
+        self.cached.clear()
+
+
+def _eligible(value) -> bool:
+    return isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != torch.float64
+
+
+def _tensors(values):
+    for value in values:
+        if isinstance(value, (list, tuple)):
+            yield from _tensors(value)
+        elif isinstance(value, torch.Tensor):
+            yield value
+
+
+def _kernels(casts: _Casts) -> dict[str, object]:
+    """One AutocastCPU kernel per op CUDA autocasts, doing what CUDA's kernel for that op does."""
+
+    def lower_precision(op):
+        def kernel(*args, **kwargs):
+            lower = torch.get_autocast_dtype("cpu")
+            with exclude_dispatch_keys(AUTOCAST_CPU_KEYS):
+                args = casts.cast(args, lower, lower)
+                kwargs = {k: casts.cast(v, lower, lower) for k, v in kwargs.items()}
+                return op(*args, **kwargs)
+        return kernel
+
+    def fp32(op):
+        def kernel(*args, **kwargs):
+            lower = torch.get_autocast_dtype("cpu")
+            with exclude_dispatch_keys(AUTOCAST_CPU_KEYS):
+                args = casts.cast(args, torch.float32, lower)
+                kwargs = {k: casts.cast(v, torch.float32, lower) for k, v in kwargs.items()}
+                return op(*args, **kwargs)
+        return kernel
+
+    def set_opt_dtype(op):
+        names = [a.name for a in op._schema.arguments]
+        where = names.index("dtype")
+
+        def kernel(*args, **kwargs):
+            with exclude_dispatch_keys(AUTOCAST_CPU_KEYS):
+                given = args[where] if len(args) > where else kwargs.get("dtype")
+                if args and _eligible(args[0]) and given is None:
+                    if len(args) > where:
+                        args = (*args[:where], torch.float32, *args[where + 1:])
+                    else:
+                        kwargs = {**kwargs, "dtype": torch.float32}
+                return op(*args, **kwargs)
+        return kernel
+
+    def append_dtype(op, with_dtype):
+        def kernel(*args, **kwargs):
+            lower = torch.get_autocast_dtype("cpu")
+            with exclude_dispatch_keys(AUTOCAST_CPU_KEYS):
+                if args and _eligible(args[0]):
+                    args = casts.cast(args, torch.float32, lower)
+                    return with_dtype(*args, **kwargs, dtype=torch.float32)
+                return op(*args, **kwargs)
+        return kernel
+
+    def promote(op):
+        def kernel(*args, **kwargs):
+            lower = torch.get_autocast_dtype("cpu")
+            widest = lower
+            for t in _tensors((*args, *kwargs.values())):
+                if _eligible(t) and (widest == torch.float32 or t.dtype == torch.float32):
+                    widest = torch.float32
+            with exclude_dispatch_keys(AUTOCAST_CPU_KEYS):
+                args = casts.cast(args, widest, lower)
+                kwargs = {k: casts.cast(v, widest, lower) for k, v in kwargs.items()}
+                return op(*args, **kwargs)
+        return kernel
+
+    kernels = {}
+    for name in LOWER_PRECISION_FP:
+        kernels[name] = lower_precision(_op(name))
+    for name in FP32:
+        kernels[name] = fp32(_op(name))
+    for name in FP32_SET_OPT_DTYPE:
+        kernels[name] = set_opt_dtype(_op(name))
+    for name, target in FP32_APPEND_DTYPE.items():
+        kernels[name] = append_dtype(_op(name), _op(target))
+    for name in PROMOTE:
+        kernels[name] = promote(_op(name))
+    return kernels
+
+
+@contextlib.contextmanager
+def cuda_policy():
+    """While active, torch.autocast("cpu", ...) applies CUDA's autocast policy (see the module's docstring)."""
+    casts = _Casts()
+    kernels = _kernels(casts)
+    library = torch.library.Library("aten", "IMPL")
+    clear = torch.clear_autocast_cache
+
+    def clear_both():
+        casts.clear()
+        clear()
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Overriding a previously registered kernel": that is the point
+            for name in ops_with_kernel_for("AutocastCPU"):
+                if name.removesuffix(".default") not in kernels:  # CPU casts it, CUDA does not
+                    library.impl(name, torch.library.fallthrough_kernel, "AutocastCPU")
+            for name, kernel in kernels.items():
+                library.impl(name, kernel, "AutocastCPU")
+        torch.clear_autocast_cache = clear_both
+        yield
+    finally:
+        torch.clear_autocast_cache = clear
+        casts.clear()
+        destroy_library(library)
