@@ -102,6 +102,9 @@ def _throughput(timing: Timing | None, base_timing: Timing | None) -> list[str]:
         return []
     change = pct_change(value, base)
     unit = timing.unit or ""
+    if noise.undecided(timing, base_timing):
+        return [f"Its throughput against the baseline's is undecided ({value:.3g} vs {base:.3g} {unit}, "
+                f"{change:+.1f}%, but the step-time intervals overlap): {noise.RERUN}."]
     if noise.within_noise(timing, base_timing):
         spreads = [s for s in (noise.spread(timing), noise.spread(base_timing)) if s is not None]
         how = (f"±{max(spreads):.0%}" if spreads else "no interval recorded")

@@ -43,11 +43,28 @@ def within_noise(timing: Timing | None, reference: Timing | None) -> bool:
     return True if same is None else same
 
 
+# A change this large (in %) whose intervals still overlap is not "no difference": the measurement was too noisy
+# to decide either way, and says so.
+UNDECIDED_AT_PCT = 10.0
+RERUN = "rerun with --min-time"
+
+
+def undecided(timing: Timing | None, reference: Timing | None) -> bool:
+    """Within noise, yet the medians differ by UNDECIDED_AT_PCT or more: too noisy to tell."""
+    if timing is None or reference is None or not timing.throughput or not reference.throughput:
+        return False
+    change = pct_change(timing.throughput, reference.throughput)
+    return within_noise(timing, reference) and abs(change) >= UNDECIDED_AT_PCT
+
+
 def delta(timing: Timing | None, reference: Timing | None) -> str:
-    """The change in throughput against the reference: '+7.7%', or 'within noise (+7.7%)'."""
+    """The change in throughput against the reference: '+7.7%', 'within noise (+7.7%)', or, for a large change
+    inside wide intervals, 'undecided (-50.8%): rerun with --min-time'."""
     if timing is None or reference is None or not timing.throughput or not reference.throughput:
         return "-"
     change = f"{pct_change(timing.throughput, reference.throughput):+.1f}%"
     if timing is reference:
         return change
+    if undecided(timing, reference):
+        return f"undecided ({change}): {RERUN}"
     return f"within noise ({change})" if within_noise(timing, reference) else change

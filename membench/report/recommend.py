@@ -22,25 +22,41 @@ from membench.units import fmt_bytes, parse_bytes, pct_change
 SAME_MODEL = ("bitwise", "equivalent")
 
 
+# A saving smaller than this share of the baseline's peak is no reason to change a training setup.
+MIN_SAVING_PCT = 5.0
+
+
 @dataclass(frozen=True)
 class Goal:
     kind: str  # "lowest-peak" or "fits"
     budget: int | None = None
+    min_saving_pct: float = MIN_SAVING_PCT  # lowest-peak: what a pick must save, in % of the baseline's peak
 
     def describe(self) -> str:
         if self.kind == "fits":
             return f"fits in {fmt_bytes(self.budget)} with the highest throughput, training the same model"
-        return "the lowest peak that trains the same model"
+        return f"the lowest peak that trains the same model, saving at least {self.min_saving_pct:g}%"
 
 
 def parse_goal(text: str | None) -> Goal:
-    """'lowest-peak' (default) or 'fits:16GiB'."""
+    """'lowest-peak' (default), 'lowest-peak:min-saving=2%' or 'fits:16GiB'."""
     if not text or text == "lowest-peak":
         return Goal("lowest-peak")
-    kind, sep, size = text.partition(":")
+    kind, sep, rest = text.partition(":")
     if kind == "fits" and sep:
-        return Goal("fits", parse_bytes(size))
-    raise UserError(f"cannot read goal {text!r}: write lowest-peak, or fits:SIZE such as fits:16GiB")
+        return Goal("fits", parse_bytes(rest))
+    if kind == "lowest-peak" and rest.startswith("min-saving="):
+        value = rest.removeprefix("min-saving=").removesuffix("%")
+        try:
+            pct = float(value)
+        except ValueError:
+            pct = -1.0
+        if not 0 <= pct < 100:
+            raise UserError(f"cannot read goal {text!r}: min-saving is a percentage from 0 to 100, e.g. "
+                            "lowest-peak:min-saving=2%")
+        return Goal("lowest-peak", min_saving_pct=pct)
+    raise UserError(f"cannot read goal {text!r}: write lowest-peak, lowest-peak:min-saving=PCT (default "
+                    f"{MIN_SAVING_PCT:g}%), or fits:SIZE such as fits:16GiB")
 
 
 def changes_precision(r: RunRecord) -> bool:
@@ -73,6 +89,9 @@ def _cost(r: RunRecord, base: RunRecord | None) -> str:
         return "its throughput was not compared"
     change = pct_change(t.throughput, bt.throughput)
     spread = ", ".join(f"±{s:.0%}" for s in (noise.spread(t), noise.spread(bt)) if s is not None)
+    if noise.undecided(t, bt):
+        return (f"its throughput against the baseline's is undecided ({change:+.1f}%, but the step-time intervals "
+                f"overlap" + (f": {spread}" if spread else "") + f"): {noise.RERUN}")
     if noise.within_noise(t, bt):
         return (f"its throughput is within noise of the baseline's ({change:+.1f}%, step-time intervals overlap"
                 + (f": {spread}" if spread else "") + ")")
@@ -134,7 +153,14 @@ def recommend(results: list[RunRecord], goal: Goal = Goal("lowest-peak")) -> lis
         return lines
     pick = min(same, key=lambda r: (r.peak, -(r.timing.throughput if r.timing and r.timing.throughput else 0))) \
         if same else None
-    if pick is None or (base is not None and pick.peak >= base.peak):
+    too_small = (pick is not None and base is not None and pick.peak < base.peak
+                 and base.peak - pick.peak < base.peak * goal.min_saving_pct / 100)
+    if too_small:
+        lines.insert(0, head + f"keep the baseline: the best saving measured here, {pick.name}'s "
+                     f"{fmt_bytes(base.peak - pick.peak)} ({pct_change(pick.peak, base.peak):+.2f}% of "
+                     f"{fmt_bytes(base.peak)}), is below the {goal.min_saving_pct:g}% worth changing a training "
+                     "setup for (--goal lowest-peak:min-saving=PCT moves the threshold).")
+    elif pick is None or (base is not None and pick.peak >= base.peak):
         why = _why_nothing_helps(base, other) if base is not None else "no run that trains the same model finished"
         lines.insert(0, head + f"keep the baseline: nothing measured here lowers its peak of {fmt_bytes(base.peak)} "
                      f"while training the same model ({why})." if base is not None else head + why + ".")
