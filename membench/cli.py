@@ -139,8 +139,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
 
 
 GOAL_HELP = ("what the recommendation optimises: lowest-peak (default: the lowest peak that trains the same model, "
-             "saving at least 5%% of the baseline's; lowest-peak:min-saving=2%% moves that) or fits:SIZE, e.g. "
-             "fits:16GiB (the highest throughput that fits and trains the same model)")
+             "if it saves at least 5%% of the baseline's peak; lowest-peak:min-saving=PCT moves the threshold) "
+             "or fits:SIZE, e.g. fits:16GiB (the highest throughput that fits and trains the same model)")
 
 
 def _model_options(args) -> dict:

@@ -84,12 +84,14 @@ class ByteFormat:
         if self.scale > 1:
             distinct = set(values)
             self.decimals = next((d for d in range(min_decimals, max_decimals + 1)
-                                  if len({round(v / self.scale, d) for v in distinct}) == len(distinct)), max_decimals)
+                                  if len({round(v / self.scale, d) for v in distinct}) == len(distinct)), None)
+            if self.decimals is None:  # values a few bytes apart: only whole bytes tell them apart
+                self.unit, self.scale, self.decimals = "B", 1, 0
 
     def __call__(self, nbytes: float | None, sign: bool = False) -> str:
         if nbytes is None:
             return "-"
-        return format(nbytes / self.scale, f"{'+' if sign else ''}.{self.decimals}f")
+        return format(nbytes / self.scale, f"{'+' if sign else ''}{',' if self.scale == 1 else ''}.{self.decimals}f")
 
     def with_unit(self, nbytes: float | None, sign: bool = False) -> str:
         return "-" if nbytes is None else f"{self(nbytes, sign)} {self.unit}"

@@ -212,6 +212,9 @@ def test_memory_units_follow_the_magnitudes(sweep):
     # Values either side of a boundary must not print the same.
     fmt = ByteFormat([2 * 2**30 - 2**20, 2 * 2**30 + 2**20])
     assert fmt(2 * 2**30 - 2**20) != fmt(2 * 2**30 + 2**20)
+    # 12 bytes apart at 36 MiB: no number of MiB decimals up to 4 tells them apart, so whole bytes do.
+    fmt = ByteFormat([38_232_500, 38_232_512])
+    assert fmt.with_unit(38_232_500) == "38,232,500 B" and fmt.with_unit(38_232_512) == "38,232,512 B"
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from membench.report import noise
 from membench.results import Equivalence, RunRecord, Timing
-from membench.units import fmt_bytes, pct_change
+from membench.units import fmt_bytes, fmt_number, pct_change
 from membench.vocab import CATEGORIES
 
 # A change smaller than this share of the baseline's peak is noise in a sentence (it stays in the tables).
@@ -102,17 +102,15 @@ def _throughput(timing: Timing | None, base_timing: Timing | None) -> list[str]:
         return []
     change = pct_change(value, base)
     unit = timing.unit or ""
-    if noise.undecided(timing, base_timing):
-        return [f"Its throughput against the baseline's is undecided ({value:.3g} vs {base:.3g} {unit}, "
-                f"{change:+.1f}%, but the step-time intervals overlap): {noise.RERUN}."]
     if noise.within_noise(timing, base_timing):
         spreads = [s for s in (noise.spread(timing), noise.spread(base_timing)) if s is not None]
         how = (f"±{max(spreads):.0%}" if spreads else "no interval recorded")
-        return [f"Its throughput is within noise of the baseline's ({value:.3g} vs {base:.3g} {unit}, "
-                f"{change:+.1f}%; the step-time intervals overlap, {how}): no difference is shown as a fact."]
+        return [f"Its throughput against the baseline's is undecided: rerun with --min-time ({fmt_number(value)} vs "
+                f"{fmt_number(base)} {unit}, {change:+.1f}%; the step-time intervals overlap, {how}): within noise, "
+                "no difference is shown as a fact."]
     how = f"costs {-change:.1f}% of throughput" if change < 0 else f"runs {change:.1f}% faster"
-    return [f"It {how} ({value:.3g} vs {base:.3g} {unit}; outside the noise: the step-time intervals do not "
-            "overlap)."]
+    return [f"It {how} ({fmt_number(value)} vs {fmt_number(base)} {unit}; outside the noise: the step-time "
+            "intervals do not overlap)."]
 
 
 def _equivalence(eq: Equivalence | None) -> list[str]:

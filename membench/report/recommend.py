@@ -5,6 +5,8 @@ Goals:
 - "lowest-peak" (the default): the lowest peak among the runs that train the same model as the baseline
   (equivalence bitwise or equivalent). A technique that changes precision, or whose equivalence was not checked,
   is never recommended as the same model; it is named apart when it goes lower.
+  A saving below `min_saving_pct` (5% of the baseline's peak unless `lowest-peak:min-saving=PCT` says otherwise)
+  is not a reason to change a training setup: the baseline is kept and the output says the threshold.
 - "fits:<size>" (e.g. fits:16GiB): among the runs that train the same model and whose peak fits in the budget
   (reserved memory where measured, as CUDA runs out of memory on it; else allocated), the highest throughput.
 """
@@ -17,46 +19,45 @@ from membench.errors import UserError
 from membench.report import noise
 from membench.report.explain import PHASE_WORDS, find_baseline
 from membench.results import RunRecord
-from membench.units import fmt_bytes, parse_bytes, pct_change
+from membench.units import fmt_bytes, fmt_number, parse_bytes, pct_change
 
 SAME_MODEL = ("bitwise", "equivalent")
-
-
-# A saving smaller than this share of the baseline's peak is no reason to change a training setup.
-MIN_SAVING_PCT = 5.0
+MIN_SAVING_PCT = 5.0  # a saving below this share of the baseline's peak is too small to change a setup for
 
 
 @dataclass(frozen=True)
 class Goal:
     kind: str  # "lowest-peak" or "fits"
     budget: int | None = None
-    min_saving_pct: float = MIN_SAVING_PCT  # lowest-peak: what a pick must save, in % of the baseline's peak
+    min_saving_pct: float = MIN_SAVING_PCT
 
     def describe(self) -> str:
         if self.kind == "fits":
             return f"fits in {fmt_bytes(self.budget)} with the highest throughput, training the same model"
-        return f"the lowest peak that trains the same model, saving at least {self.min_saving_pct:g}%"
+        return (f"the lowest peak that trains the same model, saving at least {self.min_saving_pct:g}% of the "
+                "baseline's peak")
+
+
+_GOAL_HELP = "write lowest-peak, lowest-peak:min-saving=PCT (such as min-saving=2), or fits:SIZE such as fits:16GiB"
 
 
 def parse_goal(text: str | None) -> Goal:
-    """'lowest-peak' (default), 'lowest-peak:min-saving=2%' or 'fits:16GiB'."""
+    """'lowest-peak' (default), 'lowest-peak:min-saving=2' or 'fits:16GiB'."""
     if not text or text == "lowest-peak":
         return Goal("lowest-peak")
     kind, sep, rest = text.partition(":")
     if kind == "fits" and sep:
         return Goal("fits", parse_bytes(rest))
     if kind == "lowest-peak" and rest.startswith("min-saving="):
-        value = rest.removeprefix("min-saving=").removesuffix("%")
+        value = rest.removeprefix("min-saving=").rstrip("%")
         try:
             pct = float(value)
         except ValueError:
             pct = -1.0
         if not 0 <= pct < 100:
-            raise UserError(f"cannot read goal {text!r}: min-saving is a percentage from 0 to 100, e.g. "
-                            "lowest-peak:min-saving=2%")
+            raise UserError(f"cannot read goal {text!r}: min-saving is a percent from 0 to below 100, got {value!r}")
         return Goal("lowest-peak", min_saving_pct=pct)
-    raise UserError(f"cannot read goal {text!r}: write lowest-peak, lowest-peak:min-saving=PCT (default "
-                    f"{MIN_SAVING_PCT:g}%), or fits:SIZE such as fits:16GiB")
+    raise UserError(f"cannot read goal {text!r}: {_GOAL_HELP}")
 
 
 def changes_precision(r: RunRecord) -> bool:
@@ -83,20 +84,27 @@ def _fit_bytes(r: RunRecord) -> int | None:
     return None if m is None else (m.peak_reserved_bytes or m.peak_allocated_bytes)
 
 
+def ranks(r: RunRecord) -> int:
+    """How many processes shared the work: a throughput over several ranks is theirs together."""
+    return max(r.world_size or 1, r.spec.run.nproc_per_node or 1)
+
+
 def _cost(r: RunRecord, base: RunRecord | None) -> str:
     t, bt = r.timing, base.timing if base else None
     if t is None or bt is None or not t.throughput or not bt.throughput:
         return "its throughput was not compared"
-    change = pct_change(t.throughput, bt.throughput)
-    spread = ", ".join(f"±{s:.0%}" for s in (noise.spread(t), noise.spread(bt)) if s is not None)
-    if noise.undecided(t, bt):
-        return (f"its throughput against the baseline's is undecided ({change:+.1f}%, but the step-time intervals "
-                f"overlap" + (f": {spread}" if spread else "") + f"): {noise.RERUN}")
+    n, bn = ranks(r), ranks(base)
+    # More ranks give more throughput without the technique doing anything: compare what one rank does.
+    value, ref = t.throughput / n, bt.throughput / bn
+    per = " per rank" if (n, bn) != (1, 1) else ""
+    note = f" ({n} ranks against the baseline's {bn}, compared per rank)" if n != bn else ""
+    change = pct_change(value, ref)
     if noise.within_noise(t, bt):
-        return (f"its throughput is within noise of the baseline's ({change:+.1f}%, step-time intervals overlap"
-                + (f": {spread}" if spread else "") + ")")
-    how = f"costs {-change:.1f}% of throughput" if change < 0 else f"is {change:.1f}% faster"
-    return f"it {how} ({t.throughput:.3g} vs {bt.throughput:.3g} {t.unit or ''}, outside the noise)"
+        spread = ", ".join(f"±{s:.0%}" for s in (noise.spread(t), noise.spread(bt)) if s is not None)
+        return (f"its throughput{per} against the baseline's is undecided: rerun with --min-time ({change:+.1f}%, "
+                "step-time intervals overlap" + (f": {spread}" if spread else "") + f"){note}")
+    how = f"costs {-change:.1f}% of throughput{per}" if change < 0 else f"is {change:.1f}% faster{per}"
+    return (f"it {how} ({fmt_number(value)} vs {fmt_number(ref)} {t.unit or ''}, outside the noise){note}")
 
 
 def _verdict(r: RunRecord) -> str:
@@ -143,7 +151,7 @@ def recommend(results: list[RunRecord], goal: Goal = Goal("lowest-peak")) -> lis
         pick = max(fitting, key=lambda r: (r.timing.throughput if r.timing and r.timing.throughput else 0,
                                            -(_fit_bytes(r) or 0)))
         first = (f"pick {pick.name}: peak {fmt_bytes(_fit_bytes(pick))} fits in {fmt_bytes(goal.budget)}, "
-                 f"{pick.timing.throughput:.3g} {pick.timing.unit}" if pick.timing and pick.timing.throughput
+                 f"{fmt_number(pick.timing.throughput)} {pick.timing.unit}" if pick.timing and pick.timing.throughput
                  else f"pick {pick.name}: peak {fmt_bytes(_fit_bytes(pick))} fits in {fmt_bytes(goal.budget)}")
         rivals = [r for r in fitting if r is not pick and noise.within_noise(r.timing, pick.timing)]
         if rivals:
@@ -153,13 +161,13 @@ def recommend(results: list[RunRecord], goal: Goal = Goal("lowest-peak")) -> lis
         return lines
     pick = min(same, key=lambda r: (r.peak, -(r.timing.throughput if r.timing and r.timing.throughput else 0))) \
         if same else None
-    too_small = (pick is not None and base is not None and pick.peak < base.peak
-                 and base.peak - pick.peak < base.peak * goal.min_saving_pct / 100)
-    if too_small:
-        lines.insert(0, head + f"keep the baseline: the best saving measured here, {pick.name}'s "
-                     f"{fmt_bytes(base.peak - pick.peak)} ({pct_change(pick.peak, base.peak):+.2f}% of "
-                     f"{fmt_bytes(base.peak)}), is below the {goal.min_saving_pct:g}% worth changing a training "
-                     "setup for (--goal lowest-peak:min-saving=PCT moves the threshold).")
+    small = (pick is not None and base is not None and pick.peak < base.peak
+             and (base.peak - pick.peak) * 100 < goal.min_saving_pct * base.peak)
+    if small:
+        lines.insert(0, head + f"keep the baseline: the lowest peak that trains the same model, {pick.name}'s "
+                     f"{fmt_bytes(pick.peak)}, saves only {fmt_bytes(base.peak - pick.peak)} "
+                     f"({-pct_change(pick.peak, base.peak):.2f}% of the baseline's {fmt_bytes(base.peak)}), below "
+                     f"the {goal.min_saving_pct:g}% threshold (--goal lowest-peak:min-saving=PCT moves it).")
     elif pick is None or (base is not None and pick.peak >= base.peak):
         why = _why_nothing_helps(base, other) if base is not None else "no run that trains the same model finished"
         lines.insert(0, head + f"keep the baseline: nothing measured here lowers its peak of {fmt_bytes(base.peak)} "
