@@ -63,8 +63,9 @@ def add_workload_options(p: argparse.ArgumentParser, batch: bool = True) -> None
                         "parameters; called with lr= if it takes it) (default: the workload's choice, else adam)")
     p.add_argument("--seq-len", type=_positive_int, default=None,
                    help="tokens per sample for text workloads (gpt-*, hf:*) (default: the workload's)")
-    p.add_argument("--lr", type=_positive_float, default=1e-3)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=_positive_float, default=1e-3, help="the optimizer's learning rate (default 1e-3)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds the model's weights and the batches, so runs compare like for like (default 0)")
     from membench.spec import ZERO_GRAD
 
     loop = p.add_argument_group("training loop", "the choices of your own loop that change memory")
@@ -111,7 +112,8 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
     add_workload_options(p)
-    p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
+    p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
+                   help="where to train: cuda, cpu (exact tracker), or auto: cuda when torch sees a GPU (default)")
     p.add_argument("--memory-budget", default=None,
                    help="e.g. 16GiB: runs above it end as OOM (CUDA: a memory fraction; CPU: the exact tracker)")
     p.add_argument("--steps", type=_positive_int, default=5, help="timed steps after warm-up (default 5)")
@@ -377,9 +379,19 @@ def cmd_replay(args) -> int:
     return 0
 
 
+EXAMPLES = """examples:
+  membench run --device cpu --workload vit-tiny --batch-size 4     measure every technique, write report/report.html
+  membench report results                                          the table and recommendation of earlier runs
+  membench predict --workload gpt-tiny --batch-size 2              predict CUDA peaks with no GPU
+  membench compare before/ after/                                  two result sets side by side
+  membench check --baseline results/ci-baseline current/           a CI gate on peak memory
+  membench COMMAND --help                                          each command's options"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="membench", description="GPU memory benchmarks for PyTorch training: "
-                                     "every memory-saving technique on one workload, side by side.")
+                                     "every memory-saving technique on one workload, side by side.",
+                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
     from membench import __version__
 
     parser.add_argument("--version", action="version", version=f"membench {__version__}")
@@ -391,15 +403,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_techniques)
     p = sub.add_parser("report", help="print the comparison table of a results directory and write report.html, "
                                       "report.md, results.csv and charts")
-    p.add_argument("results", type=Path)
+    p.add_argument("results", type=Path, help="a folder of results: what `membench run --out` wrote, such as results")
     p.add_argument("--format", default="simple", help="a tabulate format: simple, github (markdown), ...")
     p.add_argument("--out", type=Path, default=None, help="where to write the report (default RESULTS/report)")
     p.add_argument("--no-files", action="store_true", help="only print the table")
     p.add_argument("--goal", default="lowest-peak", help=GOAL_HELP)
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("compare", help="two result sets side by side (before/after a change), with deltas")
-    p.add_argument("old", type=Path)
-    p.add_argument("new", type=Path)
+    p.add_argument("old", type=Path, help="the results before the change (a folder of results)")
+    p.add_argument("new", type=Path, help="the results after it; runs are paired by name and workload")
     p.add_argument("--format", default="simple", help="a tabulate format: simple, github (markdown), ...")
     p.add_argument("--markdown", type=Path, default=None, help="also write the table as markdown to this file")
     p.set_defaults(func=cmd_compare)

@@ -167,3 +167,13 @@ def test_subcommands_refuse_options_they_do_not_use(args):
     not silently ignored."""
     proc = run(args)
     assert proc.returncode == 2 and "unrecognized arguments" in proc.stderr
+
+
+def test_help_explains_every_option_and_gives_examples():
+    top = cli("--help")
+    assert top.returncode == 0 and "examples:" in top.stdout and "membench run --device cpu" in top.stdout
+    for command, words in (("run", ("learning rate", "seeds the model", "where to train")),
+                           ("report", ("a folder of results",)), ("compare", ("before the change", "after it"))):
+        text = " ".join(cli(command, "--help").stdout.split())  # argparse wraps lines
+        for w in words:
+            assert w in text, f"membench {command} --help lacks {w!r}"
