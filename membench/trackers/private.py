@@ -104,6 +104,20 @@ def fake_tensor_mode(**kwargs):
     return FakeTensorMode(**kwargs)
 
 
+def fake_tensor_cache_info():
+    """Hits, misses and bypasses of the fake-tensor dispatch cache (shared by every FakeTensorMode in the process)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode  # checked: 2.14.1
+
+    return FakeTensorMode.cache_info()
+
+
+def set_fake_tensor_cache(enabled: bool) -> None:
+    """Turn the fake-tensor dispatch cache on or off for FakeTensorModes made from now on (on by default)."""
+    import torch._dynamo.config  # checked: 2.14.1
+
+    torch._dynamo.config.fake_tensor_cache_enabled = enabled
+
+
 def unset_fake_temporarily():
     from torch._subclasses.fake_tensor import unset_fake_temporarily as unset  # checked: 2.14.1
 
