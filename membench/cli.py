@@ -15,9 +15,9 @@ def _positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an integer") from None
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} must be a positive integer")
     return value
 
 
@@ -25,10 +25,26 @@ def _non_negative_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an integer") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be zero or a positive integer")
     return value
+
+
+def _path(text: str) -> Path:
+    """'' would be Path('.'): results written into whatever folder the command ran in."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path names no file or folder: give one, e.g. results/run1")
+    return Path(text)
+
+
+def _size(text: str) -> int:
+    from membench.units import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except UserError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _positive_float(text: str) -> float:
@@ -36,7 +52,7 @@ def _positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number") from None
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"{text[:40]!r} must be a finite positive number")
     return value
@@ -114,7 +130,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     add_workload_options(p)
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
                    help="where to train: cuda, cpu (exact tracker), or auto: cuda when torch sees a GPU (default)")
-    p.add_argument("--memory-budget", default=None,
+    p.add_argument("--memory-budget", type=_size, default=None,
                    help="e.g. 16GiB: runs above it end as OOM (CUDA: a memory fraction; CPU: the exact tracker)")
     p.add_argument("--steps", type=_positive_int, default=5, help="timed steps after warm-up (default 5)")
     p.add_argument("--warmup", type=_non_negative_int, default=2, help="untimed steps first (default 2)")
@@ -125,7 +141,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=_positive_float, default=1800.0, help="seconds per run (default 1800)")
     p.add_argument("--peak-tflops", type=_positive_float, default=None,
                    help="the device's peak TFLOP/s for MFU, where membench does not know it")
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--out", type=_path, default=None,
                    help="results directory (default results/<machine>/<workload>-bs<N>)")
     p.add_argument("--resume", action="store_true", help="skip runs already finished in --out")
     p.add_argument("--nproc-per-node", type=_positive_int, default=1,
@@ -157,7 +173,6 @@ def cmd_run(args) -> int:
     from membench.progress import SweepProgress
     from membench.report.recommend import parse_goal, recommend
     from membench.report.table import render, sweeps, top_modules_text
-    from membench.units import parse_bytes
 
     goal = parse_goal(args.goal)
 
@@ -166,7 +181,7 @@ def cmd_run(args) -> int:
                 timeline=args.timeline,
                 peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
                 nproc_per_node=args.nproc_per_node, torchrun_args=args.torchrun_args,
-                memory_budget=parse_bytes(args.memory_budget) if args.memory_budget else None,
+                memory_budget=args.memory_budget,
                 **_model_options(args))
     out = args.out or default_out_dir(jobs[0].run)
     # The folder is locked and checked before the progress display starts: a refusal is then the only line.
@@ -403,29 +418,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_techniques)
     p = sub.add_parser("report", help="print the comparison table of a results directory and write report.html, "
                                       "report.md, results.csv and charts")
-    p.add_argument("results", type=Path, help="a folder of results: what `membench run --out` wrote, such as results")
+    p.add_argument("results", type=_path, help="a folder of results: what `membench run --out` wrote, such as results")
     p.add_argument("--format", default="simple", help="a tabulate format: simple, github (markdown), ...")
-    p.add_argument("--out", type=Path, default=None, help="where to write the report (default RESULTS/report)")
+    p.add_argument("--out", type=_path, default=None, help="where to write the report (default RESULTS/report)")
     p.add_argument("--no-files", action="store_true", help="only print the table")
     p.add_argument("--goal", default="lowest-peak", help=GOAL_HELP)
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("compare", help="two result sets side by side (before/after a change), with deltas")
-    p.add_argument("old", type=Path, help="the results before the change (a folder of results)")
-    p.add_argument("new", type=Path, help="the results after it; runs are paired by name and workload")
+    p.add_argument("old", type=_path, help="the results before the change (a folder of results)")
+    p.add_argument("new", type=_path, help="the results after it; runs are paired by name and workload")
     p.add_argument("--format", default="simple", help="a tabulate format: simple, github (markdown), ...")
-    p.add_argument("--markdown", type=Path, default=None, help="also write the table as markdown to this file")
+    p.add_argument("--markdown", type=_path, default=None, help="also write the table as markdown to this file")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("predict", help="predict each technique's peak CUDA memory with no GPU (fake tensors)")
     add_workload_options(p)
     add_target_options(p)
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--out", type=_path, default=None,
                    help="where predictions go (default results/predicted/<machine>/<device>-<workload>-bs<N>)")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("check", help="compare results against a baseline: exit 0 ok, 1 regression, 2 usage error")
-    p.add_argument("current", type=Path, help="results directory (or file) to check")
-    p.add_argument("--baseline", type=Path, required=True, help="results directory (or file) to compare against")
+    p.add_argument("current", type=_path, help="results directory (or file) to check")
+    p.add_argument("--baseline", type=_path, required=True, help="results directory (or file) to compare against")
     p.add_argument("--rule", action="append", default=[],
                    help="metric:N%% or metric:amount, repeatable, e.g. peak_allocated:5%%, peak_allocated:64MiB, "
                         "step_time:15%%, throughput:10%%")
@@ -447,12 +462,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="which predicted peak must fit: reserved (what decides CUDA out-of-memory; the default for "
                         "--device cuda, from the allocator simulator) or allocated (the default for --device cpu)")
     p.add_argument("--no-confirm", action="store_true", help="on a GPU, do not confirm predictions with real runs")
-    p.add_argument("--out", type=Path, default=None, help="where confirmation runs go (default results/fit)")
+    p.add_argument("--out", type=_path, default=None, help="where confirmation runs go (default results/fit)")
     p.set_defaults(func=cmd_fit)
 
     p = sub.add_parser("replay", help="replay a CUDA memory snapshot through the caching-allocator simulator: "
                                       "actual vs simulated reserved memory, and what other settings would hold")
-    p.add_argument("snapshot", type=Path, help="a torch.cuda.memory._dump_snapshot() pickle (as for memory_viz)")
+    p.add_argument("snapshot", type=_path, help="a torch.cuda.memory._dump_snapshot() pickle (as for memory_viz)")
     p.add_argument("--alloc-conf", action="append", default=[],
                    help="PYTORCH_CUDA_ALLOC_CONF settings to try on the same trace, repeatable, e.g. "
                         "\"expandable_segments:True\" or \"max_split_size_mb:256\"")

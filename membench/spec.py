@@ -30,9 +30,21 @@ DEFAULT_BATCH_SIZE = 32
 DEFAULT_TECHNIQUES = "accum,ckpt,opt-in-bwd"
 
 
-def _positive_int(name: str, value) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise UserError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+MAX_COUNT = 2**31 - 1  # batch, steps, ranks: beyond this torch's int32 sizes and indices overflow
+MAX_SEED = 2**32 - 1  # the seed range every generator (torch, numpy, random) takes
+
+
+def _shown(value) -> str:
+    """A bad value as a message shows it: bounded, and never str() of an integer too long for Python to print."""
+    if isinstance(value, int) and abs(value) >= 10**40:
+        return f"an integer of about {value.bit_length() * 0.30103:.0f} digits"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "..."
+
+
+def _positive_int(name: str, value, limit: int = MAX_COUNT) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= limit:
+        raise UserError(f"--{name.replace('_', '-')} must be an integer from 1 to {limit}, got {_shown(value)}")
 
 
 def _positive_number(name: str, value) -> None:
@@ -95,9 +107,9 @@ class RunSpec:
         if self.device not in ("cpu", "cuda"):
             raise UserError(f"unknown device {self.device!r}; valid: auto, cuda, cpu")
         if self.memory_budget is not None:
-            _positive_int("memory_budget", self.memory_budget)
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise UserError(f"--seed must be an integer, got {self.seed!r}")
+            _positive_int("memory_budget", self.memory_budget, limit=2**63 - 1)
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
+            raise UserError(f"--seed must be an integer from 0 to {MAX_SEED}, got {_shown(self.seed)}")
         if self.zero_grad not in ZERO_GRAD:
             raise UserError(f"unknown --zero-grad {self.zero_grad!r}; valid: {', '.join(ZERO_GRAD)}")
         if self.clip_grad_norm is not None:
