@@ -65,7 +65,8 @@ class AllocatorSettings:
 
 
 def _fail(text: str, why: str) -> UserError:
-    return UserError(f"cannot read allocator settings {text!r}: {why} (PYTORCH_CUDA_ALLOC_CONF syntax, e.g. "
+    shown = text if len(text) <= 80 else text[:80] + "..."
+    return UserError(f"cannot read allocator settings {shown!r}: {why} (PYTORCH_CUDA_ALLOC_CONF syntax, e.g. "
                      f"'expandable_segments:True,max_split_size_mb:128'; options: {_VALID})")
 
 
@@ -76,7 +77,9 @@ def _tokens(text: str) -> list[str]:
 
 def _int(text: str, tok: str, what: str) -> int:
     if not re.fullmatch(r"[0-9]+", tok):
-        raise _fail(text, f"{what} must be a whole number, got {tok!r}")
+        raise _fail(text, f"{what} must be a whole number, got {tok[:40]!r}")
+    if len(tok) > 18:  # more than any byte count or division could be, and past what int() reads past 4300 digits
+        raise _fail(text, f"{what} is a number of {len(tok)} digits: at most 18")
     return int(tok)
 
 
@@ -86,7 +89,7 @@ def _power_of_two(n: int) -> bool:
 
 def _bool(text: str, tok: str, key: str) -> bool:
     if tok not in ("True", "False"):
-        raise _fail(text, f"{key} takes True or False, got {tok!r}")
+        raise _fail(text, f"{key} takes True or False, got {tok[:40]!r}")
     return tok == "True"
 
 
@@ -100,7 +103,7 @@ def parse_alloc_conf(text: str | None) -> AllocatorSettings:
     def expect(tok: str) -> None:
         nonlocal i
         if i >= len(toks) or toks[i] != tok:
-            raise _fail(text, f"expected {tok!r} after {toks[i - 1]!r}" if i else f"expected {tok!r}")
+            raise _fail(text, f"expected {tok[:40]!r} after {toks[i - 1][:40]!r}" if i else f"expected {tok[:40]!r}")
         i += 1
 
     def value(key: str) -> str:
@@ -124,9 +127,9 @@ def parse_alloc_conf(text: str | None) -> AllocatorSettings:
             try:
                 threshold = float(raw)
             except ValueError:
-                raise _fail(text, f"{key} must be a number, got {raw!r}") from None
+                raise _fail(text, f"{key} must be a number, got {raw[:40]!r}") from None
             if not 0.0 < threshold < 1.0:
-                raise _fail(text, f"{key} must be between 0.0 and 1.0 (exclusive), got {raw}")
+                raise _fail(text, f"{key} must be between 0.0 and 1.0 (exclusive), got {raw[:40]}")
             values["garbage_collection_threshold"] = threshold
         elif key == "roundup_power2_divisions":
             expect(":")
@@ -196,9 +199,15 @@ def settings_from_snapshot(recorded: dict | None) -> AllocatorSettings:
     # Older snapshots, or settings made with torch.cuda.memory._set_allocator_settings: use the parsed fields.
     split = recorded.get("max_split_size", -1)
     gc = recorded.get("garbage_collection_threshold", 0.0) or 0.0
+    if not isinstance(gc, (int, float)) or isinstance(gc, bool) or not 0.0 <= gc < 1.0:
+        raise UserError(f"the snapshot's allocator_settings hold garbage_collection_threshold {str(gc)[:40]!r}: "
+                        "expected a number from 0.0 up to (not including) 1.0")
     div = recorded.get("roundup_power2_divisions") or {}
-    divisions = tuple(int(div.get(str(2**k), 0)) for k in range(ROUNDUP_INTERVALS)) if isinstance(div, dict) \
+    divisions = tuple(div.get(str(2**k), 0) for k in range(ROUNDUP_INTERVALS)) if isinstance(div, dict) \
         else (0,) * ROUNDUP_INTERVALS
+    if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= 2**16 for d in divisions):
+        raise UserError(f"the snapshot's allocator_settings hold roundup_power2_divisions {str(div)[:80]}: "
+                        "expected whole numbers from 0 to 65536 by size")
     return AllocatorSettings(
         max_split_size=None if not isinstance(split, int) or split < 0 or split >= 2**63 else split,
         garbage_collection_threshold=float(gc), roundup_power2_divisions=divisions,

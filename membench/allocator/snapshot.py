@@ -98,7 +98,30 @@ def _check_event(event) -> dict:
     if event["action"] in (ALLOC, FREE, SEGMENT_ALLOC, SEGMENT_FREE, "free", "free_requested"):
         if not isinstance(event.get("addr"), int) or not isinstance(event.get("size"), int):
             raise UserError(f"a {event['action']!r} event has no integer 'addr' and 'size': {str(event)[:80]}")
+        if event["size"] < 0 or event["addr"] < 0:
+            raise UserError(f"a {event['action']!r} event has a negative 'addr' or 'size': {str(event)[:80]}")
     return event
+
+
+def _check_segment(seg: dict) -> None:
+    """Blocks tile their segment: positive sizes, in address order, none past the end or over another."""
+    start, size = seg["address"], seg["total_size"]
+    if not isinstance(start, int) or not isinstance(size, int) or start < 0 or size <= 0:
+        raise UserError(f"a segment has no non-negative integer 'address' and positive 'total_size': "
+                        f"{str({k: seg.get(k) for k in ('address', 'total_size')})[:120]}")
+    end = start
+    for b in sorted(seg["blocks"], key=lambda b: b["address"] if isinstance(b["address"], int) else -1):
+        addr, bsize = b["address"], b["size"]
+        if not isinstance(addr, int) or not isinstance(bsize, int) or bsize <= 0:
+            raise UserError(f"a block of the segment at {start:#x} has no integer 'address' and positive 'size': "
+                            f"{str({k: b.get(k) for k in ('address', 'size')})[:120]}")
+        if addr < end:
+            raise UserError(f"the block at {addr:#x} overlaps the one before it in the segment at {start:#x}: "
+                            "the snapshot is inconsistent")
+        end = addr + bsize
+        if end > start + size:
+            raise UserError(f"the block at {addr:#x} ({bsize} bytes) ends past its segment at {start:#x} "
+                            f"({size} bytes): the snapshot is inconsistent")
 
 
 def initial_state(snapshot: dict, device: int | None = None) -> Trace:
@@ -132,6 +155,7 @@ def _rebuild(snapshot: dict, device: int | None) -> Trace:
             continue
         if tuple(seg.get("segment_pool_id") or (0, 0)) != (0, 0):
             raise UserError("the snapshot has segments of a CUDA graph's private memory pool, which are not simulated")
+        _check_segment(seg)
         segs[seg["address"]] = (seg["total_size"], seg.get("segment_type") == "small", seg.get("stream", 0))
         for b in seg["blocks"]:
             # active_allocated, or active_pending_free (its free has not completed); torch 2.0 said it in booleans
