@@ -298,3 +298,24 @@ def test_run_ends_by_naming_the_report_file_to_open(tmp_path):
     assert proc.returncode == 0, proc.stderr
     last = proc.stdout.strip().splitlines()[-1]
     assert last == f"open {tmp_path / 'report' / 'report.html'}" and (tmp_path / "report" / "report.html").exists()
+
+
+@needs_transformers
+def test_a_folder_named_like_a_model_type_does_not_shadow_it(tmp_path, monkeypatch):
+    from membench.workloads import hf
+
+    (tmp_path / "bert").mkdir()  # a results folder called bert, say
+    monkeypatch.chdir(tmp_path)
+    hf.load_config.cache_clear()
+    assert type(hf.load_config("bert,num_hidden_layers=1")).__name__ == "BertConfig"
+    with pytest.raises(UserError, match="no config for './bert'"):  # a path asks for the folder, which has none
+        hf.load_config("./bert")
+
+
+@needs_transformers
+def test_gpt2_names_its_causal_lm_loss_so_transformers_does_not_warn():
+    from transformers.loss.loss_utils import LOSS_MAPPING
+
+    model = load_workload(TINY_GPT2).build_model()
+    # loss_type None is what makes transformers print "`loss_type=None` ... unrecognized"
+    assert model.loss_type == "ForCausalLM" and model.loss_function is LOSS_MAPPING["ForCausalLM"]

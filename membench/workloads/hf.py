@@ -4,8 +4,8 @@ for a 7B model in seconds (built on `meta`, run on fake tensors) and `membench r
 `hf:NAME[,key=value...]`:
 - NAME a model type transformers knows (gpt2, llama, bert, vit, ...): transformers' default config for that
   architecture (`AutoConfig.for_model`), offline. `hf:llama` is the 7B Llama shape, `hf:gpt2` GPT-2 small.
-- any other NAME (`openai-community/gpt2`, `meta-llama/Llama-2-7b-hf`, a local folder): `AutoConfig.from_pretrained`,
-  from the Hugging Face cache first, then the network.
+- any other NAME (`openai-community/gpt2`, `meta-llama/Llama-2-7b-hf`, a local folder named as a path: `./bert`):
+  `AutoConfig.from_pretrained`, from the Hugging Face cache first, then the network.
 - key=value overrides config attributes (`hf:gpt2,n_layer=2,n_embd=64`); `head=` picks the head: causal-lm,
   masked-lm, seq-cls or image-cls (default: masked-lm for encoders, else the first the architecture has).
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections.abc import Callable
 
 import torch
@@ -82,7 +81,9 @@ def load_config(spec: str):
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     name, overrides, _ = parse(spec)
-    if name in CONFIG_MAPPING and not os.path.isdir(name):
+    # A bare model type is transformers' config even when a folder of that name is in the working directory (a
+    # results folder called `bert`, say); a folder is read only when named as a path (`./bert`, `/data/bert`).
+    if name in CONFIG_MAPPING:
         config = t.AutoConfig.for_model(name)
     else:
         try:
@@ -126,7 +127,12 @@ def _build(spec: str, head: str) -> nn.Module:
     config = load_config(spec)
     model_class = _auto_classes()[head][0]
     # fp32 like every membench workload (bf16 is a technique), whatever dtype the checkpoint was saved in.
-    return model_class.from_config(config, dtype=torch.float32)
+    model = model_class.from_config(config, dtype=torch.float32)
+    if head == "causal-lm" and getattr(model, "loss_type", "") is None:
+        # GPT2LMHeadModel's class name maps to no loss type: transformers warns "`loss_type=None` ... unrecognized"
+        # and falls back to ForCausalLM. Naming that same loss keeps the numbers and drops the stray warning.
+        model.loss_type = "ForCausalLM"
+    return model
 
 
 def blocks_of(model: nn.Module) -> list[nn.Module]:
