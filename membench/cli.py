@@ -222,7 +222,7 @@ def cmd_techniques(args) -> int:
 
 def cmd_report(args) -> int:
     from membench.report.recommend import parse_goal, recommend
-    from membench.report.table import render, sweep_title, sweeps
+    from membench.report.table import render, sweep_title, sweeps, top_modules_text
     from membench.report.write import ordered, write_report
     from membench.results import load_dir
 
@@ -232,6 +232,10 @@ def cmd_report(args) -> int:
     print(render(results, fmt=args.format))
     for group in groups:
         print(f"\n{sweep_title(group)}:" if len(groups) > 1 else "")
+        # the same "where the peak comes from" block that `membench run` prints, for each sweep's baseline
+        top = next((t for r in group if r.name == "baseline" for t in [top_modules_text(r)] if t), None)
+        if top:
+            print(top + "\n")
         print("\n".join(recommend(group, goal)))
     if args.no_files:
         return 0

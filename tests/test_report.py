@@ -249,3 +249,14 @@ def test_hostile_names_in_the_timeline_data_stay_data(sweep, tmp_path):
     embedded = section.split('<script type="application/json" id="tl-data">', 1)[1].split("</script>", 1)[0]
     assert "<" not in embedded and json.loads(embedded)["runs"][0]["name"] == HOSTILE
     assert HOSTILE not in section and "&lt;script&gt;" in section
+
+
+def test_report_prints_where_the_baseline_peak_comes_from_as_run_does(sweep, capsys):
+    from membench.report.table import top_modules_text
+
+    base = next(r for r in load_dir(sweep) if r.name == "baseline")
+    block = top_modules_text(base)
+    assert block and block.startswith("where baseline's peak")
+    assert main(["report", "--no-files", str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert block in out and out.index(block) < out.index("Recommendation")
