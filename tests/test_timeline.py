@@ -104,3 +104,12 @@ def test_cuda_recording_pass_writes_snapshot_and_categorised_timeline(tmp_path):
     # The tracker (rounded to 512 B) sees tensors, the allocator blocks: same order of magnitude.
     if "trace_peak_allocated_bytes" in info:
         assert 0.5 < info.peak_bytes / info.trace_peak_allocated_bytes < 2
+
+
+def test_y_ticks_land_on_round_values():
+    from membench.report.timeline_html import round_ticks
+
+    assert round_ticks(151.7) == [0, 50, 100, 150]  # not 0, 47, 93.9, 141 (quarters of the peak)
+    assert round_ticks(1.0) == [0, 0.25, 0.5, 0.75, 1.0]
+    assert round_ticks(0.37) == [0, 0.1, 0.2, 0.3]
+    assert all(len(round_ticks(t)) <= 5 and round_ticks(t)[-1] <= t for t in (0.9, 3.3, 47.2, 999.0, 12345.0))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 
 from membench.report.charts import COLORS, PHASE_COLORS, load_timeline, unit_for
 from membench.results import RunRecord
@@ -23,6 +24,16 @@ from membench.vocab import CATEGORIES
 XS = 1000  # SVG units per step
 YS = 1000  # SVG units for the shared maximum
 HEADROOM = 1.08  # the y axis reaches a little above the highest peak
+
+
+def round_ticks(top: float, most: int = 5) -> list[float]:
+    """Ticks from 0 on round values (1, 2, 2.5 or 5 times a power of ten) up to `top`, at most `most` of them,
+    so an axis reads 0, 50, 100, 150 MiB rather than 0, 47, 93.9, 141."""
+    if top <= 0:
+        return [0.0]
+    power = 10 ** math.floor(math.log10(top / (most - 1)))
+    step = next(m * power for m in (1, 2, 2.5, 5, 10) if top / (m * power) <= most - 1)
+    return [round(k * step, 10) for k in range(int(top / step + 1e-9) + 1)]
 
 _E = html.escape
 
@@ -204,8 +215,8 @@ def _row(i: int, result: RunRecord, t: dict, top: float) -> str:
     peak_line = (f'<line x1="{px}" x2="{px}" y1="{py}" y2="{YS}" stroke="#000" stroke-width="1.5" '
                  'vector-effect="non-scaling-stroke"/>')
     unit, size = unit_for(top)
-    ticks = "".join(f'<span style="top:{12 + (1 - f / HEADROOM) * 178:.1f}px">{f * top / HEADROOM / size:.3g} {unit}'
-                    "</span>" for f in (0, 0.25, 0.5, 0.75, 1.0))
+    ticks = "".join(f'<span style="top:{12 + (1 - v * size / top) * 178:.1f}px">{v:g} {unit}</span>'
+                    for v in round_ticks(top / size))
     view = f"0 0 {steps * XS}"
     headline = f"peak {fmt_bytes(peak['bytes'])} in {peak['phase']}, step {peak['step']}"
     return f"""<div class="tl-row" data-run="{i}">
