@@ -260,3 +260,13 @@ def test_report_prints_where_the_baseline_peak_comes_from_as_run_does(sweep, cap
     assert main(["report", "--no-files", str(sweep)]) == 0
     out = capsys.readouterr().out
     assert block in out and out.index(block) < out.index("Recommendation")
+
+
+def test_timeline_header_names_the_timeline_step_of_its_peak(sweep):
+    from membench.report import timeline_html
+    from membench.trackers import timeline as tl
+
+    run = read_result(sweep / "baseline.json")
+    data = tl.load(sweep / run.timeline.file)
+    section = timeline_html.render([run])
+    assert f"timeline step {data['peak']['step'] + 1} of {data['steps']}" in section

@@ -116,7 +116,8 @@ def _run_section(result: RunRecord, baseline: RunRecord | None, report_dir: Path
                                                                else [])
         parts.append(_table(headers, body))
     if memory is not None:
-        parts.append(f"<p>Peak phase: <b>{_E(memory.peak_phase)}</b> (step {memory.peak_step}).</p>")
+        parts.append(f"<p>Peak phase: <b>{_E(memory.peak_phase)}</b> (step {memory.peak_step} of the measured run, "
+                     "counting the warm-up steps from 0; the timeline below is a pass of its own).</p>")
     if memory is not None and memory.top_modules:
         parts.append("<p>Where the peak comes from, by module (what each held at the peak):</p>")
         parts.append(_table(["module", "category", "size", "bytes"],

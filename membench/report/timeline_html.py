@@ -218,7 +218,9 @@ def _row(i: int, result: RunRecord, t: dict, top: float) -> str:
     ticks = "".join(f'<span style="top:{12 + (1 - v * size / top) * 178:.1f}px">{v:g} {unit}</span>'
                     for v in round_ticks(top / size))
     view = f"0 0 {steps * XS}"
-    headline = f"peak {fmt_bytes(peak['bytes'])} in {peak['phase']}, step {peak['step']}"
+    # The timeline is a pass of its own after the measured steps, counted from 1 here: say which of its steps,
+    # so the number is not read as the measured peak's step (counted with the warm-up steps, from 0).
+    headline = f"peak {fmt_bytes(peak['bytes'])} in {peak['phase']}, timeline step {peak['step'] + 1} of {steps}"
     return f"""<div class="tl-row" data-run="{i}">
 <div class="tl-name">{_E(result.name)} <span>{_E(headline)}</span></div>
 <div class="tl-yaxis">{ticks}</div>
