@@ -270,3 +270,12 @@ def test_timeline_header_names_the_timeline_step_of_its_peak(sweep):
     data = tl.load(sweep / run.timeline.file)
     section = timeline_html.render([run])
     assert f"timeline step {data['peak']['step'] + 1} of {data['steps']}" in section
+
+
+def test_pareto_labels_of_close_points_do_not_overlap():
+    from membench.report.charts import label_offsets
+
+    # accum and ckpt nearly on top of each other, opt-in-bwd far away
+    offsets = label_offsets([(82.4, 2.2), (74.0, 4.2), (82.5, 2.21), (187.8, 4.1)])
+    assert offsets[0] != offsets[2] and offsets[1] == 4 and offsets[3] == 4
+    assert label_offsets([(1.0, 1.0)]) == [4]

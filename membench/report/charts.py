@@ -188,6 +188,21 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     return sorted(front, key=lambda i: points[i][0])
 
 
+def label_offsets(points: list[tuple[float, float]], near: float = 0.08, line_pt: int = 11) -> list[int]:
+    """Vertical offsets (points) for one label per point, so that labels of points close together (within `near`
+    of each axis's range) stack one line apart instead of printing over each other."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    span_x, span_y = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
+    placed: list[tuple[float, float, int]] = []
+    offsets = [0] * len(points)
+    for i in sorted(range(len(points)), key=lambda k: (points[k][1], points[k][0])):
+        x, y = (points[i][0] - min(xs)) / span_x, (points[i][1] - min(ys)) / span_y
+        used = {o for px, py, o in placed if abs(px - x) < near and abs(py - y) < near}
+        offsets[i] = next(4 + k * line_pt for k in range(len(points) + 1) if 4 + k * line_pt not in used)
+        placed.append((x, y, offsets[i]))
+    return offsets
+
+
 def pareto_chart(results: list[RunRecord]) -> Figure | None:
     """Peak (exact) against throughput, with each run's throughput interval as an error bar: two runs whose bars
     overlap are within noise of each other. Runs that change precision are marked: not the same model."""
@@ -202,6 +217,7 @@ def pareto_chart(results: list[RunRecord]) -> Figure | None:
     ax.plot([points[i][0] / scale for i in front], [points[i][1] for i in front], "-", color="#55A868", lw=1.5,
             label="Pareto front", zorder=1)
     marked_precision = False
+    offsets = label_offsets(points)
     for i, (r, (m, t)) in enumerate(zip(runs, points)):
         on_front = i in front
         color = "#55A868" if on_front else "#888888"
@@ -215,7 +231,7 @@ def pareto_chart(results: list[RunRecord]) -> Figure | None:
                    edgecolors="#b42318" if precision else "none",
                    label="changes precision (not the same model)" if precision and not marked_precision else None)
         marked_precision = marked_precision or precision
-        ax.annotate(_text(r.name) + (" (precision)" if precision else ""), (m / scale, t), xytext=(5, 4),
+        ax.annotate(_text(r.name) + (" (precision)" if precision else ""), (m / scale, t), xytext=(5, offsets[i]),
                     textcoords="offset points", fontsize=8)
     ax.set_xlabel(f"peak allocated ({unit})")
     ax.set_ylabel(f"throughput ({_text(runs[0].timing.unit or 'samples/s')}; bars: CI of the median)")
