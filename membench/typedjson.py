@@ -50,6 +50,8 @@ def _convert(tp, value, name: str):
         options = [o for o in typing.get_args(tp) if o is not type(None)]
         if value is None and len(options) < len(typing.get_args(tp)):
             return None
+        if len(options) == 1:  # X | None: the error inside X names the innermost field
+            return _convert(options[0], value, name)
         for option in options:
             try:
                 return _convert(option, value, name)

@@ -141,3 +141,20 @@ def test_hostile_names_and_units_render_in_every_chart(valid, tmp_path, text):
     (folder / "opt-in-bwd.json").write_text(json.dumps(record))
     written = write_report(load_dir(folder), folder / "report")
     assert {"peak.png", "timelines.png", "pareto.png", "report.html"} <= set(written)
+
+
+@pytest.mark.parametrize(("path", "value", "named"), [
+    (("memory", "peak_allocated_bytes"), "5" * 5000, "digits"),
+    (("name",), "\ud800", "field name"),
+    (("name",), "x" * 5000, "field name"),
+    (("memory", "peak_allocated_bytes"), 0, "memory.peak_allocated_bytes"),
+    (("memory",), None, "memory.peak_allocated_bytes"),
+])
+def test_values_no_run_produces_are_refused_naming_the_field(valid, path, value, named):
+    record = copy.deepcopy(valid["baseline.json"])
+    text = json.dumps(_mutate(record, path, value, delete=False))
+    if value == "5" * 5000:
+        text = text.replace('"' + value + '"', value)  # a bare 5,000-digit integer, not a string
+    with pytest.raises(UserError, match=named) as exc:
+        RunRecord.from_json(text, "results file x.json")
+    assert "\n" not in str(exc.value) and len(str(exc.value)) < 400

@@ -247,9 +247,10 @@ class RunRecord:
     @classmethod
     def from_json(cls, text: str, where: str = "result") -> RunRecord:
         try:
-            data = json.loads(text, parse_constant=lambda c: None)  # NaN/Infinity from older writers: no value
-        except (json.JSONDecodeError, RecursionError) as exc:
-            raise UserError(f"{where} is corrupt (not JSON: {exc})") from None
+            data = json.loads(text, parse_constant=lambda c: None,  # NaN/Infinity from older writers: no value
+                              parse_int=_bounded_int)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError, as is _bounded_int's
+            raise UserError(f"{where} is corrupt (not JSON: {str(exc)[:120]})") from None
         return cls.from_dict(data, where)
 
     @classmethod
@@ -264,9 +265,45 @@ class RunRecord:
                             "upgrade membench")
         if version < 2:
             data = _upgrade_v1(data, where)
+        _check_values(data, where)
         record = build_checked(cls, data, where)
+        if record.status == "ok" and (record.memory is None or record.memory.peak_allocated_bytes <= 0):
+            raise UserError(f"{where}: status ok needs field memory.peak_allocated_bytes above 0 (a run that "
+                            "finished measured some memory), got "
+                            f"{'no memory' if record.memory is None else record.memory.peak_allocated_bytes}")
         record.schema_version = SCHEMA_VERSION
         return record
+
+
+MAX_DIGITS = 30  # no byte count, step or seed has more; int() of a 5,000-digit number fails in Python itself
+MAX_MAGNITUDE = 1e30  # above any byte count or rate a device measures; 1e308 overflows the charts' axes
+MAX_NAME = 1024  # a name longer than a path cannot be a run's (its file is named after it)
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise ValueError(f"an integer of {len(text)} digits, at most {MAX_DIGITS}")
+    return int(text)
+
+
+def _check_values(data, where: str, field_name: str = "") -> None:
+    """Values no measurement produces, refused with the innermost field named: text that is not Unicode (lone
+    surrogates), numbers out of range, a name longer than a file name."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            _check_values(value, where, f"{field_name}.{key}" if field_name else str(key))
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            _check_values(value, where, f"{field_name}[{i}]")
+    elif isinstance(data, str):
+        try:
+            data.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UserError(f"{where}: field {field_name} is not valid Unicode text (a lone surrogate)") from None
+        if field_name == "name" and len(data) > MAX_NAME:
+            raise UserError(f"{where}: field name has {len(data)} characters, at most {MAX_NAME}")
+    elif isinstance(data, (int, float)) and not isinstance(data, bool) and abs(data) > MAX_MAGNITUDE:
+        raise UserError(f"{where}: field {field_name} is {data:.3g}, beyond {MAX_MAGNITUDE:g}: not a measurement")
 
 
 _ALWAYS = {"memory", "timing"}  # written even when empty, so a reader sees "not measured", not "missing"
