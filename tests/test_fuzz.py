@@ -148,7 +148,7 @@ def test_hostile_names_and_units_render_in_every_chart(valid, tmp_path, text):
     (("name",), "\ud800", "field name"),
     (("name",), "x" * 5000, "field name"),
     (("memory", "peak_allocated_bytes"), 0, "memory.peak_allocated_bytes"),
-    (("memory",), None, "memory.peak_allocated_bytes"),
+    (("memory", "peak_allocated_bytes"), -5, "memory.peak_allocated_bytes"),
 ])
 def test_values_no_run_produces_are_refused_naming_the_field(valid, path, value, named):
     record = copy.deepcopy(valid["baseline.json"])
@@ -158,3 +158,9 @@ def test_values_no_run_produces_are_refused_naming_the_field(valid, path, value,
     with pytest.raises(UserError, match=named) as exc:
         RunRecord.from_json(text, "results file x.json")
     assert "\n" not in str(exc.value) and len(str(exc.value)) < 400
+
+
+def test_an_ok_result_without_memory_reads_as_not_measured(valid):
+    record = copy.deepcopy(valid["baseline.json"])
+    record["memory"] = None
+    assert RunRecord.from_json(json.dumps(record), "results file x.json").peak is None

@@ -267,10 +267,10 @@ class RunRecord:
             data = _upgrade_v1(data, where)
         _check_values(data, where)
         record = build_checked(cls, data, where)
-        if record.status == "ok" and (record.memory is None or record.memory.peak_allocated_bytes <= 0):
+        # No memory reads as "not measured" (shown as -); a peak of 0 or less would read as a measured zero.
+        if record.status == "ok" and record.memory is not None and record.memory.peak_allocated_bytes <= 0:
             raise UserError(f"{where}: status ok needs field memory.peak_allocated_bytes above 0 (a run that "
-                            "finished measured some memory), got "
-                            f"{'no memory' if record.memory is None else record.memory.peak_allocated_bytes}")
+                            f"finished measured some memory), got {record.memory.peak_allocated_bytes}")
         record.schema_version = SCHEMA_VERSION
         return record
 
