@@ -390,10 +390,8 @@ def cmd_replay(args) -> int:
     import json
 
     from membench.allocator.replay import format_report, report
-    from membench.units import parse_bytes
 
-    capacity = parse_bytes(args.capacity) if args.capacity else None
-    result = report(args.snapshot, args.alloc_conf, capacity, memory_fraction=args.memory_fraction)
+    result = report(args.snapshot, args.alloc_conf, args.capacity, memory_fraction=args.memory_fraction)
     print(json.dumps(result, indent=2) if args.json else format_report(result))
     return 0
 
@@ -475,7 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alloc-conf", action="append", default=[],
                    help="PYTORCH_CUDA_ALLOC_CONF settings to try on the same trace, repeatable, e.g. "
                         "\"expandable_segments:True\" or \"max_split_size_mb:256\"")
-    p.add_argument("--capacity", default=None,
+    p.add_argument("--capacity", type=_size, default=None,
                    help="device memory for the simulation, e.g. 80GiB (GiB = 2**30): beyond it cudaMalloc fails, "
                         "cached segments are released and retried, then OOM (default: unlimited)")
     p.add_argument("--memory-fraction", type=_positive_float, default=None,

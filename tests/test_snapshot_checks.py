@@ -66,3 +66,11 @@ def test_replay_cli_refuses_a_5000_digit_alloc_conf(tmp_path):
     proc = run_cli(path, "--alloc-conf", "max_split_size_mb:" + "9" * 5000)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "at most 18" in proc.stderr
+
+
+def test_replay_cli_refuses_an_empty_capacity(tmp_path):
+    # '' used to mean "unlimited" silently
+    path = tmp_path / "snap.pickle"
+    path.write_bytes(pickle.dumps(hand_made_snapshot()))
+    proc = run_cli(path, "--capacity", "")
+    assert proc.returncode == 2 and "argument --capacity: cannot read '' as a size" in proc.stderr
