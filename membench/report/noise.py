@@ -13,7 +13,7 @@ from membench.units import pct_change
 
 def spread(timing: Timing | None) -> float | None:
     """Half the interval's width as a share of the median (the '±' of a step time); None without an interval."""
-    if timing is None or timing.ci_low_s is None or not timing.median_s:
+    if timing is None or timing.ci_low_s is None or timing.ci_high_s is None or not timing.median_s:
         return None
     return max(timing.median_s - timing.ci_low_s, timing.ci_high_s - timing.median_s) / timing.median_s
 
