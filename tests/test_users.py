@@ -178,7 +178,9 @@ def _in_a_fresh_process(test) -> bool:
     this process can make torch refuse autograd in a forked child. True: it ran there (and passed)."""
     if os.environ.get("MEMBENCH_TEST_FRESH"):
         return False
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{__file__}::{test.__name__}"],
+    # -m "": the test itself may be marked slow, which the default addopts deselect.
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "",
+                    f"{__file__}::{test.__name__}"],
                    check=True, timeout=600, cwd=os.path.dirname(os.path.dirname(__file__)),
                    env={**os.environ, "MEMBENCH_TEST_FRESH": "1"})
     return True
