@@ -8,6 +8,7 @@ import torch
 
 from membench import cli, worker
 from membench.predict import CANNOT_SEE, predict, predict_memory
+from membench.results import read_result
 from membench.techniques import REGISTRY
 from membench.techniques.base import Technique
 from tests.helpers import measure, spec
@@ -87,6 +88,24 @@ def test_cli_predict_writes_predictions_apart_and_labels_the_table(tmp_path, cap
     assert code == 0
     assert "predicted alloc MiB" in text and "PREDICTED cuda memory" in text and "cannot see" in text
     assert sorted(p.name for p in out.glob("*.json")) == ["baseline.json", "ckpt.json"]
+
+
+def test_the_gpu_predicted_for_sizes_the_workspaces_and_is_recorded_and_printed(tmp_path, capsys):
+    """Two cuBLAS workspaces in a training step: 32 MiB each on an H100, 8,519,680 B each on an A100, so the
+    same step's peak differs by exactly twice the difference."""
+    peaks = {}
+    for name in ("H100", "a100"):
+        out = tmp_path / name
+        assert cli.main(["predict", "--workload", "vit-tiny", "--batch-size", "2", "--techniques", "baseline",
+                         "--gpu", name, "--out", str(out)]) == 0
+        record = read_result(out / "baseline.json")
+        peaks[record.spec.run.gpu] = record.memory.peak_allocated_bytes
+    text = capsys.readouterr().out
+    assert "for an H100 (sm90" in text and "for an A100 (sm80" in text
+    assert peaks["H100"] - peaks["A100"] == 2 * (32 * 2**20 - 8_519_680)
+    with pytest.raises(SystemExit) as exit_:  # argparse's usage error: exit 2
+        cli.main(["predict", "--gpu", "B9000"])
+    assert exit_.value.code == 2 and "unknown GPU 'B9000'; valid: H100" in capsys.readouterr().err
 
 
 def test_unknown_technique_is_a_usage_error(capsys):
