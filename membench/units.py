@@ -95,3 +95,10 @@ class ByteFormat:
 
     def with_unit(self, nbytes: float | None, sign: bool = False) -> str:
         return "-" if nbytes is None else f"{self(nbytes, sign)} {self.unit}"
+
+
+def fmt_bytes_apart(*values: float) -> tuple[str, ...]:
+    """Byte values one sentence sets side by side ('from X to Y'): in one unit, and printed differently whenever
+    they differ (38,232,500 B and 38,232,512 B are both '36.46 MiB' to fmt_bytes)."""
+    fmt = ByteFormat(values)
+    return tuple(fmt.with_unit(v) for v in values)

@@ -119,6 +119,13 @@ def test_hostile_text_from_results_is_escaped(sweep, tmp_path):
     assert external_refs(page) == []
 
 
+def test_a_sentence_tells_apart_peaks_a_few_bytes_apart(sweep):
+    base, fused = (read_result(sweep / f"{n}.json") for n in ("baseline", "opt-in-bwd"))
+    base.memory.peak_allocated_bytes, fused.memory.peak_allocated_bytes = 38_232_512, 38_232_500
+    text = " ".join(explain.explain(fused, base))
+    assert "lowers the peak from 38,232,512 B to 38,232,500 B" in text
+
+
 def test_explanations_come_from_the_numbers(sweep):
     results = load_dir(sweep)
     lines = explain.explain_all(results)
@@ -215,6 +222,14 @@ def test_memory_units_follow_the_magnitudes(sweep):
     # 12 bytes apart at 36 MiB: no number of MiB decimals up to 4 tells them apart, so whole bytes do.
     fmt = ByteFormat([38_232_500, 38_232_512])
     assert fmt.with_unit(38_232_500) == "38,232,500 B" and fmt.with_unit(38_232_512) == "38,232,512 B"
+
+
+def test_two_byte_values_in_one_sentence_never_print_alike():
+    from membench.units import fmt_bytes, fmt_bytes_apart
+
+    assert fmt_bytes(38_232_500) == fmt_bytes(38_232_512) == "36.46 MiB"  # why sentences need more than fmt_bytes
+    assert fmt_bytes_apart(38_232_500, 38_232_512) == ("38,232,500 B", "38,232,512 B")
+    assert fmt_bytes_apart(196_945_592, 77_636_240) == ("187.82 MiB", "74.04 MiB")  # apart already: as before
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from membench.report import noise
 from membench.results import Equivalence, RunRecord, Timing
-from membench.units import fmt_bytes, fmt_number, pct_change
+from membench.units import fmt_bytes, fmt_bytes_apart, fmt_number, pct_change
 from membench.vocab import CATEGORIES
 
 # A change smaller than this share of the baseline's peak is noise in a sentence (it stays in the tables).
@@ -62,7 +62,8 @@ def explain(result: RunRecord, baseline: RunRecord | None) -> list[str]:
     elif peak and base_peak:
         change = pct_change(peak, base_peak)
         verb = "lowers" if peak < base_peak else "raises"
-        lines.append(f"{name} {verb} the peak from {fmt_bytes(base_peak)} to {fmt_bytes(peak)} ({change:+.1f}%, "
+        before, after = fmt_bytes_apart(base_peak, peak)
+        lines.append(f"{name} {verb} the peak from {before} to {after} ({change:+.1f}%, "
                      f"{fmt_bytes(abs(peak - base_peak))} {'saved' if peak <= base_peak else 'more'}).")
     lines.extend(_categories(breakdown(result), breakdown(baseline), base_peak))
     old_phase, new_phase = peak_phase(baseline), peak_phase(result)
@@ -86,7 +87,7 @@ def _categories(parts: dict | None, base_parts: dict | None, base_peak: int | No
     lines = []
     if removed:
         lines.append("At its peak it holds less " + ", less ".join(
-            f"{CATEGORY_WORDS[c]} ({fmt_bytes(base_parts.get(c, 0))} to {fmt_bytes(parts.get(c, 0))}, "
+            f"{CATEGORY_WORDS[c]} ({' to '.join(fmt_bytes_apart(base_parts.get(c, 0), parts.get(c, 0)))}, "
             f"-{fmt_bytes(-d)})" for d, c in removed) + " than the baseline at its peak.")
     if added:
         lines.append("It holds more " + ", more ".join(

@@ -19,7 +19,7 @@ from membench.errors import UserError
 from membench.report import noise
 from membench.report.explain import PHASE_WORDS, find_baseline
 from membench.results import RunRecord
-from membench.units import fmt_bytes, fmt_number, parse_bytes, pct_change
+from membench.units import fmt_bytes, fmt_bytes_apart, fmt_number, parse_bytes, pct_change
 
 SAME_MODEL = ("bitwise", "equivalent")
 MIN_SAVING_PCT = 5.0  # a saving below this share of the baseline's peak is too small to change a setup for
@@ -164,18 +164,20 @@ def recommend(results: list[RunRecord], goal: Goal = Goal("lowest-peak")) -> lis
     small = (pick is not None and base is not None and pick.peak < base.peak
              and (base.peak - pick.peak) * 100 < goal.min_saving_pct * base.peak)
     if small:
+        pick_peak, base_peak = fmt_bytes_apart(pick.peak, base.peak)
         lines.insert(0, head + f"keep the baseline: the lowest peak that trains the same model, {pick.name}'s "
-                     f"{fmt_bytes(pick.peak)}, saves only {fmt_bytes(base.peak - pick.peak)} "
-                     f"({-pct_change(pick.peak, base.peak):.2f}% of the baseline's {fmt_bytes(base.peak)}), below "
+                     f"{pick_peak}, saves only {fmt_bytes(base.peak - pick.peak)} "
+                     f"({-pct_change(pick.peak, base.peak):.2f}% of the baseline's {base_peak}), below "
                      f"the {goal.min_saving_pct:g}% threshold (--goal lowest-peak:min-saving=PCT moves it).")
     elif pick is None or (base is not None and pick.peak >= base.peak):
         why = _why_nothing_helps(base, other) if base is not None else "no run that trains the same model finished"
         lines.insert(0, head + f"keep the baseline: nothing measured here lowers its peak of {fmt_bytes(base.peak)} "
                      f"while training the same model ({why})." if base is not None else head + why + ".")
     else:
+        pick_peak, base_peak = fmt_bytes_apart(pick.peak, base.peak if base is not None else pick.peak)
         saving = (f", saving {fmt_bytes(base.peak - pick.peak)} ({pct_change(pick.peak, base.peak):+.1f}%) against "
-                  f"the baseline's {fmt_bytes(base.peak)}") if base is not None else ""
-        lines.insert(0, head + f"pick {pick.name}: peak {fmt_bytes(pick.peak)}{saving}; "
+                  f"the baseline's {base_peak}") if base is not None else ""
+        lines.insert(0, head + f"pick {pick.name}: peak {pick_peak}{saving}; "
                      f"{_cost(pick, base) if base is not None else 'no reference throughput'}; {_verdict(pick)}.")
     lower = [r for r in other if pick is None or r.peak < pick.peak]
     for r in sorted(lower, key=lambda r: r.peak):
