@@ -169,8 +169,8 @@ def _model_options(args) -> dict:
 
 def cmd_run(args) -> int:
     from membench.api import default_out_dir, plan
-    from membench.launcher import Interrupted, check_result_paths, locked, run_all, sigterm_as_interrupt
-    from membench.progress import SweepProgress
+    from membench.launch.sweep import Interrupted, check_result_paths, locked, run_all, sigterm_as_interrupt
+    from membench.report.live import SweepProgress
     from membench.report.recommend import parse_goal, recommend
     from membench.report.table import render, sweeps, top_modules_text
 
@@ -302,7 +302,8 @@ def _predict_plan(args, batch_size: int) -> dict:
 
 def cmd_predict(args) -> int:
     from membench.fsio import make_dir
-    from membench.launcher import call_isolated, locked
+    from membench.launch.probe import call_isolated
+    from membench.launch.sweep import locked
     from membench.predict import CANNOT_SEE, default_predict_dir
     from membench.report.table import render
     from membench.results import read_result, result_path
@@ -346,7 +347,7 @@ def cmd_fit(args) -> int:
     from tabulate import tabulate
 
     from membench.fit import Fit, confirm_on_gpu
-    from membench.launcher import call_isolated
+    from membench.launch.probe import call_isolated
     from membench.spec import Job
     from membench.units import ByteFormat, fmt_bytes, parse_bytes
 
@@ -508,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"membench: error: {user_error(exc, 'use', exc.filename or 'a file')}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:
-        from membench.lifeline import Terminated
+        from membench.launch.lifeline import Terminated
 
         print("membench: interrupted", file=sys.stderr)
         return 143 if isinstance(stop, Terminated) else 130

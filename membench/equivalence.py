@@ -286,7 +286,7 @@ def _check(spec: RunSpec, stack: Stack, workload: Workload, check_steps: int = 2
     is one process training on the ranks' combined batch. A step that draws random numbers (dropout) is checked
     again with dropout off, so a difference in masks is not mistaken for a different model.
     """
-    from membench.distributed import agree, rank_world
+    from membench.launch.distributed import agree, rank_world
 
     rank, world = rank_world()
     if not stack.techniques:

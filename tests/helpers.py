@@ -12,13 +12,13 @@ import itertools
 import torch
 
 from membench import equivalence
+from membench.launch.worker import Worker
 from membench.measure import Session
 from membench.results import Equivalence, Memory, RunRecord
 from membench.spec import Job, MeasureSpec, RunSpec
 from membench.step import TrainState, batches
 from membench.techniques import REGISTRY, resolve
 from membench.trackers.memory import CpuMeter
-from membench.worker import Worker
 from membench.workloads import load_workload
 
 
@@ -131,7 +131,7 @@ def probe_in_process(monkeypatch):
     the child process itself (a factory that hangs, aborts or raises)."""
     from membench import api
     from membench.errors import UserError
-    from membench.plan_probe import plan_here
+    from membench.launch.probe_child import plan_here
 
     def probe(plan_args: dict, timeout_s: float) -> list[Job]:
         answer = plan_here(plan_args)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from membench import cli, worker
+from membench import cli
+from membench.launch import worker
 from membench.predict import CANNOT_SEE, predict, predict_memory
 from membench.results import read_result
 from membench.techniques import REGISTRY

@@ -1,6 +1,6 @@
 """One run, in its own process: build -> memory -> timeline -> timing -> FLOPs -> equivalence -> record.
 
-Run as `python -m membench.worker JOB.json RESULT.json`. It always tries to leave a result file behind: an
+Run as `python -m membench.launch.worker JOB.json RESULT.json`. It always tries to leave a result file behind: an
 out-of-memory error becomes status "oom" with what was measured up to then, any other exception "error" with
 its traceback (in the record and in the run's log).
 """
@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from membench import distributed, environment, equivalence, lifeline, progress
+from membench import environment, equivalence
+from membench.launch import distributed, lifeline, progress
 from membench.measure import Build, Session
 from membench.results import (
     Environment,
@@ -94,7 +95,7 @@ class Worker:
         self.memory = self._with_build(memory)
         if how.timeline and self.out is not None:
             progress.report("timeline")
-            self.timeline = session.record_timeline(_stem(self.out))
+            self.timeline = session.record_timeline(stem(self.out))
             if meter.device == "cuda":  # where the peak comes from: seen in the recording pass only on CUDA
                 memory.top_modules, memory.top_sites = self.timeline.top_modules, self.timeline.top_sites
         tensor_bytes = meter.current()
@@ -192,11 +193,11 @@ def _watch_oom(out: Path) -> None:
 
 
 def _oom_snapshot(out: Path) -> Path:
-    stem = _stem(out)
-    return stem.parent / f"{stem.name}.oom.pickle"
+    base = stem(out)
+    return base.parent / f"{base.name}.oom.pickle"
 
 
-def _stem(out: Path) -> Path:
+def stem(out: Path) -> Path:
     """Where a run's side files go: `<run>.timeline.json` beside `<run>.json` (`<run>.rank<N>...` off rank 0,
     as every rank of a distributed run records: the steps need all of them)."""
     rank = int(os.environ.get("RANK", "0"))
