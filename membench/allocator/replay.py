@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterator
 
+from membench.allocator import SimulationResult, run_events
 from membench.allocator.settings import AllocatorSettings
-from membench.allocator.simulator import CachingAllocator, OutOfMemory
+from membench.allocator.simulator import CachingAllocator
 from membench.allocator.snapshot import ALLOC, FREE, SEGMENT_ALLOC, SEGMENT_FREE, Trace
 
 
@@ -20,26 +22,6 @@ class Actual:
     segment_frees: int
     allocs: int
     frees: int
-
-
-@dataclasses.dataclass
-class Replay:
-    settings: AllocatorSettings
-    peak_reserved_bytes: int
-    peak_allocated_bytes: int
-    allocated_at_peak_reserved: int
-    segment_allocations: list[tuple[int, int]]
-    segment_frees: int
-    same_address: int  # allocations the simulator placed at the recorded address
-    allocs_replayed: int
-    oom: bool
-    num_alloc_retries: int
-    seconds: float
-
-    @property
-    def fragmentation_at_peak_bytes(self) -> int:
-        """Reserved but not allocated when reserved memory peaked."""
-        return self.peak_reserved_bytes - self.allocated_at_peak_reserved
 
 
 def actual_of(trace: Trace) -> Actual:
@@ -64,7 +46,7 @@ def actual_of(trace: Trace) -> Actual:
 
 
 def replay(trace: Trace, settings: AllocatorSettings | None = None, capacity: int | None = None,
-           recorded_addresses: bool = True, memory_fraction: float | None = None) -> Replay:
+           recorded_addresses: bool = True, memory_fraction: float | None = None) -> SimulationResult:
     """Run the trace's allocations and frees through the simulator, from the state rebuilt at its first event.
 
     A run of consecutive segment_free events is one torch.cuda.empty_cache() (or, with default settings, the release
@@ -85,7 +67,6 @@ def replay(trace: Trace, settings: AllocatorSettings | None = None, capacity: in
             return recorded[cursor - 1][1]
         return None  # the simulator lays it out itself
 
-    started = time.perf_counter()
     alloc = CachingAllocator(settings, capacity, segment_address=recorded_address if recorded_addresses else None,
                              memory_fraction=memory_fraction)
     blocks = {}
@@ -93,30 +74,30 @@ def replay(trace: Trace, settings: AllocatorSettings | None = None, capacity: in
         for (addr, _, _), block in zip(seg.allocated, alloc.add_segment(seg.address, seg.size, seg.is_small,
                                                                         seg.allocated, seg.stream)):
             blocks[addr] = block
-    same = allocs = 0
-    oom = False
+    same = 0
+
+    def placed(addr: int, block) -> None:
+        nonlocal same
+        same += block.ptr == addr
+
+    result = run_events(alloc, _events(trace), blocks, placed)
+    result.same_address = same
+    return result
+
+
+def _events(trace: Trace) -> Iterator[tuple]:
+    """The trace's events as `run_events` takes them, keyed by address; a run of segment_free events is one
+    empty_cache."""
     previous = None
     for event in trace.events:
         action = event["action"]
         if action == ALLOC:
-            try:
-                block = alloc.malloc(event["size"], event.get("stream", 0))
-            except OutOfMemory:
-                oom = True
-                break
-            allocs += 1
-            same += block.ptr == event["addr"]
-            blocks[event["addr"]] = block
+            yield "alloc", event["addr"], event["size"], event.get("stream", 0)
         elif action in (FREE, "free"):
-            alloc.free(blocks.pop(event["addr"]))
+            yield "free", event["addr"]
         elif action == SEGMENT_FREE and previous != SEGMENT_FREE:
-            alloc.empty_cache()
+            yield ("empty_cache",)
         previous = action
-    seconds = time.perf_counter() - started
-    new_segments = [(e.at_malloc, e.size) for e in alloc.segment_log if e.action in ("alloc", "map")]
-    frees = sum(e.action in ("free", "unmap") for e in alloc.segment_log)
-    return Replay(settings, alloc.peak_reserved, alloc.peak_allocated, alloc.allocated_at_peak_reserved,
-                  new_segments, frees, same, allocs, oom, alloc.num_alloc_retries, seconds)
 
 
 @dataclasses.dataclass
@@ -127,7 +108,7 @@ class Comparison:
     exact: bool  # all segment allocations matched, no extra ones, and the peak reserved equal to the byte
 
 
-def compare(actual: Actual, simulated: Replay) -> Comparison:
+def compare(actual: Actual, simulated: SimulationResult) -> Comparison:
     a, s = actual.segment_allocations, simulated.segment_allocations
     matched = sum(x == y for x, y in zip(a, s))
     first = next((i for i, (x, y) in enumerate(zip(a, s)) if x != y), None)
@@ -137,7 +118,7 @@ def compare(actual: Actual, simulated: Replay) -> Comparison:
     return Comparison(matched, len(a), first, exact)
 
 
-def _difference(actual: Actual, simulated: Replay, limit: int = 20) -> list[dict]:
+def _difference(actual: Actual, simulated: SimulationResult, limit: int = 20) -> list[dict]:
     """The segment allocations that differ, position by position (at most `limit`)."""
     a, s = actual.segment_allocations, simulated.segment_allocations
     out = []
@@ -153,12 +134,12 @@ def _difference(actual: Actual, simulated: Replay, limit: int = 20) -> list[dict
     return out
 
 
-def _row(result: Replay, baseline: Replay | None = None) -> dict:
+def _row(result: SimulationResult, seconds: float, baseline: SimulationResult | None = None) -> dict:
     row = {"settings": result.settings.label(), "peak_reserved_bytes": result.peak_reserved_bytes,
            "peak_allocated_bytes": result.peak_allocated_bytes,
            "fragmentation_at_peak_bytes": result.fragmentation_at_peak_bytes,
-           "segment_allocations": len(result.segment_allocations), "segment_frees": result.segment_frees,
-           "oom": result.oom, "num_alloc_retries": result.num_alloc_retries, "seconds": round(result.seconds, 4)}
+           "segment_allocations": len(result.segment_allocations), "segment_frees": result.segments_released,
+           "oom": result.oom, "num_alloc_retries": result.num_alloc_retries, "seconds": round(seconds, 4)}
     if baseline is not None:
         row["saved_bytes"] = baseline.peak_reserved_bytes - result.peak_reserved_bytes
     return row
@@ -179,11 +160,11 @@ def report(path, alloc_confs: list[str] = (), capacity: int | None = None, devic
     started = time.perf_counter()
     trace = initial_state(load_snapshot(path), device)
     actual = actual_of(trace)
-    simulated = replay(trace, capacity=capacity, memory_fraction=memory_fraction)
+    simulated, seconds = _timed(lambda: replay(trace, capacity=capacity, memory_fraction=memory_fraction))
     comparison = compare(actual, simulated)
-    sim = _row(simulated)
+    sim = _row(simulated, seconds)
     sim.update(segment_allocations_matched=comparison.matched, exact=comparison.exact,
-               allocations_at_recorded_address=simulated.same_address, allocations=simulated.allocs_replayed,
+               allocations_at_recorded_address=simulated.same_address, allocations=simulated.allocations,
                segment_allocation_differences=_difference(actual, simulated))
     out = {
         "file": str(path), "device": trace.device, "events": len(trace.events),
@@ -195,11 +176,17 @@ def report(path, alloc_confs: list[str] = (), capacity: int | None = None, devic
                    "segment_allocations": len(actual.segment_allocations), "segment_frees": actual.segment_frees,
                    "allocs": actual.allocs, "frees": actual.frees},
         "simulated": sim,
-        "what_if": [_row(replay(trace, settings, capacity, memory_fraction=memory_fraction), simulated)
-                    for settings in what_ifs],
+        "what_if": [_row(*_timed(lambda s=settings: replay(trace, s, capacity, memory_fraction=memory_fraction)),
+                         simulated) for settings in what_ifs],
     }
     out["seconds"] = round(time.perf_counter() - started, 4)
     return out
+
+
+def _timed(call):
+    """(call(), the seconds it took): how long a replay of the trace takes, shown in the report."""
+    started = time.perf_counter()
+    return call(), time.perf_counter() - started
 
 
 def format_report(r: dict) -> str:
