@@ -36,8 +36,7 @@ def measure(workload: str = "gpt-tiny", techniques: tuple[str, ...] = (), **opti
     """One run in this process, as the worker runs it (no timeline file, no equivalence check)."""
     job = spec(workload, techniques, **options)
     record = RunRecord(name=job.name, status="ok", spec=job)
-    for key, value in Worker(job, None).execute().items():
-        setattr(record, key, value)
+    Worker(job, None).execute().record_on(record)
     return record
 
 
