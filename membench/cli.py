@@ -393,7 +393,7 @@ def cmd_replay(args) -> int:
     from membench.allocator.replay import format_report, report
 
     result = report(args.snapshot, args.alloc_conf, args.capacity, memory_fraction=args.memory_fraction)
-    print(json.dumps(result, indent=2) if args.json else format_report(result))
+    print(json.dumps(result.to_dict(), indent=2) if args.json else format_report(result))
     return 0
 
 

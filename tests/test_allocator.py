@@ -416,15 +416,15 @@ def test_replay_of_a_hand_made_snapshot_is_exact(snapshot_file):
     from membench.allocator.replay import report
 
     r = report(snapshot_file, ["expandable_segments:True"])
-    assert r["actual"]["peak_reserved_bytes"] == 32 * MiB  # 20 + 12 MiB, from the docstring's walk
-    assert r["simulated"]["peak_reserved_bytes"] == 32 * MiB
-    assert r["simulated"]["exact"] and r["simulated"]["segment_allocations_matched"] == 1
-    assert r["simulated"]["allocations_at_recorded_address"] == 3  # Y, Z and W where the trace put them
-    assert r["simulated"]["peak_allocated_bytes"] == 4 * MiB + 8 * MiB + 12 * MiB
+    assert r.actual.peak_reserved_bytes == 32 * MiB  # 20 + 12 MiB, from the docstring's walk
+    assert r.simulated.peak_reserved_bytes == 32 * MiB
+    assert r.simulated.exact and r.simulated.segment_allocations_matched == 1
+    assert r.simulated.allocations_at_recorded_address == 3  # Y, Z and W where the trace put them
+    assert r.simulated.peak_allocated_bytes == 4 * MiB + 8 * MiB + 12 * MiB
     # What if expandable? S1 stays as it was (a cudaMalloc segment); Y splits it as before; Z (12 MiB) finds
     # 8 MiB free there, too small: a new expandable segment maps one 20 MiB page -> 40 MiB reserved at the peak.
-    assert r["what_if"][0]["peak_reserved_bytes"] == 40 * MiB
-    assert r["what_if"][0]["saved_bytes"] == -8 * MiB
+    assert r.what_if[0].peak_reserved_bytes == 40 * MiB
+    assert r.what_if[0].saved_bytes == -8 * MiB
 
 
 def run_cli(*args):

@@ -10,6 +10,7 @@ from membench.allocator import SimulationResult, run_events
 from membench.allocator.settings import AllocatorSettings
 from membench.allocator.simulator import CachingAllocator
 from membench.allocator.snapshot import ALLOC, FREE, SEGMENT_ALLOC, SEGMENT_FREE, Trace
+from membench.typedjson import to_plain
 
 
 @dataclasses.dataclass
@@ -118,7 +119,84 @@ def compare(actual: Actual, simulated: SimulationResult) -> Comparison:
     return Comparison(matched, len(a), first, exact)
 
 
-def _difference(actual: Actual, simulated: SimulationResult, limit: int = 20) -> list[dict]:
+@dataclasses.dataclass
+class SegmentAt:
+    at_alloc: int  # how many allocations had started when the segment was allocated (the causing one included)
+    size_bytes: int
+
+
+@dataclasses.dataclass
+class SegmentDifference:
+    index: int  # position in the order of segment allocations
+    actual: SegmentAt | None  # None: the real allocator made fewer
+    simulated: SegmentAt | None
+
+
+@dataclasses.dataclass
+class ActualRow:
+    """What the real allocator did, from the trace."""
+
+    peak_reserved_bytes: int
+    initial_reserved_bytes: int
+    segment_allocations: int
+    segment_frees: int
+    allocs: int
+    frees: int
+
+
+@dataclasses.dataclass
+class SettingsRow:
+    """One replay of the trace under one set of allocator settings."""
+
+    settings: str
+    peak_reserved_bytes: int
+    peak_allocated_bytes: int
+    fragmentation_at_peak_bytes: int
+    segment_allocations: int
+    segment_frees: int
+    oom: bool
+    num_alloc_retries: int
+    seconds: float  # how long this replay took
+
+
+@dataclasses.dataclass
+class SimulatedRow(SettingsRow):
+    """The replay under the recorded settings, compared with the real allocator."""
+
+    segment_allocations_matched: int
+    exact: bool
+    allocations_at_recorded_address: int
+    allocations: int
+    segment_allocation_differences: list[SegmentDifference]
+
+
+@dataclasses.dataclass
+class WhatIfRow(SettingsRow):
+    saved_bytes: int  # peak reserved under the recorded settings minus under these (negative: these cost more)
+
+
+@dataclasses.dataclass
+class ReplayReport:
+    """`membench replay`'s answer. Bytes throughout; `to_dict` is what --json prints."""
+
+    file: str
+    device: int
+    events: int
+    recorded_settings: str
+    capacity_bytes: int | None
+    memory_fraction: float | None
+    initial_segments: int
+    inferred_block_sizes: int
+    actual: ActualRow
+    simulated: SimulatedRow
+    what_if: list[WhatIfRow]
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return to_plain(self)
+
+
+def _difference(actual: Actual, simulated: SimulationResult, limit: int = 20) -> list[SegmentDifference]:
     """The segment allocations that differ, position by position (at most `limit`)."""
     a, s = actual.segment_allocations, simulated.segment_allocations
     out = []
@@ -126,28 +204,24 @@ def _difference(actual: Actual, simulated: SimulationResult, limit: int = 20) ->
         x = a[i] if i < len(a) else None
         y = s[i] if i < len(s) else None
         if x != y:
-            out.append({"index": i,
-                        "actual": None if x is None else {"at_alloc": x[0], "size_bytes": x[1]},
-                        "simulated": None if y is None else {"at_alloc": y[0], "size_bytes": y[1]}})
+            out.append(SegmentDifference(i, None if x is None else SegmentAt(*x), None if y is None else SegmentAt(*y)))
             if len(out) == limit:
                 break
     return out
 
 
-def _row(result: SimulationResult, seconds: float, baseline: SimulationResult | None = None) -> dict:
-    row = {"settings": result.settings.label(), "peak_reserved_bytes": result.peak_reserved_bytes,
-           "peak_allocated_bytes": result.peak_allocated_bytes,
-           "fragmentation_at_peak_bytes": result.fragmentation_at_peak_bytes,
-           "segment_allocations": len(result.segment_allocations), "segment_frees": result.segments_released,
-           "oom": result.oom, "num_alloc_retries": result.num_alloc_retries, "seconds": round(seconds, 4)}
-    if baseline is not None:
-        row["saved_bytes"] = baseline.peak_reserved_bytes - result.peak_reserved_bytes
-    return row
+def _row(result: SimulationResult, seconds: float) -> dict:
+    """The fields of a SettingsRow."""
+    return dict(settings=result.settings.label(), peak_reserved_bytes=result.peak_reserved_bytes,
+                peak_allocated_bytes=result.peak_allocated_bytes,
+                fragmentation_at_peak_bytes=result.fragmentation_at_peak_bytes,
+                segment_allocations=len(result.segment_allocations), segment_frees=result.segments_released,
+                oom=result.oom, num_alloc_retries=result.num_alloc_retries, seconds=round(seconds, 4))
 
 
 def report(path, alloc_confs: list[str] = (), capacity: int | None = None, device: int | None = None,
-           memory_fraction: float | None = None) -> dict:
-    """`membench replay`'s answer as one JSON-ready dict (bytes throughout). Raises UserError on bad input."""
+           memory_fraction: float | None = None) -> ReplayReport:
+    """`membench replay`'s answer. Raises UserError on bad input."""
     from membench.allocator.settings import parse_alloc_conf
     from membench.allocator.snapshot import initial_state, load_snapshot
     from membench.errors import UserError
@@ -162,25 +236,24 @@ def report(path, alloc_confs: list[str] = (), capacity: int | None = None, devic
     actual = actual_of(trace)
     simulated, seconds = _timed(lambda: replay(trace, capacity=capacity, memory_fraction=memory_fraction))
     comparison = compare(actual, simulated)
-    sim = _row(simulated, seconds)
-    sim.update(segment_allocations_matched=comparison.matched, exact=comparison.exact,
-               allocations_at_recorded_address=simulated.same_address, allocations=simulated.allocations,
-               segment_allocation_differences=_difference(actual, simulated))
-    out = {
-        "file": str(path), "device": trace.device, "events": len(trace.events),
-        "recorded_settings": trace.settings.label(), "capacity_bytes": capacity,
-        "memory_fraction": memory_fraction,
-        "initial_segments": len(trace.segments), "inferred_block_sizes": trace.guessed_sizes,
-        "actual": {"peak_reserved_bytes": actual.peak_reserved_bytes,
-                   "initial_reserved_bytes": actual.initial_reserved_bytes,
-                   "segment_allocations": len(actual.segment_allocations), "segment_frees": actual.segment_frees,
-                   "allocs": actual.allocs, "frees": actual.frees},
-        "simulated": sim,
-        "what_if": [_row(*_timed(lambda s=settings: replay(trace, s, capacity, memory_fraction=memory_fraction)),
-                         simulated) for settings in what_ifs],
-    }
-    out["seconds"] = round(time.perf_counter() - started, 4)
-    return out
+    sim = SimulatedRow(**_row(simulated, seconds), segment_allocations_matched=comparison.matched,
+                       exact=comparison.exact, allocations_at_recorded_address=simulated.same_address,
+                       allocations=simulated.allocations,
+                       segment_allocation_differences=_difference(actual, simulated))
+    what_if = []
+    for settings in what_ifs:
+        result, took = _timed(lambda s=settings: replay(trace, s, capacity, memory_fraction=memory_fraction))
+        what_if.append(WhatIfRow(**_row(result, took),
+                                 saved_bytes=simulated.peak_reserved_bytes - result.peak_reserved_bytes))
+    return ReplayReport(
+        file=str(path), device=trace.device, events=len(trace.events), recorded_settings=trace.settings.label(),
+        capacity_bytes=capacity, memory_fraction=memory_fraction, initial_segments=len(trace.segments),
+        inferred_block_sizes=trace.guessed_sizes,
+        actual=ActualRow(peak_reserved_bytes=actual.peak_reserved_bytes,
+                         initial_reserved_bytes=actual.initial_reserved_bytes,
+                         segment_allocations=len(actual.segment_allocations), segment_frees=actual.segment_frees,
+                         allocs=actual.allocs, frees=actual.frees),
+        simulated=sim, what_if=what_if, seconds=round(time.perf_counter() - started, 4))
 
 
 def _timed(call):
@@ -189,7 +262,7 @@ def _timed(call):
     return call(), time.perf_counter() - started
 
 
-def format_report(r: dict) -> str:
+def format_report(r: ReplayReport) -> str:
     from tabulate import tabulate
 
     from membench.units import fmt_bytes
@@ -197,68 +270,68 @@ def format_report(r: dict) -> str:
     def size(n):
         return f"{fmt_bytes(n)} ({n} B)"
 
-    a, s = r["actual"], r["simulated"]
-    lines = [f"{r['file']}: device {r['device']}, {r['events']} events ({a['allocs']} alloc, {a['frees']} "
-             f"free_completed, {a['segment_allocations']} segment_alloc, {a['segment_frees']} segment_free), "
-             f"recorded with {r['recorded_settings']} allocator settings",
-             f"state at the first event rebuilt from the final one: {r['initial_segments']} segments, "
-             f"{fmt_bytes(a['initial_reserved_bytes'])} reserved"
-             + (f"; {r['inferred_block_sizes']} block sizes inferred" if r["inferred_block_sizes"] else "")]
-    if r["capacity_bytes"] is not None:
-        fraction = r.get("memory_fraction")
-        lines.append(f"simulated device: {size(r['capacity_bytes'])}" + (
-            f", memory fraction {fraction} ({fmt_bytes(int(fraction * r['capacity_bytes']))} allowed)"
+    a, s = r.actual, r.simulated
+    lines = [f"{r.file}: device {r.device}, {r.events} events ({a.allocs} alloc, {a.frees} "
+             f"free_completed, {a.segment_allocations} segment_alloc, {a.segment_frees} segment_free), "
+             f"recorded with {r.recorded_settings} allocator settings",
+             f"state at the first event rebuilt from the final one: {r.initial_segments} segments, "
+             f"{fmt_bytes(a.initial_reserved_bytes)} reserved"
+             + (f"; {r.inferred_block_sizes} block sizes inferred" if r.inferred_block_sizes else "")]
+    if r.capacity_bytes is not None:
+        fraction = r.memory_fraction
+        lines.append(f"simulated device: {size(r.capacity_bytes)}" + (
+            f", memory fraction {fraction} ({fmt_bytes(int(fraction * r.capacity_bytes))} allowed)"
             if fraction is not None else ""))
     lines.append("")
-    matched = f"{s['segment_allocations']} ({s['segment_allocations_matched']} of {a['segment_allocations']} " \
+    matched = f"{s.segment_allocations} ({s.segment_allocations_matched} of {a.segment_allocations} " \
               "the same size at the same allocation)"
-    rows = [["peak reserved", size(a["peak_reserved_bytes"]), size(s["peak_reserved_bytes"])],
-            ["segment allocations", a["segment_allocations"], matched],
-            ["segments freed", a["segment_frees"], s["segment_frees"]],
-            ["peak allocated", "-", size(s["peak_allocated_bytes"])],
-            ["reserved - allocated at the peak", "-", size(s["fragmentation_at_peak_bytes"])],
-            ["allocations at the recorded address", "-", f"{s['allocations_at_recorded_address']} of {a['allocs']}"]]
-    if r["capacity_bytes"] is not None:
-        rows.append(["out of memory under the capacity", "-", "yes" if s["oom"] else "no"])
-    lines.append(tabulate(rows, headers=["", "actual (recorded)", f"simulated ({s['settings']} settings)"],
+    rows = [["peak reserved", size(a.peak_reserved_bytes), size(s.peak_reserved_bytes)],
+            ["segment allocations", a.segment_allocations, matched],
+            ["segments freed", a.segment_frees, s.segment_frees],
+            ["peak allocated", "-", size(s.peak_allocated_bytes)],
+            ["reserved - allocated at the peak", "-", size(s.fragmentation_at_peak_bytes)],
+            ["allocations at the recorded address", "-", f"{s.allocations_at_recorded_address} of {a.allocs}"]]
+    if r.capacity_bytes is not None:
+        rows.append(["out of memory under the capacity", "-", "yes" if s.oom else "no"])
+    lines.append(tabulate(rows, headers=["", "actual (recorded)", f"simulated ({s.settings} settings)"],
                           tablefmt="simple", disable_numparse=True))
-    if s["exact"]:
+    if s.exact:
         lines.append("\nexact: the same segment allocations in the same order, and the same peak reserved to the byte")
     else:
         lines.append(f"\nNOT exact: simulated peak reserved minus actual: "
-                     f"{s['peak_reserved_bytes'] - a['peak_reserved_bytes']} B"
-                     + (" (the simulation ran out of memory under the capacity)" if s["oom"] else ""))
-        if s["segment_allocation_differences"]:
+                     f"{s.peak_reserved_bytes - a.peak_reserved_bytes} B"
+                     + (" (the simulation ran out of memory under the capacity)" if s.oom else ""))
+        if s.segment_allocation_differences:
             lines.append("segment allocations that differ (index: actual -> simulated, as (alloc event, size)):")
         else:
             lines.append("the segment allocations are the same; segments freed differ "
-                         f"({a['segment_frees']} actual, {s['segment_frees']} simulated)")
-        for d in s["segment_allocation_differences"]:
-            fmt = lambda x: "none" if x is None else f"(alloc {x['at_alloc']}, {fmt_bytes(x['size_bytes'])})"
-            lines.append(f"  {d['index']}: {fmt(d['actual'])} -> {fmt(d['simulated'])}")
-    if r["what_if"]:
-        base = s["peak_reserved_bytes"]
-        rows = [[f"as recorded ({s['settings']})", size(base), fmt_bytes(s["fragmentation_at_peak_bytes"]), "-",
-                 s["segment_allocations"]]]
-        for w in r["what_if"]:
-            saved = w["saved_bytes"]
-            if w["oom"]:
+                         f"({a.segment_frees} actual, {s.segment_frees} simulated)")
+        for d in s.segment_allocation_differences:
+            fmt = lambda x: "none" if x is None else f"(alloc {x.at_alloc}, {fmt_bytes(x.size_bytes)})"
+            lines.append(f"  {d.index}: {fmt(d.actual)} -> {fmt(d.simulated)}")
+    if r.what_if:
+        base = s.peak_reserved_bytes
+        rows = [[f"as recorded ({s.settings})", size(base), fmt_bytes(s.fragmentation_at_peak_bytes), "-",
+                 s.segment_allocations]]
+        for w in r.what_if:
+            saved = w.saved_bytes
+            if w.oom:
                 change = "OOM"
             else:
                 change = f"{'saves' if saved >= 0 else 'costs'} {fmt_bytes(abs(saved))}"
                 change += f" ({abs(saved) / base:.1%})" if base else ""
-            rows.append([w["settings"], size(w["peak_reserved_bytes"]), fmt_bytes(w["fragmentation_at_peak_bytes"]),
-                         change, w["segment_allocations"]])
+            rows.append([w.settings, size(w.peak_reserved_bytes), fmt_bytes(w.fragmentation_at_peak_bytes),
+                         change, w.segment_allocations])
         headers = ["settings", "peak reserved (simulated)", "reserved - allocated at peak", "vs as recorded",
                    "segment allocations"]
-        if r["capacity_bytes"] is not None:
+        if r.capacity_bytes is not None:
             headers.append("alloc retries")
-            rows[0].append(s["num_alloc_retries"])
-            for row, w in zip(rows[1:], r["what_if"]):
-                row.append(w["num_alloc_retries"])
-        start = f"; each starts from the state at the first event, its {r['initial_segments']} segments as recorded" \
-            if r["initial_segments"] else ""
+            rows[0].append(s.num_alloc_retries)
+            for row, w in zip(rows[1:], r.what_if):
+                row.append(w.num_alloc_retries)
+        start = f"; each starts from the state at the first event, its {r.initial_segments} segments as recorded" \
+            if r.initial_segments else ""
         lines += ["", f"what if, on this exact trace (GiB = 2**30{start}):",
                   tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)]
-    lines.append(f"\n({r['seconds']:.2f} s)")
+    lines.append(f"\n({r.seconds:.2f} s)")
     return "\n".join(lines)
