@@ -68,6 +68,19 @@ class Worker:
         self.build_info: Build | None = None
         self.leave_group = False  # under torchrun: this rank failed out of step with the others (see _equivalence)
 
+    # What a failed run keeps: the pieces that finished before the failure.
+    @property
+    def memory(self) -> Memory | None:
+        return self.measured.memory
+
+    @property
+    def timing(self) -> Timing | None:
+        return self.measured.timing
+
+    @property
+    def timeline(self) -> TimelineInfo | None:
+        return self.measured.timeline
+
     @property
     def stage(self) -> str:
         return self.session.stage if self.session else "setup"
@@ -246,14 +259,14 @@ def _run(job: Job, out: Path) -> tuple[RunRecord, bool]:
     except torch.OutOfMemoryError as exc:
         record.status = "oom"
         record.error = f"out of memory during {worker.stage}: {str(exc).splitlines()[0]}"
-        worker.measured.record_on(record)
-        record.memory = record.memory or (worker.session.meter.result() if worker.session else None)
+        record.memory = worker.memory or (worker.session.meter.result() if worker.session else None)
+        record.timing, record.timeline = worker.timing, worker.timeline
     except Exception as exc:  # noqa: BLE001 - any failure (the user's model, or a membench bug) is this run's status
         traceback.print_exc()  # into the run's log, whole
         record.status = "error"
         record.error = f"{type(exc).__name__} during {worker.stage}: {exc}"
         record.traceback = traceback.format_exc(limit=12)
-        worker.measured.record_on(record)
+        record.memory, record.timing, record.timeline = worker.memory, worker.timing, worker.timeline
     oom_snapshot = _oom_snapshot(out)
     if record.status == "oom" and oom_snapshot.exists():
         record.oom_snapshot = FileRef(file=oom_snapshot.name, file_bytes=oom_snapshot.stat().st_size)
