@@ -74,7 +74,8 @@ def test_a_worker_that_died_without_a_result_is_an_error_naming_the_signal(tmp_p
     record = run_job(spec("gpt-tiny"), tmp_path, Launcher(worker))
     assert not worker.killed
     assert record.status == "error" and record.error == (
-        "stand-in worker exited with code -9 before writing a result (killed by signal 9; out of host memory?)")
+        "stand-in worker exited with code -9 before writing a result (killed by signal 9; out of host memory?); "
+        "its log ends: the worker's last words")
 
 
 def test_ctrl_c_kills_the_worker_and_stops_the_sweep(tmp_path):

@@ -175,7 +175,11 @@ def run_job(job: Job, out_dir: Path, launcher: Launcher, on_stage: Callable[[Sta
     message = f"{launcher.what} exited with code {code} before writing a result"
     if code is not None and code < 0:
         message += f" (killed by signal {-code}{'; out of host memory?' if -code == signal.SIGKILL else ''})"
-    return _written(out_path, failure_record(job, "error", message, log))
+    record = failure_record(job, "error", message, log)
+    last = next((line.strip() for line in reversed((record.log_tail or "").splitlines()) if line.strip()), "")
+    if last:  # the reason it gave, if any (torchrun's "error: unrecognized arguments: ..."); the log has the rest
+        record.error += f"; its log ends: {last[:300]}"
+    return _written(out_path, record)
 
 
 def spec_file(runs_dir: Path, job: Job) -> Path:
