@@ -155,6 +155,7 @@ def test_hostile_names_and_units_render_in_every_chart(valid, tmp_path, text):
     (("name",), "x" * 5000, "field name"),
     (("memory", "peak_allocated_bytes"), 0, "memory.peak_allocated_bytes"),
     (("memory", "peak_allocated_bytes"), -5, "memory.peak_allocated_bytes"),
+    (("name",), {"\n": 1e31}, "field name.'\\\\n' is 1e\\+31"),  # a key with a newline: still one line
 ])
 def test_values_no_run_produces_are_refused_naming_the_field(valid, path, value, named):
     record = copy.deepcopy(valid["baseline.json"])

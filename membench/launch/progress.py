@@ -1,15 +1,9 @@
-"""Progress inside a sweep: the worker says which stage of a run it is in; the sweep shows it as it goes.
+"""Progress inside a sweep: the worker says which stage of a run it is in; the sweep passes it on as it goes.
 
 The worker appends one JSON line per stage to a file the launcher names in $MEMBENCH_PROGRESS
 (<out>/runs/<run>.progress). A file rather than a pipe: what the worker wrote before a crash, an OOM kill or a
-timeout stays readable, and the launcher polls it while it waits for the worker (launcher.launch).
-
-Shown three ways: `membench run` draws a live line per run with rich (SweepProgress); the Python API prints one
-quiet line per stage to stderr, which notebooks show (StageLines); or a caller's own callback gets each Stage.
-
-Nothing printed here is rich markup: run names, paths, error messages and our own notes may hold '[...]' (a
-shard name, '[noisy timing ...]'), which rich would parse as markup, dropping the text or failing the sweep
-with a MarkupError. Every line goes through rich.markup.escape or is printed with markup=False.
+timeout stays readable, and the lifecycle polls it while it waits for the worker (lifecycle.run_job), passing
+each Stage on; report/live.py shows them.
 """
 
 from __future__ import annotations
