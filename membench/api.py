@@ -14,8 +14,9 @@ from torch import nn
 
 from membench import environment, optimizers
 from membench.errors import UserError
-from membench.launcher import probe, run_all
-from membench.progress import StageLines
+from membench.launch.probe import probe
+from membench.launch.sweep import run_all
+from membench.report.live import StageLines
 from membench.results import to_frame
 from membench.spec import (
     DEFAULT_BATCH_SIZE,
@@ -35,7 +36,7 @@ def cuda_devices() -> int:
     """How many CUDA GPUs this process can use, asked without starting CUDA: torch.cuda.device_count() asks NVML
     first and "will NOT poison fork if NVML discovery succeeds" (torch/cuda/__init__.py), where
     torch.cuda.is_available() calls cudaGetDeviceCount, after which a forked child cannot use CUDA (a notebook's
-    runs are forked: child.py)."""
+    runs are forked: launch/fork.py)."""
     return torch.cuda.device_count()
 
 
@@ -73,7 +74,7 @@ def plan(workload: str = DEFAULT_WORKLOAD, techniques: str | None = None, batch_
     target_device: the device the numbers are for, when it is not where they are computed (a prediction for
     CUDA is computed on CPU): techniques are checked against it.
     in_process: the caller runs the workload in this process anyway (predict, fit): validate it here too.
-    A user's `package.module:factory` is otherwise loaded only in a child process (launcher.probe).
+    A user's `package.module:factory` is otherwise loaded only in a child process (launch.probe).
     """
     check_workload_name(workload)
     run_opts, measure_opts, launch_opts = _split_options(options)
@@ -130,7 +131,7 @@ def default_out_dir(spec: RunSpec, root: Path = Path("results")) -> Path:
 
 def _describe_without_starting_cuda(device: str) -> dict:
     """environment.describe, which on CUDA starts CUDA (the device's name): asked in a child process, so this
-    process can still fork runs that use CUDA (child.py) and holds no CUDA context of its own on the GPU the
+    process can still fork runs that use CUDA (launch/fork.py) and holds no CUDA context of its own on the GPU the
     runs measure."""
     if device != "cuda" or torch.cuda.is_initialized():
         return environment.describe(device)
@@ -161,15 +162,15 @@ def run_sweep(workload: str | Workload | Callable[[], nn.Module] = DEFAULT_WORKL
     Options are those of `membench run` (steps, warmup, accum_steps, optimizer, lr, seed, seq_len, check,
     timeline, ...). Example: ``membench.run_sweep("vit-tiny", "accum,ckpt", batch_size=8, steps=3)``.
     progress: None (default) prints one line per stage of each run to stderr (a notebook shows them); False
-    prints nothing; a function is called with each `membench.progress.Stage` (run, stage, elapsed_s, step, steps)
+    prints nothing; a function is called with each `membench.launch.progress.Stage` (run, stage, elapsed_s, step, steps)
     as the worker reports it.
     """
     launch = None
     if not isinstance(workload, str):
-        from membench import child
+        from membench.launch import fork
 
         workload = register(workload, make_batch, loss_fn, name)
-        launch = child.launch
+        launch = fork.launch
     elif make_batch is not None or loss_fn is not None:
         raise UserError("make_batch and loss_fn go with a model function, not with a workload name")
     jobs = plan(workload, techniques, batch_size, device, **options)

@@ -60,7 +60,7 @@ def _positive_float(text: str) -> float:
 
 def add_workload_options(p: argparse.ArgumentParser, batch: bool = True) -> None:
     """What runs: the options every subcommand that builds a training step takes."""
-    from membench.spec import DEFAULT_BATCH_SIZE, DEFAULT_TECHNIQUES, DEFAULT_WORKLOAD, OPTIMIZERS
+    from membench.spec import DEFAULT_BATCH_SIZE, DEFAULT_TECHNIQUES, DEFAULT_WORKLOAD, OPTIMIZERS, RunSpec, default
     from membench.workloads import BUILTIN
 
     p.add_argument("--workload", default=DEFAULT_WORKLOAD,
@@ -73,19 +73,21 @@ def add_workload_options(p: argparse.ArgumentParser, batch: bool = True) -> None
     p.add_argument("--techniques", default=None,
                    help=f"comma-separated; '+' stacks techniques in one run (default {DEFAULT_TECHNIQUES}, without "
                         "those the workload cannot take); the baseline always runs. See `membench techniques`.")
-    p.add_argument("--accum-steps", type=_positive_int, default=4, help="micro-batches for accum (default 4)")
+    accum, lr, seed = (default(RunSpec, name) for name in ("accum_steps", "lr", "seed"))
+    p.add_argument("--accum-steps", type=_positive_int, default=accum,
+                   help=f"micro-batches for accum (default {accum})")
     p.add_argument("--optimizer", default=None,
                    help=f"{', '.join(OPTIMIZERS)}, or package.module:factory (a torch.optim.Optimizer built from the "
                         "parameters; called with lr= if it takes it) (default: the workload's choice, else adam)")
     p.add_argument("--seq-len", type=_positive_int, default=None,
                    help="tokens per sample for text workloads (gpt-*, hf:*) (default: the workload's)")
-    p.add_argument("--lr", type=_positive_float, default=1e-3, help="the optimizer's learning rate (default 1e-3)")
-    p.add_argument("--seed", type=int, default=0,
-                   help="seeds the model's weights and the batches, so runs compare like for like (default 0)")
+    p.add_argument("--lr", type=_positive_float, default=lr, help=f"the optimizer's learning rate (default {lr:g})")
+    p.add_argument("--seed", type=int, default=seed,
+                   help=f"seeds the model's weights and the batches, so runs compare like for like (default {seed})")
     from membench.spec import ZERO_GRAD
 
     loop = p.add_argument_group("training loop", "the choices of your own loop that change memory")
-    loop.add_argument("--zero-grad", choices=ZERO_GRAD, default="none",
+    loop.add_argument("--zero-grad", choices=ZERO_GRAD, default=default(RunSpec, "zero_grad"),
                       help="after the step: none frees the gradients (zero_grad(set_to_none=True), torch's default "
                            "since 2.0); zeros keeps them allocated as zeros between steps (set_to_none=False, the "
                            "default before 2.0, and the Hugging Face Trainer's on older transformers) (default none)")
@@ -127,31 +129,35 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
+    from membench.spec import LaunchSpec, MeasureSpec, RunSpec, default
+
     add_workload_options(p)
+    steps, warmup, min_time = (default(MeasureSpec, name) for name in ("steps", "warmup", "min_time_s"))
+    timeout, nproc = default(LaunchSpec, "timeout_s"), default(RunSpec, "nproc_per_node")
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
                    help="where to train: cuda, cpu (exact tracker), or auto: cuda when torch sees a GPU (default)")
     p.add_argument("--memory-budget", type=_size, default=None,
                    help="e.g. 16GiB: runs above it end as OOM (CUDA: a memory fraction; CPU: the exact tracker)")
-    p.add_argument("--steps", type=_positive_int, default=5, help="timed steps after warm-up (default 5)")
-    p.add_argument("--warmup", type=_non_negative_int, default=2, help="untimed steps first (default 2)")
-    p.add_argument("--min-time", type=float, default=0.0, dest="min_time",
+    p.add_argument("--steps", type=_positive_int, default=steps, help=f"timed steps after warm-up (default {steps})")
+    p.add_argument("--warmup", type=_non_negative_int, default=warmup, help=f"untimed steps first (default {warmup})")
+    p.add_argument("--min-time", type=float, default=min_time, dest="min_time",
                    help="keep timing past --steps until this many seconds were timed (at most 20x --steps): "
-                        "more steps, a narrower confidence interval (default 0)")
+                        f"more steps, a narrower confidence interval (default {min_time:g})")
     p.add_argument("--no-check", action="store_true", help="skip the numerical-equivalence check")
-    p.add_argument("--timeout", type=_positive_float, default=1800.0, help="seconds per run (default 1800)")
+    p.add_argument("--timeout", type=_positive_float, default=timeout, help=f"seconds per run (default {timeout:g})")
     p.add_argument("--peak-tflops", type=_positive_float, default=None,
                    help="the device's peak TFLOP/s for MFU, where membench does not know it")
     p.add_argument("--out", type=_path, default=None,
                    help="results directory (default results/<machine>/<workload>-bs<N>)")
     p.add_argument("--resume", action="store_true", help="skip runs already finished in --out")
-    p.add_argument("--nproc-per-node", type=_positive_int, default=1,
-                   help="processes (GPUs) per node: >1 runs every technique through torchrun (default 1; "
+    p.add_argument("--nproc-per-node", type=_positive_int, default=nproc,
+                   help=f"processes (GPUs) per node: >1 runs every technique through torchrun (default {nproc}; "
                         "fsdp always runs through torchrun)")
-    p.add_argument("--torchrun-args", default="",
+    p.add_argument("--torchrun-args", default=default(LaunchSpec, "torchrun_args"),
                    help="extra torchrun arguments for several nodes, e.g. \"--nnodes=2 --node-rank=0 "
                         "--rdzv-endpoint=host0:29500\" (default: --standalone)")
     p.add_argument("--goal", default="lowest-peak", help=GOAL_HELP)
-    p.add_argument("--timeline", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--timeline", action=argparse.BooleanOptionalAction, default=default(MeasureSpec, "timeline"),
                    help="after the measured step, record a categorised memory timeline in a few extra untimed steps "
                         "(CUDA: also a snapshot for pytorch.org/memory_viz) (default: on)")
 
@@ -167,22 +173,25 @@ def _model_options(args) -> dict:
                 inference=args.inference)
 
 
+def run_options(args) -> dict:
+    """`membench run`'s options as `api.plan` (and `membench.run_sweep`) take them."""
+    return dict(steps=args.steps, warmup=args.warmup, min_time_s=args.min_time, check=not args.no_check,
+                timeout_s=args.timeout, timeline=args.timeline,
+                peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
+                nproc_per_node=args.nproc_per_node, torchrun_args=args.torchrun_args,
+                memory_budget=args.memory_budget, **_model_options(args))
+
+
 def cmd_run(args) -> int:
     from membench.api import default_out_dir, plan
-    from membench.launcher import Interrupted, check_result_paths, locked, run_all, sigterm_as_interrupt
-    from membench.progress import SweepProgress
+    from membench.launch.sweep import Interrupted, check_result_paths, locked, run_all, sigterm_as_interrupt
+    from membench.report.live import SweepProgress
     from membench.report.recommend import parse_goal, recommend
     from membench.report.table import render, sweeps, top_modules_text
 
     goal = parse_goal(args.goal)
 
-    jobs = plan(args.workload, args.techniques, args.batch_size, args.device, steps=args.steps,
-                warmup=args.warmup, min_time_s=args.min_time, check=not args.no_check, timeout_s=args.timeout,
-                timeline=args.timeline,
-                peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
-                nproc_per_node=args.nproc_per_node, torchrun_args=args.torchrun_args,
-                memory_budget=args.memory_budget,
-                **_model_options(args))
+    jobs = plan(args.workload, args.techniques, args.batch_size, args.device, **run_options(args))
     out = args.out or default_out_dir(jobs[0].run)
     # The folder is locked and checked before the progress display starts: a refusal is then the only line.
     with locked(out):
@@ -302,7 +311,8 @@ def _predict_plan(args, batch_size: int) -> dict:
 
 def cmd_predict(args) -> int:
     from membench.fsio import make_dir
-    from membench.launcher import call_isolated, locked
+    from membench.launch.probe import call_isolated
+    from membench.launch.sweep import locked
     from membench.predict import CANNOT_SEE, default_predict_dir
     from membench.report.table import render
     from membench.results import read_result, result_path
@@ -346,7 +356,7 @@ def cmd_fit(args) -> int:
     from tabulate import tabulate
 
     from membench.fit import Fit, confirm_on_gpu
-    from membench.launcher import call_isolated
+    from membench.launch.probe import call_isolated
     from membench.spec import Job
     from membench.units import ByteFormat, fmt_bytes, parse_bytes
 
@@ -392,7 +402,7 @@ def cmd_replay(args) -> int:
     from membench.allocator.replay import format_report, report
 
     result = report(args.snapshot, args.alloc_conf, args.capacity, memory_fraction=args.memory_fraction)
-    print(json.dumps(result, indent=2) if args.json else format_report(result))
+    print(json.dumps(result.to_dict(), indent=2) if args.json else format_report(result))
     return 0
 
 
@@ -508,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"membench: error: {user_error(exc, 'use', exc.filename or 'a file')}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:
-        from membench.lifeline import Terminated
+        from membench.launch.lifeline import Terminated
 
         print("membench: interrupted", file=sys.stderr)
         return 143 if isinstance(stop, Terminated) else 130

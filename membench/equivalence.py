@@ -286,7 +286,7 @@ def _check(spec: RunSpec, stack: Stack, workload: Workload, check_steps: int = 2
     is one process training on the ranks' combined batch. A step that draws random numbers (dropout) is checked
     again with dropout off, so a difference in masks is not mistaken for a different model.
     """
-    from membench.distributed import agree, rank_world
+    from membench.launch.distributed import agree, rank_world
 
     rank, world = rank_world()
     if not stack.techniques:
@@ -321,25 +321,20 @@ def _check(spec: RunSpec, stack: Stack, workload: Workload, check_steps: int = 2
     params = next((d for d in diffs if d.part == "parameters"), None)
     loss_diff = max(abs(a - b) for a, b in zip(run.losses, ref.losses))
     random_ops = ref.random_ops | run.random_ops
-    result = {
-        "mode": mode,
-        "compared": f"{', '.join(d.part for d in diffs) or 'nothing'} after {check_steps} {spec.optimizer} steps"
-                    + (f", {world} ranks against one process at batch {reference.batch_size}" if world > 1 else "")
-                    + ("" if stack.same_init else ", both from the baseline's initial values"),
-        "parts": diffs,
-        "max_abs_param_diff": params.max_abs_diff if params else None,
-        "max_param_update": params.scale if params else None,
-        "relative_diff": params.relative_diff if params else None,
-        "max_abs_loss_diff": loss_diff,
-        "losses": run.losses,
-        "reference_losses": ref.losses,
-        "random_ops": sorted(random_ops) or None,
-    }
+    result = Equivalence(
+        verdict="precision", mode=mode,
+        compared=f"{', '.join(d.part for d in diffs) or 'nothing'} after {check_steps} {spec.optimizer} steps"
+                 + (f", {world} ranks against one process at batch {reference.batch_size}" if world > 1 else "")
+                 + ("" if stack.same_init else ", both from the baseline's initial values"),
+        parts=diffs,
+        max_abs_param_diff=params.max_abs_diff if params else None,
+        max_param_update=params.scale if params else None,
+        relative_diff=params.relative_diff if params else None,
+        max_abs_loss_diff=loss_diff, losses=run.losses, reference_losses=ref.losses,
+        random_ops=sorted(random_ops) or None)
     if mode == "precision":
-        result["verdict"] = "precision"
-        result["detail"] = f"changes numerics on purpose: loss differs by up to {loss_diff:.3g} over " \
-                           f"{check_steps} steps"
-        return Equivalence(**result)
+        result.detail = f"changes numerics on purpose: loss differs by up to {loss_diff:.3g} over {check_steps} steps"
+        return result
     verdict, detail = _verdict(diffs, why, mode, tolerance)
     batchnorm = _has_batchnorm(workload)
     if verdict == "not-equivalent" and random_ops and not (mode == "batch-split" and batchnorm):
@@ -351,9 +346,8 @@ def _check(spec: RunSpec, stack: Stack, workload: Workload, check_steps: int = 2
         left = ref2.random_ops | run2.random_ops
         if verdict2 in ("bitwise", "equivalent") and not left:
             verdict = "equivalent"
-            result["apart_from"] = words
-            result["parts"] = diffs2
-            result["compared"] += ", again with dropout disabled"
+            result.apart_from, result.parts = words, diffs2
+            result.compared += ", again with dropout disabled"
             detail = (f"equivalent apart from {words}: the step draws random numbers ({', '.join(sorted(random_ops))}"
                       f"), and the runs draw them differently, so with dropout on the {detail.split(': ', 1)[-1]}; "
                       f"with dropout disabled for the check, {detail2}")
@@ -370,5 +364,5 @@ def _check(spec: RunSpec, stack: Stack, workload: Workload, check_steps: int = 2
         verdict = "not-equivalent"
         detail = ("the model has BatchNorm: each micro-batch normalises with its own statistics, so "
                   f"accumulation trains a different model ({detail})")
-    result["verdict"], result["detail"] = verdict, detail
-    return Equivalence(**result)
+    result.verdict, result.detail = verdict, detail
+    return result

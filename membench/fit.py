@@ -86,7 +86,7 @@ def confirm_on_gpu(job: Job, fit: Fit, budget: int, out_dir: Path, tries: int = 
     """Run the predicted batch on the GPU under the budget (a memory fraction), each in its own process; walk
     down on OOM, up on success, at most `tries` runs. Not exercised on CPU-only machines: no GPU, no confirmation.
     """
-    from membench.launcher import launch
+    from membench.launch.process import launch
 
     def fits(batch: int) -> bool | None:
         run = job.with_run(device="cuda", batch_size=batch, memory_budget=budget).with_measure(
@@ -115,7 +115,7 @@ def confirm_on_gpu(job: Job, fit: Fit, budget: int, out_dir: Path, tries: int = 
 
 
 def answer_request(request: dict) -> dict:
-    """In the child process of `membench fit` (launcher.call_isolated): plan the runs (loading the user's code),
+    """In the child process of `membench fit` (launch.probe.call_isolated): plan the runs (loading the user's code),
     fit each, showing every prediction on stderr as the search goes; the answer is the fits and their jobs."""
     import sys
 

@@ -167,7 +167,7 @@ def allocator_settings(stack: Stack):
     """The caching allocator's settings a run of this stack gets: the user's PYTORCH_CUDA_ALLOC_CONF plus the
     stack's own (expandable-segments)."""
     from membench.allocator import settings_from_env
-    from membench.launcher import environment_for
+    from membench.launch.lifecycle import environment_for
 
     return settings_from_env(environment_for(stack))
 
@@ -213,7 +213,7 @@ def predict_all(jobs: list[Job], out_dir: Path | None, on_done=None, on_start=No
 
 def refuse_over_measurements(jobs: list, out: Path) -> None:
     """A prediction never replaces a measurement: refused where a run's result file holds a measured result."""
-    from membench.launcher import check_result_paths
+    from membench.launch.sweep import check_result_paths
     from membench.results import read_result, result_path
 
     check_result_paths(jobs, out)
@@ -230,10 +230,10 @@ def refuse_over_measurements(jobs: list, out: Path) -> None:
 
 
 def answer_request(request: dict) -> dict:
-    """In the child process of `membench predict` (launcher.call_isolated): plan the runs (loading the user's
+    """In the child process of `membench predict` (launch.probe.call_isolated): plan the runs (loading the user's
     code), predict each into request["out"], say how each went on stderr; the answer names the result files."""
     from membench.api import plan
-    from membench.launcher import archive
+    from membench.launch.lifecycle import archive
 
     jobs = plan(**request["plan"], in_process=True)
     out = Path(request["out"])

@@ -207,6 +207,11 @@ class Job:
         return parts
 
 
+def default(cls: type, name: str):
+    """The default of field `name` of a spec class: written once, on the field; the CLI's options read it here."""
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+
+
 def expand(base: RunSpec, stacks: tuple[tuple[str, ...], ...]) -> list[RunSpec]:
     """The baseline first (always measured, for comparison), then each stack once, in the order given."""
     seen: list[tuple[str, ...]] = [()]

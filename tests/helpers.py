@@ -12,13 +12,13 @@ import itertools
 import torch
 
 from membench import equivalence
+from membench.launch.worker import Worker
 from membench.measure import Session
 from membench.results import Equivalence, Memory, RunRecord
 from membench.spec import Job, MeasureSpec, RunSpec
 from membench.step import TrainState, batches
 from membench.techniques import REGISTRY, resolve
 from membench.trackers.memory import CpuMeter
-from membench.worker import Worker
 from membench.workloads import load_workload
 
 
@@ -36,8 +36,7 @@ def measure(workload: str = "gpt-tiny", techniques: tuple[str, ...] = (), **opti
     """One run in this process, as the worker runs it (no timeline file, no equivalence check)."""
     job = spec(workload, techniques, **options)
     record = RunRecord(name=job.name, status="ok", spec=job)
-    for key, value in Worker(job, None).execute().items():
-        setattr(record, key, value)
+    Worker(job, None).execute().record_on(record)
     return record
 
 
@@ -131,7 +130,7 @@ def probe_in_process(monkeypatch):
     the child process itself (a factory that hangs, aborts or raises)."""
     from membench import api
     from membench.errors import UserError
-    from membench.plan_probe import plan_here
+    from membench.launch.probe_child import plan_here
 
     def probe(plan_args: dict, timeout_s: float) -> list[Job]:
         answer = plan_here(plan_args)

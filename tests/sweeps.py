@@ -8,8 +8,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from membench.launch.worker import run
 from membench.results import RunRecord, load_dir
-from membench.worker import run
 from tests.helpers import spec
 
 # vit-tiny at batch 1 is parameter-heavy: parameters + gradients + Adam state outweigh the activations, so the

@@ -8,7 +8,7 @@ import torch
 
 from membench.cli import main
 from membench.errors import UserError
-from membench.launcher import environment_for
+from membench.launch.lifecycle import environment_for
 from membench.techniques import REGISTRY, Technique, check_stack, resolve
 from membench.trackers.memory import CpuMeter
 from tests.helpers import adam_step_bytes, measure, on_cpu_too, registered, session_for, spec

@@ -16,10 +16,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from membench import api, child, distributed, environment, equivalence, worker
+from membench import api, environment, equivalence
 from membench.cli import main
 from membench.errors import UserError
-from membench.launcher import environment_for
+from membench.launch import distributed, fork, worker
+from membench.launch.lifecycle import environment_for
 from membench.results import Environment, Equivalence, RunRecord, read_result, write_record
 from membench.spec import RunSpec
 from membench.step import batches, build_state, train_step
@@ -43,17 +44,17 @@ def poisoning_is_available(monkeypatch):
 
 
 def test_a_cuda_run_is_not_forked_after_is_available_poisoned_fork(poisoning_is_available):
-    assert child.why_not_fork("cuda") is None
+    assert fork.why_not_fork("cuda") is None
     torch.cuda.is_available()  # what a notebook typically did before calling membench
-    reason = child.why_not_fork("cuda")
+    reason = fork.why_not_fork("cuda")
     assert reason is not None and "torch.cuda.is_available()" in reason
-    assert child.why_not_fork("cpu") is None  # a CPU run does not touch CUDA in the child
+    assert fork.why_not_fork("cpu") is None  # a CPU run does not touch CUDA in the child
 
 
 def test_resolving_the_device_does_not_poison_fork(poisoning_is_available):
     assert api.resolve_device("auto") == "cuda" and api.resolve_device("cuda") == "cuda"
     assert not poisoning_is_available  # is_available() was never called
-    assert child.why_not_fork("cuda") is None
+    assert fork.why_not_fork("cuda") is None
 
 
 def test_the_default_out_dir_does_not_start_cuda_in_this_process(monkeypatch):
@@ -212,7 +213,7 @@ def test_agree_in_one_process_raises_the_error_itself():
 def test_an_oom_on_one_rank_ends_the_run_as_oom_with_every_ranks_record(tmp_path):
     """torchrun, 2 ranks, gloo: rank 1 runs out of memory inside a step while rank 0 waits in that step's
     collectives. Before: rank 1 exited cleanly without a record and rank 0 waited (up to the group's timeout)."""
-    from membench.launcher import launch
+    from membench.launch.process import launch
     from membench.spec import LaunchSpec
 
     job = dataclasses.replace(spec("tests.workloads:oom_on_rank1", ("fsdp",), batch_size=8, nproc_per_node=2),

@@ -6,7 +6,7 @@ import pytest
 
 from membench.cli import main
 from membench.errors import UserError
-from membench.launcher import command_for
+from membench.launch.process import command_for
 from membench.results import read_result
 from membench.spec import Job, LaunchSpec, RunSpec
 from membench.techniques import resolve

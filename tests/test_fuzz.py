@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from membench.check import check
+from membench.check import REGRESSION, check
 from membench.errors import UserError
 from membench.report import compare, explain
 from membench.report.table import render
@@ -103,7 +103,8 @@ def test_deep_nesting_is_refused_not_a_crash():
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), value=json_value, delete=st.booleans())
 def test_whatever_loads_renders_a_report_and_passes_through_the_gate(valid, data, value, delete, tmp_path_factory):
-    """The whole report (charts, HTML, markdown, CSV) and `check` on a folder with one mutated file."""
+    """The whole report (charts, HTML, markdown, CSV) on a folder with one mutated file, and `check` of it against the
+    sweep it was copied from."""
     folder = tmp_path_factory.mktemp("mutated")
     shutil.copytree(valid["_dir"], folder, dirs_exist_ok=True)
     record = copy.deepcopy(valid["opt-in-bwd.json"])
@@ -117,10 +118,15 @@ def test_whatever_loads_renders_a_report_and_passes_through_the_gate(valid, data
         write_report(results, folder / "report")
     except UserError:
         pass
+    # Against the untouched sweep, not against itself: a run whose peak grew never passes a 0% gate.
+    [mutated] = [r for r in results if r.path.name == "opt-in-bwd.json"]
     try:
-        check(folder, folder, ["peak_allocated:0%"])
+        code, _ = check(Path(valid["_dir"]), folder, ["peak_allocated:0%"])
     except UserError:
-        pass
+        return
+    if mutated.memory is not None and (mutated.memory.peak_allocated_bytes
+                                       > valid["opt-in-bwd.json"]["memory"]["peak_allocated_bytes"]):
+        assert code == REGRESSION
 
 
 def test_a_truncated_timeline_does_not_break_the_report(valid, tmp_path):
@@ -149,6 +155,7 @@ def test_hostile_names_and_units_render_in_every_chart(valid, tmp_path, text):
     (("name",), "x" * 5000, "field name"),
     (("memory", "peak_allocated_bytes"), 0, "memory.peak_allocated_bytes"),
     (("memory", "peak_allocated_bytes"), -5, "memory.peak_allocated_bytes"),
+    (("name",), {"\n": 1e31}, "field name.'\\\\n' is 1e\\+31"),  # a key with a newline: still one line
 ])
 def test_values_no_run_produces_are_refused_naming_the_field(valid, path, value, named):
     record = copy.deepcopy(valid["baseline.json"])

@@ -87,14 +87,14 @@ def test_full_disk_while_writing_a_report_is_one_line(tmp_path, monkeypatch, cap
 
 def test_a_lock_file_that_cannot_be_created_is_one_line(tmp_path, monkeypatch):
     """A read-only --out, even as root (who may write anywhere): the lock is the sweep's first write."""
-    from membench import launcher
+    from membench.launch import sweep
 
     def read_only(*args, **kwargs):
-        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(tmp_path / launcher.LOCK_NAME))
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(tmp_path / sweep.LOCK_NAME))
 
-    monkeypatch.setattr(launcher.os, "open", read_only)
+    monkeypatch.setattr(sweep.os, "open", read_only)
     with pytest.raises(UserError, match="cannot write in .*: Read-only file system"):
-        with launcher.locked(tmp_path):
+        with sweep.locked(tmp_path):
             pass
 
 
@@ -139,7 +139,7 @@ def _workers(out: Path) -> list[int]:
             cmd = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"membench.worker" in cmd and any(str(out).encode() in part for part in cmd):
+        if b"membench.launch.worker" in cmd and any(str(out).encode() in part for part in cmd):
             pids.append(int(proc.name))
     return pids
 
@@ -153,7 +153,7 @@ def _gone(out: Path, within: float = 10.0) -> bool:
 
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds workers through /proc")
 def test_a_second_writer_is_refused_and_a_killed_ones_lock_is_released(tmp_path, capsys):
-    from membench.launcher import locked
+    from membench.launch.sweep import locked
 
     first = _start_hanging_sweep(tmp_path)
     try:
@@ -216,7 +216,7 @@ def test_sigterm_stops_the_sweep_like_ctrl_c(tmp_path):
 def test_the_portable_watch_kills_the_workers_group_once_the_sweep_is_gone():
     """The fallback where prctl does not exist: a process watching a pid dies (with its group) once it is gone."""
     sweep = subprocess.Popen(["sleep", "60"])
-    watcher = subprocess.Popen([sys.executable, "-c", "import sys, time; from membench import lifeline; "
+    watcher = subprocess.Popen([sys.executable, "-c", "import sys, time; from membench.launch import lifeline; "
                                 "lifeline.watch(int(sys.argv[1]), 0.1); time.sleep(60)", str(sweep.pid)],
                                start_new_session=True)
     time.sleep(1)
@@ -251,7 +251,7 @@ def test_progress_prints_brackets_as_text():
 
     from rich.console import Console
 
-    from membench.progress import SweepProgress
+    from membench.report.live import SweepProgress
     from membench.results import RunRecord, Timing
     from membench.spec import Job, RunSpec
 
@@ -289,7 +289,7 @@ def test_a_rerun_archives_the_result_with_its_timeline(tmp_path):
 
 
 def test_two_archives_in_the_same_microsecond_do_not_collide(tmp_path):
-    from membench.launcher import archive
+    from membench.launch.lifecycle import archive
 
     folders = []
     for text in ("first", "second"):

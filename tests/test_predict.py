@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from membench import cli, worker
-from membench.predict import CANNOT_SEE, predict, predict_memory
+from membench import cli
+from membench.launch import worker
+from membench.predict import predict, predict_memory
 from membench.results import read_result
 from membench.techniques import REGISTRY
 from membench.techniques.base import Technique
@@ -59,7 +60,10 @@ def test_cuda_target_uses_cudas_foreach_adam_default():
 def test_prediction_record_is_labelled_and_says_what_it_cannot_see():
     record = predict(spec("vit-tiny", batch_size=2, device="cuda"))
     assert record.status == "ok" and record.predicted is True and record.predicted_for == "cuda"
-    assert record.cannot_see == list(CANNOT_SEE) and any("reserved memory is simulated" in c for c in CANNOT_SEE)
+    # What a CPU prediction cannot see, named by hand: the CUDA context, workspaces outside the caching allocator,
+    # and that reserved memory is a simulation.
+    for blind_spot in ("CUDA context", "workspaces outside the caching allocator", "reserved memory is simulated"):
+        assert any(blind_spot in line for line in record.cannot_see), blind_spot
     assert record.timing is None and record.memory.reserved_method.startswith("simulated")
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import io
 
-from membench import progress
-from membench.launcher import launch, run_all
-from membench.progress import Estimate, Stage, StageLines, StageReader, SweepProgress
+from membench.launch import progress
+from membench.launch.process import launch
+from membench.launch.progress import Stage, StageReader
+from membench.launch.sweep import run_all
+from membench.report.live import Estimate, StageLines, SweepProgress
 from membench.results import RunRecord
 from tests.helpers import spec
 

@@ -258,8 +258,8 @@ def test_hostile_names_in_the_timeline_data_stay_data(sweep, tmp_path):
     planted = read_result(sweep / "opt-in-bwd.json")
     planted.name = HOSTILE
     data = tl.load(sweep / planted.timeline.file)
-    data["modules"] = [HOSTILE + "</script>" for _ in data["modules"]]
-    (sweep / planted.timeline.file).write_text(json.dumps(data))
+    data.modules = [HOSTILE + "</script>" for _ in data.modules]
+    (sweep / planted.timeline.file).write_text(data.to_json())
     section = timeline_html.render([planted])
     embedded = section.split('<script type="application/json" id="tl-data">', 1)[1].split("</script>", 1)[0]
     assert "<" not in embedded and json.loads(embedded)["runs"][0]["name"] == HOSTILE
@@ -284,7 +284,7 @@ def test_timeline_header_names_the_timeline_step_of_its_peak(sweep):
     run = read_result(sweep / "baseline.json")
     data = tl.load(sweep / run.timeline.file)
     section = timeline_html.render([run])
-    assert f"timeline step {data['peak']['step'] + 1} of {data['steps']}" in section
+    assert f"timeline step {data.peak.step + 1} of {data.steps}" in section
 
 
 def test_pareto_labels_of_close_points_do_not_overlap():

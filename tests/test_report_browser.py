@@ -136,19 +136,19 @@ def test_timeline_hover_and_zoom_work_in_the_browser_and_fetch_nothing(report, t
     name, index = hover["hover"].split("@")
     i = int(index)
     assert name == "baseline" and hover["tipShown"] == "block" and hover["view"] == "0-2"
-    following = timeline["x"][i + 1] if i + 1 < len(timeline["x"]) else 2
-    assert timeline["x"][i] <= 0.6 + 0.005 and following > 0.6 - 0.005  # the point under the cursor (within 1 px)
-    phase = timeline["phases"][timeline["phase"][i]]
-    module = timeline["modules"][timeline["module"][i]]
+    following = timeline.x[i + 1] if i + 1 < len(timeline.x) else 2
+    assert timeline.x[i] <= 0.6 + 0.005 and following > 0.6 - 0.005  # the point under the cursor (within 1 px)
+    phase = timeline.phases[timeline.phase[i]]
+    module = timeline.modules[timeline.module[i]]
     text = hover["tip"]
     assert text.startswith("baseline") and f"step 0, {phase} phase" in text and f"module: {module}" in text
-    live = sum(timeline["bytes"][c][i] for c in timeline["categories"])
+    live = sum(timeline.bytes[c][i] for c in timeline.categories)
     assert "live: " in text and "parameters" in text and (f"{live} B" in text or "KiB" in text or "MiB" in text)
 
     # Click: every row zooms to the clicked step; a hover then reads inside that step.
     assert zoomed["view"] == "1-2" and zoomed["viewBox"] == "1000 0 1000 1000"
     name, index = hover_zoomed["hover"].split("@")
-    assert timeline["x"][int(index)] <= 1.1 and "step 1," in hover_zoomed["tip"]
+    assert timeline.x[int(index)] <= 1.1 and "step 1," in hover_zoomed["tip"]
     # The button zooms back out; leaving the plot hides the tooltip.
     assert back == {"view": "0-2", "viewBox": "0 0 2000 1000"}
     assert out["afterLeave"] == "none"

@@ -89,7 +89,7 @@ def test_ctrl_c_keeps_finished_runs(tmp_path):
 
 
 def test_ctrl_c_after_a_finished_run_leaves_its_result(tmp_path):
-    from membench.launcher import Interrupted, run_all
+    from membench.launch.sweep import Interrupted, run_all
     from tests.helpers import spec
 
     specs = [spec("tests.workloads:mlp", (), batch_size=4, warmup=0),

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 
 import pytest
 import torch
 
 from membench.cli import build_parser
+from membench.errors import UserError
 from membench.results import read_result
 from membench.trackers import cuda
 from membench.trackers import timeline as tl
@@ -27,21 +29,21 @@ def test_timeline_peak_equals_result_peak_to_the_byte(sweep):
         info, memory = result.timeline, result.memory
         timeline = tl.load(out / info.file)
         assert info.file_bytes == (out / info.file).stat().st_size
-        assert info.peak_bytes == memory.peak_allocated_bytes == max(tl.totals(timeline))
-        assert timeline["peak"]["breakdown"] == memory.breakdown_at_peak == info.breakdown_at_peak
-        assert timeline["peak"]["phase"] == memory.peak_phase
-        assert timeline["steps"] == tl.TIMELINE_STEPS and timeline["x"] == sorted(timeline["x"])
+        assert info.peak_bytes == memory.peak_allocated_bytes == max(timeline.totals())
+        assert timeline.peak.breakdown == memory.breakdown_at_peak == info.breakdown_at_peak
+        assert timeline.peak.phase == memory.peak_phase
+        assert timeline.steps == tl.TIMELINE_STEPS and timeline.x == sorted(timeline.x)
 
 
 def test_phases_are_marked_per_step(sweep):
     results, out = sweep
-    spans = tl.load(out / results["baseline"].timeline.file)["spans"]
+    spans = tl.load(out / results["baseline"].timeline.file).spans
     for step in range(tl.TIMELINE_STEPS):
-        phases = [s["phase"] for s in spans if s["step"] == step]
+        phases = [s.phase for s in spans if s.step == step]
         assert phases == ["forward", "backward", "optimizer"], phases
     # opt-in-bwd steps inside backward: no optimizer phase of its own.
-    spans = tl.load(out / results["opt-in-bwd"].timeline.file)["spans"]
-    assert [s["phase"] for s in spans if s["step"] == 0] == ["forward", "backward"]
+    spans = tl.load(out / results["opt-in-bwd"].timeline.file).spans
+    assert [s.phase for s in spans if s.step == 0] == ["forward", "backward"]
 
 
 def test_baseline_peaks_in_optimizer_step_and_opt_in_bwd_does_not(sweep):
@@ -64,11 +66,39 @@ def test_downsampling_keeps_the_peak_exactly():
                                                                                0, 0, 0)))
     events[17_345] = ("backward", 1, (1000, 5000, 5000, 7, 0, 0, 0, 0))  # one value per category
     t = tl.compact(events, max_points=200)
-    assert len(t["x"]) <= 200 and t["events"] == 20_000
-    assert max(tl.totals(t)) == 11_007 == t["peak"]["bytes"]
-    assert t["peak"]["breakdown"]["activations"] == 7 and t["peak"]["step"] == 1
-    assert [(s["phase"], s["step"]) for s in t["spans"]] == [("forward", 0), ("backward", 0), ("forward", 1),
-                                                              ("backward", 1)]
+    assert len(t.x) <= 200 and t.events == 20_000
+    assert max(t.totals()) == 11_007 == t.peak.bytes
+    assert t.peak.breakdown["activations"] == 7 and t.peak.step == 1
+    assert [(s.phase, s.step) for s in t.spans] == [("forward", 0), ("backward", 0), ("forward", 1),
+                                                   ("backward", 1)]
+
+
+def _small_timeline():
+    events = [("forward", 0, (10, 20, 0, 0, 0, 0, 0, 0)), ("backward", 0, (10, 5, 30, 0, 0, 0, 0, 0))]
+    return tl.compact(events, modules=["block.0", "head"])
+
+
+def test_the_timeline_file_reads_back_as_written(tmp_path):
+    t = _small_timeline()
+    tl.write(tmp_path / "t.timeline.json", t)
+    assert tl.load(tmp_path / "t.timeline.json") == t
+    assert t.peak.bytes == 10 + 5 + 30 and t.modules == ["block.0", "head"] and t.module == [0, 1]
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda d: d.update(steps="2"), "field steps must be int, got \"2\""),
+    (lambda d: d["bytes"]["activations"].pop(), "field bytes.activations must be one value per point (2), got 1"),
+    (lambda d: d.update(phase=[0, 5]), "field phase must be indices into phases (0 to 1)"),
+    (lambda d: d["peak"].pop("breakdown"), "field peak.breakdown is missing"),
+])
+def test_a_malformed_timeline_is_one_line_naming_the_file_and_field(tmp_path, change, message):
+    data = json.loads(_small_timeline().to_json())
+    change(data)
+    path = tmp_path / "t.timeline.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(UserError) as info:
+        tl.load(path)
+    assert str(info.value) == f"{path}: {message}"
 
 
 def test_no_timeline_option(tmp_path):
@@ -100,7 +130,7 @@ def test_cuda_recording_pass_writes_snapshot_and_categorised_timeline(tmp_path):
         snapshot = pickle.load(f)
     assert "segments" in snapshot and snapshot["device_traces"]
     timeline = tl.load(tmp_path / info.file)
-    assert timeline["round_to"] == 512 and timeline["peak"]["breakdown"]["parameters"] > 0
+    assert timeline.round_to == 512 and timeline.peak.breakdown["parameters"] > 0
     # The tracker (rounded to 512 B) sees tensors, the allocator blocks: same order of magnitude.
     if "trace_peak_allocated_bytes" in info:
         assert 0.5 < info.peak_bytes / info.trace_peak_allocated_bytes < 2

@@ -187,7 +187,7 @@ def _in_a_fresh_process(test) -> bool:
 
 
 def test_run_sweep_takes_a_model_function_and_runs_each_in_a_forked_child(tmp_path):
-    from membench.child import InProcessWarning
+    from membench.launch.fork import InProcessWarning
 
     this = test_run_sweep_takes_a_model_function_and_runs_each_in_a_forked_child
     if _in_a_fresh_process(this):
@@ -215,7 +215,7 @@ def test_a_crash_in_a_notebook_model_ends_only_its_forked_run(tmp_path):
 
 
 def test_when_torch_refuses_autograd_in_the_child_the_run_moves_into_this_process(tmp_path, monkeypatch):
-    from membench import child, worker
+    from membench.launch import fork, worker
 
     parent, real_run = os.getpid(), worker.run
 
@@ -224,10 +224,10 @@ def test_when_torch_refuses_autograd_in_the_child_the_run_moves_into_this_proces
             return real_run(job, out)
         raise SystemExit(worker.write_record(out, worker.RunRecord(
             name=job.name, status="error", spec=job,
-            error=f"RuntimeError during warmup: Unable to handle autograd's threading ... {child.AUTOGRAD_FORK}")))
+            error=f"RuntimeError during warmup: Unable to handle autograd's threading ... {fork.AUTOGRAD_FORK}")))
 
     monkeypatch.setattr(worker, "run", run)
-    monkeypatch.setattr(child, "why_not_fork", lambda device: None)
+    monkeypatch.setattr(fork, "why_not_fork", lambda device: None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         frame = membench.run_sweep(_tiny_model, "baseline", batch_size=4, device="cpu", out=tmp_path, steps=1,
@@ -237,15 +237,15 @@ def test_when_torch_refuses_autograd_in_the_child_the_run_moves_into_this_proces
 
 
 def test_where_it_cannot_fork_it_runs_in_process_and_says_what_that_costs(tmp_path, monkeypatch):
-    from membench import child
+    from membench.launch import fork
 
-    monkeypatch.setattr(child, "why_not_fork", lambda device: "fork is used only on Linux (this is darwin)")
+    monkeypatch.setattr(fork, "why_not_fork", lambda device: "fork is used only on Linux (this is darwin)")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         frame = membench.run_sweep(_tiny_model, "baseline", batch_size=4, device="cpu", out=tmp_path, steps=1,
                                    warmup=0, make_batch=_images, check=False, timeline=False)
     assert list(frame["status"]) == ["ok"]
-    [warning] = [w for w in caught if issubclass(w.category, child.InProcessWarning)]
+    [warning] = [w for w in caught if issubclass(w.category, fork.InProcessWarning)]
     assert "ends your own process" in str(warning.message) and "darwin" in str(warning.message)
 
 

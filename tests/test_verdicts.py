@@ -12,8 +12,8 @@ import dataclasses
 import pytest
 
 from membench.cli import main
-from membench.progress import SweepProgress
 from membench.report import charts, explain, noise
+from membench.report.live import SweepProgress
 from membench.report.recommend import Goal, parse_goal, recommend
 from membench.report.table import render, rows
 from membench.results import Equivalence, RunRecord, load_dir
@@ -209,7 +209,7 @@ def test_report_and_html_put_the_recommendation_first(tmp_path, capsys):
 
 def test_a_real_oom_baseline_is_not_the_reference(tmp_path):
     """A memory budget between accum's peak and the baseline's: the baseline ends as oom at a partial peak."""
-    from membench.worker import run
+    from membench.launch.worker import run
 
     def sweep(out, budget=None):
         return [run(spec("vit-tiny", t, batch_size=4, memory_budget=budget), out / f"{t[0] if t else 'baseline'}.json")

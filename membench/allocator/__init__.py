@@ -11,30 +11,41 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 
 from membench.allocator.settings import AllocatorSettings, parse_alloc_conf, settings_from_env
 from membench.allocator.simulator import CachingAllocator, OutOfMemory, get_allocation_size, round_size
 
 __all__ = ["AllocatorSettings", "CachingAllocator", "OutOfMemory", "SimulationResult", "get_allocation_size",
-           "parse_alloc_conf", "reserved_summary", "round_size", "settings_from_env", "simulate"]
+           "parse_alloc_conf", "reserved_summary", "round_size", "run_events", "settings_from_env", "simulate"]
 
 
 @dataclasses.dataclass
 class SimulationResult:
-    """What the caching allocator would have held. Bytes throughout."""
+    """What the caching allocator would have held, for a trace of one's own (`simulate`) or a recorded one
+    (`replay.replay`). Bytes throughout."""
 
+    settings: AllocatorSettings
     peak_reserved_bytes: int  # the most memory held from the driver (what CUDA OOM is decided on)
     peak_allocated_bytes: int  # the most in blocks handed out (requests rounded up to the allocator's blocks)
     reserved_at_peak_allocated: int  # reserved when allocated peaked
     allocated_at_peak_reserved: int  # allocated when reserved peaked (just after the allocation that raised it)
-    segments: list[int]  # sizes of the segments allocated (cudaMalloc, or pages mapped when expandable), in order
+    # Segments allocated (cudaMalloc, or pages mapped when expandable), in order: (how many allocations had started
+    # when it happened, the one causing it included; its size).
+    segment_allocations: list[tuple[int, int]]
     segments_released: int  # segments freed (empty_cache, OOM retries, garbage collection) or ranges unmapped
     num_alloc_retries: int  # times the cache was emptied to retry a failed cudaMalloc (needs a capacity)
     oom: bool  # an allocation did not fit under the capacity or fraction: the simulation stopped there
-    oom_at_event: int | None  # index in `events` of the allocation that failed
+    oom_at_event: int | None  # index in the events of the allocation that failed
     final_reserved_bytes: int
     final_allocated_bytes: int
+    allocations: int  # allocations made (up to an OOM)
+    same_address: int | None = None  # a recorded trace's allocations the simulator placed at the recorded address
+
+    @property
+    def segments(self) -> list[int]:
+        """The sizes of the segments allocated, in order."""
+        return [size for _, size in self.segment_allocations]
 
     @property
     def fragmentation_at_peak_bytes(self) -> int:
@@ -64,22 +75,35 @@ def simulate(events: Iterable[tuple], settings: AllocatorSettings | str | None =
     """
     if not isinstance(settings, AllocatorSettings):
         settings = parse_alloc_conf(settings)
-    alloc = CachingAllocator(settings, capacity, memory_fraction=memory_fraction)
-    live: dict[Hashable, object] = {}
+    return run_events(CachingAllocator(settings, capacity, memory_fraction=memory_fraction), events)
+
+
+def run_events(alloc: CachingAllocator, events: Iterable[tuple], live: dict[Hashable, object] | None = None,
+               on_malloc: Callable[[Hashable, object], None] | None = None) -> SimulationResult:
+    """The one replay loop: `events` (as `simulate` takes them; an alloc may name its stream as a fourth item)
+    through `alloc`, until the end or the first allocation that does not fit. live: blocks allocated before the
+    first event, by key (a recorded trace's initial state); on_malloc(key, block) is called for each
+    allocation."""
+    live = {} if live is None else live
     oom_at = None
+    allocations = 0
     for index, event in enumerate(events):
         kind = event[0] if event else None
-        if kind == "alloc" and len(event) == 3:
-            _, key, size = event
+        if kind == "alloc" and len(event) in (3, 4):
+            key, size = event[1], event[2]
             if key in live:
                 raise ValueError(f"event {index}: {key!r} is allocated twice without a free")
             if not isinstance(size, int) or size < 0:
                 raise ValueError(f"event {index}: size must be a non-negative int, got {size!r}")
             try:
-                live[key] = alloc.malloc(size)
+                block = alloc.malloc(size, event[3] if len(event) == 4 else 0)
             except OutOfMemory:
                 oom_at = index
                 break
+            allocations += 1
+            live[key] = block
+            if on_malloc is not None:
+                on_malloc(key, block)
         elif kind == "free" and len(event) == 2:
             if event[1] not in live:
                 raise ValueError(f"event {index}: free of {event[1]!r}, which is not allocated")
@@ -92,13 +116,13 @@ def simulate(events: Iterable[tuple], settings: AllocatorSettings | str | None =
             raise ValueError(f"event {index}: expected ('alloc', key, size), ('free', key), ('empty_cache',) or "
                              f"('reset_peak',), got {event!r}")
     return SimulationResult(
-        peak_reserved_bytes=alloc.peak_reserved, peak_allocated_bytes=alloc.peak_allocated,
+        settings=alloc.settings, peak_reserved_bytes=alloc.peak_reserved, peak_allocated_bytes=alloc.peak_allocated,
         reserved_at_peak_allocated=alloc.reserved_at_peak_allocated,
         allocated_at_peak_reserved=alloc.allocated_at_peak_reserved,
-        segments=[e.size for e in alloc.segment_log if e.action in ("alloc", "map")],
+        segment_allocations=[(e.at_malloc, e.size) for e in alloc.segment_log if e.action in ("alloc", "map")],
         segments_released=sum(e.action in ("free", "unmap") for e in alloc.segment_log),
         num_alloc_retries=alloc.num_alloc_retries, oom=oom_at is not None, oom_at_event=oom_at,
-        final_reserved_bytes=alloc.reserved, final_allocated_bytes=alloc.allocated)
+        final_reserved_bytes=alloc.reserved, final_allocated_bytes=alloc.allocated, allocations=allocations)
 
 
 def reserved_summary(events: Iterable[tuple], settings: AllocatorSettings | str | None = None,

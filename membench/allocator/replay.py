@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterator
 
+from membench.allocator import SimulationResult, run_events
 from membench.allocator.settings import AllocatorSettings
-from membench.allocator.simulator import CachingAllocator, OutOfMemory
+from membench.allocator.simulator import CachingAllocator
 from membench.allocator.snapshot import ALLOC, FREE, SEGMENT_ALLOC, SEGMENT_FREE, Trace
+from membench.typedjson import to_plain
 
 
 @dataclasses.dataclass
@@ -20,26 +23,6 @@ class Actual:
     segment_frees: int
     allocs: int
     frees: int
-
-
-@dataclasses.dataclass
-class Replay:
-    settings: AllocatorSettings
-    peak_reserved_bytes: int
-    peak_allocated_bytes: int
-    allocated_at_peak_reserved: int
-    segment_allocations: list[tuple[int, int]]
-    segment_frees: int
-    same_address: int  # allocations the simulator placed at the recorded address
-    allocs_replayed: int
-    oom: bool
-    num_alloc_retries: int
-    seconds: float
-
-    @property
-    def fragmentation_at_peak_bytes(self) -> int:
-        """Reserved but not allocated when reserved memory peaked."""
-        return self.peak_reserved_bytes - self.allocated_at_peak_reserved
 
 
 def actual_of(trace: Trace) -> Actual:
@@ -64,7 +47,7 @@ def actual_of(trace: Trace) -> Actual:
 
 
 def replay(trace: Trace, settings: AllocatorSettings | None = None, capacity: int | None = None,
-           recorded_addresses: bool = True, memory_fraction: float | None = None) -> Replay:
+           recorded_addresses: bool = True, memory_fraction: float | None = None) -> SimulationResult:
     """Run the trace's allocations and frees through the simulator, from the state rebuilt at its first event.
 
     A run of consecutive segment_free events is one torch.cuda.empty_cache() (or, with default settings, the release
@@ -85,7 +68,6 @@ def replay(trace: Trace, settings: AllocatorSettings | None = None, capacity: in
             return recorded[cursor - 1][1]
         return None  # the simulator lays it out itself
 
-    started = time.perf_counter()
     alloc = CachingAllocator(settings, capacity, segment_address=recorded_address if recorded_addresses else None,
                              memory_fraction=memory_fraction)
     blocks = {}
@@ -93,30 +75,30 @@ def replay(trace: Trace, settings: AllocatorSettings | None = None, capacity: in
         for (addr, _, _), block in zip(seg.allocated, alloc.add_segment(seg.address, seg.size, seg.is_small,
                                                                         seg.allocated, seg.stream)):
             blocks[addr] = block
-    same = allocs = 0
-    oom = False
+    same = 0
+
+    def placed(addr: int, block) -> None:
+        nonlocal same
+        same += block.ptr == addr
+
+    result = run_events(alloc, _events(trace), blocks, placed)
+    result.same_address = same
+    return result
+
+
+def _events(trace: Trace) -> Iterator[tuple]:
+    """The trace's events as `run_events` takes them, keyed by address; a run of segment_free events is one
+    empty_cache."""
     previous = None
     for event in trace.events:
         action = event["action"]
         if action == ALLOC:
-            try:
-                block = alloc.malloc(event["size"], event.get("stream", 0))
-            except OutOfMemory:
-                oom = True
-                break
-            allocs += 1
-            same += block.ptr == event["addr"]
-            blocks[event["addr"]] = block
+            yield "alloc", event["addr"], event["size"], event.get("stream", 0)
         elif action in (FREE, "free"):
-            alloc.free(blocks.pop(event["addr"]))
+            yield "free", event["addr"]
         elif action == SEGMENT_FREE and previous != SEGMENT_FREE:
-            alloc.empty_cache()
+            yield ("empty_cache",)
         previous = action
-    seconds = time.perf_counter() - started
-    new_segments = [(e.at_malloc, e.size) for e in alloc.segment_log if e.action in ("alloc", "map")]
-    frees = sum(e.action in ("free", "unmap") for e in alloc.segment_log)
-    return Replay(settings, alloc.peak_reserved, alloc.peak_allocated, alloc.allocated_at_peak_reserved,
-                  new_segments, frees, same, allocs, oom, alloc.num_alloc_retries, seconds)
 
 
 @dataclasses.dataclass
@@ -127,7 +109,7 @@ class Comparison:
     exact: bool  # all segment allocations matched, no extra ones, and the peak reserved equal to the byte
 
 
-def compare(actual: Actual, simulated: Replay) -> Comparison:
+def compare(actual: Actual, simulated: SimulationResult) -> Comparison:
     a, s = actual.segment_allocations, simulated.segment_allocations
     matched = sum(x == y for x, y in zip(a, s))
     first = next((i for i, (x, y) in enumerate(zip(a, s)) if x != y), None)
@@ -137,7 +119,84 @@ def compare(actual: Actual, simulated: Replay) -> Comparison:
     return Comparison(matched, len(a), first, exact)
 
 
-def _difference(actual: Actual, simulated: Replay, limit: int = 20) -> list[dict]:
+@dataclasses.dataclass
+class SegmentAt:
+    at_alloc: int  # how many allocations had started when the segment was allocated (the causing one included)
+    size_bytes: int
+
+
+@dataclasses.dataclass
+class SegmentDifference:
+    index: int  # position in the order of segment allocations
+    actual: SegmentAt | None  # None: the real allocator made fewer
+    simulated: SegmentAt | None
+
+
+@dataclasses.dataclass
+class ActualRow:
+    """What the real allocator did, from the trace."""
+
+    peak_reserved_bytes: int
+    initial_reserved_bytes: int
+    segment_allocations: int
+    segment_frees: int
+    allocs: int
+    frees: int
+
+
+@dataclasses.dataclass
+class SettingsRow:
+    """One replay of the trace under one set of allocator settings."""
+
+    settings: str
+    peak_reserved_bytes: int
+    peak_allocated_bytes: int
+    fragmentation_at_peak_bytes: int
+    segment_allocations: int
+    segment_frees: int
+    oom: bool
+    num_alloc_retries: int
+    seconds: float  # how long this replay took
+
+
+@dataclasses.dataclass
+class SimulatedRow(SettingsRow):
+    """The replay under the recorded settings, compared with the real allocator."""
+
+    segment_allocations_matched: int
+    exact: bool
+    allocations_at_recorded_address: int
+    allocations: int
+    segment_allocation_differences: list[SegmentDifference]
+
+
+@dataclasses.dataclass
+class WhatIfRow(SettingsRow):
+    saved_bytes: int  # peak reserved under the recorded settings minus under these (negative: these cost more)
+
+
+@dataclasses.dataclass
+class ReplayReport:
+    """`membench replay`'s answer. Bytes throughout; `to_dict` is what --json prints."""
+
+    file: str
+    device: int
+    events: int
+    recorded_settings: str
+    capacity_bytes: int | None
+    memory_fraction: float | None
+    initial_segments: int
+    inferred_block_sizes: int
+    actual: ActualRow
+    simulated: SimulatedRow
+    what_if: list[WhatIfRow]
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return to_plain(self)
+
+
+def _difference(actual: Actual, simulated: SimulationResult, limit: int = 20) -> list[SegmentDifference]:
     """The segment allocations that differ, position by position (at most `limit`)."""
     a, s = actual.segment_allocations, simulated.segment_allocations
     out = []
@@ -145,28 +204,24 @@ def _difference(actual: Actual, simulated: Replay, limit: int = 20) -> list[dict
         x = a[i] if i < len(a) else None
         y = s[i] if i < len(s) else None
         if x != y:
-            out.append({"index": i,
-                        "actual": None if x is None else {"at_alloc": x[0], "size_bytes": x[1]},
-                        "simulated": None if y is None else {"at_alloc": y[0], "size_bytes": y[1]}})
+            out.append(SegmentDifference(i, None if x is None else SegmentAt(*x), None if y is None else SegmentAt(*y)))
             if len(out) == limit:
                 break
     return out
 
 
-def _row(result: Replay, baseline: Replay | None = None) -> dict:
-    row = {"settings": result.settings.label(), "peak_reserved_bytes": result.peak_reserved_bytes,
-           "peak_allocated_bytes": result.peak_allocated_bytes,
-           "fragmentation_at_peak_bytes": result.fragmentation_at_peak_bytes,
-           "segment_allocations": len(result.segment_allocations), "segment_frees": result.segment_frees,
-           "oom": result.oom, "num_alloc_retries": result.num_alloc_retries, "seconds": round(result.seconds, 4)}
-    if baseline is not None:
-        row["saved_bytes"] = baseline.peak_reserved_bytes - result.peak_reserved_bytes
-    return row
+def _row(result: SimulationResult, seconds: float) -> dict:
+    """The fields of a SettingsRow."""
+    return dict(settings=result.settings.label(), peak_reserved_bytes=result.peak_reserved_bytes,
+                peak_allocated_bytes=result.peak_allocated_bytes,
+                fragmentation_at_peak_bytes=result.fragmentation_at_peak_bytes,
+                segment_allocations=len(result.segment_allocations), segment_frees=result.segments_released,
+                oom=result.oom, num_alloc_retries=result.num_alloc_retries, seconds=round(seconds, 4))
 
 
 def report(path, alloc_confs: list[str] = (), capacity: int | None = None, device: int | None = None,
-           memory_fraction: float | None = None) -> dict:
-    """`membench replay`'s answer as one JSON-ready dict (bytes throughout). Raises UserError on bad input."""
+           memory_fraction: float | None = None) -> ReplayReport:
+    """`membench replay`'s answer. Raises UserError on bad input."""
     from membench.allocator.settings import parse_alloc_conf
     from membench.allocator.snapshot import initial_state, load_snapshot
     from membench.errors import UserError
@@ -179,30 +234,35 @@ def report(path, alloc_confs: list[str] = (), capacity: int | None = None, devic
     started = time.perf_counter()
     trace = initial_state(load_snapshot(path), device)
     actual = actual_of(trace)
-    simulated = replay(trace, capacity=capacity, memory_fraction=memory_fraction)
+    simulated, seconds = _timed(lambda: replay(trace, capacity=capacity, memory_fraction=memory_fraction))
     comparison = compare(actual, simulated)
-    sim = _row(simulated)
-    sim.update(segment_allocations_matched=comparison.matched, exact=comparison.exact,
-               allocations_at_recorded_address=simulated.same_address, allocations=simulated.allocs_replayed,
-               segment_allocation_differences=_difference(actual, simulated))
-    out = {
-        "file": str(path), "device": trace.device, "events": len(trace.events),
-        "recorded_settings": trace.settings.label(), "capacity_bytes": capacity,
-        "memory_fraction": memory_fraction,
-        "initial_segments": len(trace.segments), "inferred_block_sizes": trace.guessed_sizes,
-        "actual": {"peak_reserved_bytes": actual.peak_reserved_bytes,
-                   "initial_reserved_bytes": actual.initial_reserved_bytes,
-                   "segment_allocations": len(actual.segment_allocations), "segment_frees": actual.segment_frees,
-                   "allocs": actual.allocs, "frees": actual.frees},
-        "simulated": sim,
-        "what_if": [_row(replay(trace, settings, capacity, memory_fraction=memory_fraction), simulated)
-                    for settings in what_ifs],
-    }
-    out["seconds"] = round(time.perf_counter() - started, 4)
-    return out
+    sim = SimulatedRow(**_row(simulated, seconds), segment_allocations_matched=comparison.matched,
+                       exact=comparison.exact, allocations_at_recorded_address=simulated.same_address,
+                       allocations=simulated.allocations,
+                       segment_allocation_differences=_difference(actual, simulated))
+    what_if = []
+    for settings in what_ifs:
+        result, took = _timed(lambda s=settings: replay(trace, s, capacity, memory_fraction=memory_fraction))
+        what_if.append(WhatIfRow(**_row(result, took),
+                                 saved_bytes=simulated.peak_reserved_bytes - result.peak_reserved_bytes))
+    return ReplayReport(
+        file=str(path), device=trace.device, events=len(trace.events), recorded_settings=trace.settings.label(),
+        capacity_bytes=capacity, memory_fraction=memory_fraction, initial_segments=len(trace.segments),
+        inferred_block_sizes=trace.guessed_sizes,
+        actual=ActualRow(peak_reserved_bytes=actual.peak_reserved_bytes,
+                         initial_reserved_bytes=actual.initial_reserved_bytes,
+                         segment_allocations=len(actual.segment_allocations), segment_frees=actual.segment_frees,
+                         allocs=actual.allocs, frees=actual.frees),
+        simulated=sim, what_if=what_if, seconds=round(time.perf_counter() - started, 4))
 
 
-def format_report(r: dict) -> str:
+def _timed(call):
+    """(call(), the seconds it took): how long a replay of the trace takes, shown in the report."""
+    started = time.perf_counter()
+    return call(), time.perf_counter() - started
+
+
+def format_report(r: ReplayReport) -> str:
     from tabulate import tabulate
 
     from membench.units import fmt_bytes
@@ -210,68 +270,68 @@ def format_report(r: dict) -> str:
     def size(n):
         return f"{fmt_bytes(n)} ({n} B)"
 
-    a, s = r["actual"], r["simulated"]
-    lines = [f"{r['file']}: device {r['device']}, {r['events']} events ({a['allocs']} alloc, {a['frees']} "
-             f"free_completed, {a['segment_allocations']} segment_alloc, {a['segment_frees']} segment_free), "
-             f"recorded with {r['recorded_settings']} allocator settings",
-             f"state at the first event rebuilt from the final one: {r['initial_segments']} segments, "
-             f"{fmt_bytes(a['initial_reserved_bytes'])} reserved"
-             + (f"; {r['inferred_block_sizes']} block sizes inferred" if r["inferred_block_sizes"] else "")]
-    if r["capacity_bytes"] is not None:
-        fraction = r.get("memory_fraction")
-        lines.append(f"simulated device: {size(r['capacity_bytes'])}" + (
-            f", memory fraction {fraction} ({fmt_bytes(int(fraction * r['capacity_bytes']))} allowed)"
+    a, s = r.actual, r.simulated
+    lines = [f"{r.file}: device {r.device}, {r.events} events ({a.allocs} alloc, {a.frees} "
+             f"free_completed, {a.segment_allocations} segment_alloc, {a.segment_frees} segment_free), "
+             f"recorded with {r.recorded_settings} allocator settings",
+             f"state at the first event rebuilt from the final one: {r.initial_segments} segments, "
+             f"{fmt_bytes(a.initial_reserved_bytes)} reserved"
+             + (f"; {r.inferred_block_sizes} block sizes inferred" if r.inferred_block_sizes else "")]
+    if r.capacity_bytes is not None:
+        fraction = r.memory_fraction
+        lines.append(f"simulated device: {size(r.capacity_bytes)}" + (
+            f", memory fraction {fraction} ({fmt_bytes(int(fraction * r.capacity_bytes))} allowed)"
             if fraction is not None else ""))
     lines.append("")
-    matched = f"{s['segment_allocations']} ({s['segment_allocations_matched']} of {a['segment_allocations']} " \
+    matched = f"{s.segment_allocations} ({s.segment_allocations_matched} of {a.segment_allocations} " \
               "the same size at the same allocation)"
-    rows = [["peak reserved", size(a["peak_reserved_bytes"]), size(s["peak_reserved_bytes"])],
-            ["segment allocations", a["segment_allocations"], matched],
-            ["segments freed", a["segment_frees"], s["segment_frees"]],
-            ["peak allocated", "-", size(s["peak_allocated_bytes"])],
-            ["reserved - allocated at the peak", "-", size(s["fragmentation_at_peak_bytes"])],
-            ["allocations at the recorded address", "-", f"{s['allocations_at_recorded_address']} of {a['allocs']}"]]
-    if r["capacity_bytes"] is not None:
-        rows.append(["out of memory under the capacity", "-", "yes" if s["oom"] else "no"])
-    lines.append(tabulate(rows, headers=["", "actual (recorded)", f"simulated ({s['settings']} settings)"],
+    rows = [["peak reserved", size(a.peak_reserved_bytes), size(s.peak_reserved_bytes)],
+            ["segment allocations", a.segment_allocations, matched],
+            ["segments freed", a.segment_frees, s.segment_frees],
+            ["peak allocated", "-", size(s.peak_allocated_bytes)],
+            ["reserved - allocated at the peak", "-", size(s.fragmentation_at_peak_bytes)],
+            ["allocations at the recorded address", "-", f"{s.allocations_at_recorded_address} of {a.allocs}"]]
+    if r.capacity_bytes is not None:
+        rows.append(["out of memory under the capacity", "-", "yes" if s.oom else "no"])
+    lines.append(tabulate(rows, headers=["", "actual (recorded)", f"simulated ({s.settings} settings)"],
                           tablefmt="simple", disable_numparse=True))
-    if s["exact"]:
+    if s.exact:
         lines.append("\nexact: the same segment allocations in the same order, and the same peak reserved to the byte")
     else:
         lines.append(f"\nNOT exact: simulated peak reserved minus actual: "
-                     f"{s['peak_reserved_bytes'] - a['peak_reserved_bytes']} B"
-                     + (" (the simulation ran out of memory under the capacity)" if s["oom"] else ""))
-        if s["segment_allocation_differences"]:
+                     f"{s.peak_reserved_bytes - a.peak_reserved_bytes} B"
+                     + (" (the simulation ran out of memory under the capacity)" if s.oom else ""))
+        if s.segment_allocation_differences:
             lines.append("segment allocations that differ (index: actual -> simulated, as (alloc event, size)):")
         else:
             lines.append("the segment allocations are the same; segments freed differ "
-                         f"({a['segment_frees']} actual, {s['segment_frees']} simulated)")
-        for d in s["segment_allocation_differences"]:
-            fmt = lambda x: "none" if x is None else f"(alloc {x['at_alloc']}, {fmt_bytes(x['size_bytes'])})"
-            lines.append(f"  {d['index']}: {fmt(d['actual'])} -> {fmt(d['simulated'])}")
-    if r["what_if"]:
-        base = s["peak_reserved_bytes"]
-        rows = [[f"as recorded ({s['settings']})", size(base), fmt_bytes(s["fragmentation_at_peak_bytes"]), "-",
-                 s["segment_allocations"]]]
-        for w in r["what_if"]:
-            saved = w["saved_bytes"]
-            if w["oom"]:
+                         f"({a.segment_frees} actual, {s.segment_frees} simulated)")
+        for d in s.segment_allocation_differences:
+            fmt = lambda x: "none" if x is None else f"(alloc {x.at_alloc}, {fmt_bytes(x.size_bytes)})"
+            lines.append(f"  {d.index}: {fmt(d.actual)} -> {fmt(d.simulated)}")
+    if r.what_if:
+        base = s.peak_reserved_bytes
+        rows = [[f"as recorded ({s.settings})", size(base), fmt_bytes(s.fragmentation_at_peak_bytes), "-",
+                 s.segment_allocations]]
+        for w in r.what_if:
+            saved = w.saved_bytes
+            if w.oom:
                 change = "OOM"
             else:
                 change = f"{'saves' if saved >= 0 else 'costs'} {fmt_bytes(abs(saved))}"
                 change += f" ({abs(saved) / base:.1%})" if base else ""
-            rows.append([w["settings"], size(w["peak_reserved_bytes"]), fmt_bytes(w["fragmentation_at_peak_bytes"]),
-                         change, w["segment_allocations"]])
+            rows.append([w.settings, size(w.peak_reserved_bytes), fmt_bytes(w.fragmentation_at_peak_bytes),
+                         change, w.segment_allocations])
         headers = ["settings", "peak reserved (simulated)", "reserved - allocated at peak", "vs as recorded",
                    "segment allocations"]
-        if r["capacity_bytes"] is not None:
+        if r.capacity_bytes is not None:
             headers.append("alloc retries")
-            rows[0].append(s["num_alloc_retries"])
-            for row, w in zip(rows[1:], r["what_if"]):
-                row.append(w["num_alloc_retries"])
-        start = f"; each starts from the state at the first event, its {r['initial_segments']} segments as recorded" \
-            if r["initial_segments"] else ""
+            rows[0].append(s.num_alloc_retries)
+            for row, w in zip(rows[1:], r.what_if):
+                row.append(w.num_alloc_retries)
+        start = f"; each starts from the state at the first event, its {r.initial_segments} segments as recorded" \
+            if r.initial_segments else ""
         lines += ["", f"what if, on this exact trace (GiB = 2**30{start}):",
                   tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)]
-    lines.append(f"\n({r['seconds']:.2f} s)")
+    lines.append(f"\n({r.seconds:.2f} s)")
     return "\n".join(lines)

@@ -217,7 +217,7 @@ def settings_from_snapshot(recorded: dict | None) -> AllocatorSettings:
 def settings_from_env(env: Mapping[str, str]) -> AllocatorSettings:
     """The settings a process started with this environment runs with: its PYTORCH_CUDA_ALLOC_CONF, or default.
 
-    For a membench run that is launcher.environment_for(spec): the user's own setting plus the techniques'
+    For a membench run that is launch.lifecycle.environment_for(spec): the user's own setting plus the techniques'
     (the expandable-segments technique adds expandable_segments:True; a later key wins, as in PyTorch).
     """
     # CUDAAllocatorConfig's order (c10/cuda/CUDAAllocatorConfig.h, torch 2.14): the CUDA name, else the generic one.

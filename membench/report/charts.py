@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
 import matplotlib
@@ -18,11 +17,13 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from membench import units  # noqa: E402
+from membench.errors import UserError  # noqa: E402
 from membench.fsio import atomic_write_bytes, atomic_write_text, make_dir, read_bounded, side_file  # noqa: E402
 from membench.report import noise  # noqa: E402
 from membench.report.explain import breakdown, find_baseline  # noqa: E402
 from membench.report.recommend import changes_precision  # noqa: E402
 from membench.results import RunRecord  # noqa: E402
+from membench.results.timeline import Timeline, parse_timeline  # noqa: E402
 from membench.vocab import CATEGORIES  # noqa: E402
 
 # Categories: the Okabe-Ito palette (told apart with the common colour-vision deficiencies), recomputed
@@ -94,44 +95,22 @@ def peak_chart(results: list[RunRecord]) -> Figure | None:
     return fig
 
 
-def load_timeline(result: RunRecord) -> dict | None:
+def load_timeline(result: RunRecord) -> Timeline | None:
     """The run's timeline, if its result names a readable one: a regular file in the result's folder, of at most
-    fsio.MAX_SIDE_FILE_BYTES (a crafted name never reads /dev/zero or a file elsewhere), holding JSON."""
+    fsio.MAX_SIDE_FILE_BYTES (a crafted name never reads /dev/zero or a file elsewhere), that the typed reader
+    takes. A file of another shape is a crafted or foreign one: no chart for that run, rather than a failed
+    report."""
     info = result.timeline
     if info is None or result.path is None:
         return None
     path = side_file(result.path.parent, info.file)
     data = read_bounded(path) if path is not None else None
-    try:
-        timeline = json.loads(data) if data is not None else None
-    except (ValueError, UnicodeDecodeError, RecursionError):
+    if data is None:
         return None
-    if not _is_timeline(timeline):
-        return None
-    for c in CATEGORIES:  # a timeline from before a category existed: none of it then
-        timeline["bytes"].setdefault(c, [0] * len(timeline["x"]))
-    return timeline
-
-
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _is_timeline(t) -> bool:
-    """The shape the timeline chart reads (trackers/timeline.compact writes it); a file of another shape is a
-    crafted or foreign one: no chart for that run, rather than a crash of the whole report."""
     try:
-        n = len(t["x"])
-        return (all(_number(x) for x in t["x"]) and isinstance(t["steps"], int) and 0 < t["steps"] <= 10_000
-                and _number(t["peak"]["bytes"]) and isinstance(t["peak"]["x"], (int, float))
-                and isinstance(t["bytes"], dict)
-                and all(isinstance(v, list) and len(v) == n and all(_number(x) for x in v) for v in t["bytes"].values())
-                and all(isinstance(s, dict) and isinstance(s.get("phase"), str) and _number(s.get("start"))
-                        and _number(s.get("end")) for s in t["spans"])
-                and all(isinstance(p, str) for p in t["phases"]) and len(t["phase"]) == n
-                and all(isinstance(i, int) and 0 <= i < len(t["phases"]) for i in t["phase"]))
-    except (KeyError, TypeError, AttributeError):
-        return False
+        return parse_timeline(data.decode(), str(path))
+    except (UserError, UnicodeDecodeError):
+        return None
 
 
 def timeline_chart(results: list[RunRecord]) -> Figure | None:
@@ -140,28 +119,27 @@ def timeline_chart(results: list[RunRecord]) -> Figure | None:
     runs.sort(key=lambda rt: rt[0].name != "baseline")
     if not runs:
         return None
-    top = max(t["peak"]["bytes"] for _, t in runs)
+    top = max(t.peak.bytes for _, t in runs)
     unit, scale = unit_for(top)
     cols = min(len(runs), 4)
     rows = -(-len(runs) // cols)
     fig = Figure(figsize=(4.2 * cols, 3.3 * rows + 0.6))
     axes = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False).ravel()
     for ax, (result, t) in zip(axes, runs):
-        for span in t["spans"]:
-            ax.axvspan(span["start"], span["end"], color=PHASE_COLORS.get(span["phase"], "#f4f4f4"), lw=0)
-        # A timeline written before a category existed has no column for it: zeros.
-        ys = [[v / scale for v in t["bytes"].get(c, [0] * len(t["x"]))] for c in CATEGORIES]
+        for span in t.spans:
+            ax.axvspan(span.start, span.end, color=PHASE_COLORS.get(span.phase, "#f4f4f4"), lw=0)
+        ys = [[v / scale for v in t.bytes[c]] for c in CATEGORIES]
         # Rasterized: thousands of points x 7 categories as SVG paths would make megabytes; axes stay vector.
-        ax.stackplot(t["x"], *ys, colors=[COLORS[c] for c in CATEGORIES], step="post",
+        ax.stackplot(t.x, *ys, colors=[COLORS[c] for c in CATEGORIES], step="post",
                      labels=[c.replace("_", " ") for c in CATEGORIES], rasterized=True)
-        peak = t["peak"]
-        ax.plot([peak["x"]], [peak["bytes"] / scale], "kv", ms=6)
-        ax.annotate(f"peak {peak['bytes'] / scale:.3g} {unit}\n({_text(peak.get('phase'))})",
-                    (peak["x"], peak["bytes"] / scale), xytext=(4, 4), textcoords="offset points", fontsize=7)
-        for step in range(1, t["steps"]):
+        peak = t.peak
+        ax.plot([peak.x], [peak.bytes / scale], "kv", ms=6)
+        ax.annotate(f"peak {peak.bytes / scale:.3g} {unit}\n({_text(peak.phase)})",
+                    (peak.x, peak.bytes / scale), xytext=(4, 4), textcoords="offset points", fontsize=7)
+        for step in range(1, t.steps):
             ax.axvline(step, color="black", lw=0.6, ls=":")
         ax.set_title(_text(result.name), fontsize=10)
-        ax.set_xlim(0, t["steps"])
+        ax.set_xlim(0, t.steps)
         ax.set_ylim(0, top / scale * 1.2)
     for ax in axes[len(runs):]:
         ax.set_visible(False)

@@ -18,6 +18,7 @@ import math
 
 from membench.report.charts import COLORS, PHASE_COLORS, load_timeline, unit_for
 from membench.results import RunRecord
+from membench.results.timeline import Timeline
 from membench.units import fmt_bytes
 from membench.vocab import CATEGORIES
 
@@ -194,24 +195,24 @@ def _area(xs: list[float], tops: list[int], scale: float, end: float) -> str:
     return "".join(parts)
 
 
-def _row(i: int, result: RunRecord, t: dict, top: float) -> str:
+def _row(i: int, result: RunRecord, t: Timeline, top: float) -> str:
     scale = YS / top
-    steps = t["steps"]
+    steps = t.steps
     # Cumulative tops, drawn from the last category down: each area covers those below it, one path each.
-    used = [c for c in CATEGORIES if any(t["bytes"][c])]
-    cumulative, running = {}, [0] * len(t["x"])
+    used = [c for c in CATEGORIES if any(t.bytes[c])]
+    cumulative, running = {}, [0] * len(t.x)
     for c in used:
-        running = [a + b for a, b in zip(running, t["bytes"][c])]
+        running = [a + b for a, b in zip(running, t.bytes[c])]
         cumulative[c] = running
-    areas = "".join(f'<path fill="{COLORS[c]}" d="{_area(t["x"], cumulative[c], scale, steps)}">'
+    areas = "".join(f'<path fill="{COLORS[c]}" d="{_area(t.x, cumulative[c], scale, steps)}">'
                     f"<title>{_E(c.replace('_', ' '))}</title></path>" for c in reversed(used))
-    band = "".join(f'<rect x="{round(s["start"] * XS)}" y="0" width="{max(1, round((s["end"] - s["start"]) * XS))}" '
-                   f'height="10" fill="{PHASE_COLORS.get(s["phase"], "#f4f4f4")}">'
-                   f'<title>{_E(s["phase"])}</title></rect>' for s in t["spans"])
+    band = "".join(f'<rect x="{round(s.start * XS)}" y="0" width="{max(1, round((s.end - s.start) * XS))}" '
+                   f'height="10" fill="{PHASE_COLORS.get(s.phase, "#f4f4f4")}">'
+                   f'<title>{_E(s.phase)}</title></rect>' for s in t.spans)
     steps_lines = "".join(f'<line x1="{k * XS}" x2="{k * XS}" y1="0" y2="{YS}" stroke="#000" stroke-dasharray="4 3" '
                           'vector-effect="non-scaling-stroke"/>' for k in range(1, steps))
-    peak = t["peak"]
-    px, py = round(peak["x"] * XS), round(YS - peak["bytes"] * scale)
+    peak = t.peak
+    px, py = round(peak.x * XS), round(YS - peak.bytes * scale)
     peak_line = (f'<line x1="{px}" x2="{px}" y1="{py}" y2="{YS}" stroke="#000" stroke-width="1.5" '
                  'vector-effect="non-scaling-stroke"/>')
     unit, size = unit_for(top)
@@ -220,7 +221,7 @@ def _row(i: int, result: RunRecord, t: dict, top: float) -> str:
     view = f"0 0 {steps * XS}"
     # The timeline is a pass of its own after the measured steps, counted from 1 here: say which of its steps,
     # so the number is not read as the measured peak's step (counted with the warm-up steps, from 0).
-    headline = f"peak {fmt_bytes(peak['bytes'])} in {peak['phase']}, timeline step {peak['step'] + 1} of {steps}"
+    headline = f"peak {fmt_bytes(peak.bytes)} in {peak.phase}, timeline step {peak.step + 1} of {steps}"
     return f"""<div class="tl-row" data-run="{i}">
 <div class="tl-name">{_E(result.name)} <span>{_E(headline)}</span></div>
 <div class="tl-yaxis">{ticks}</div>
@@ -232,11 +233,11 @@ def _row(i: int, result: RunRecord, t: dict, top: float) -> str:
 </div>"""
 
 
-def _data(runs: list[tuple[RunRecord, dict]], steps: int) -> dict:
+def _data(runs: list[tuple[RunRecord, Timeline]], steps: int) -> dict:
     return {"xs": XS, "steps": steps, "categories": list(CATEGORIES), "colors": [COLORS[c] for c in CATEGORIES],
-            "runs": [{"name": r.name, "x": t["x"], "bytes": [t["bytes"][c] for c in CATEGORIES],
-                      "phases": t["phases"], "phase": t["phase"], "modules": t.get("modules"),
-                      "module": t.get("module")} for r, t in runs]}
+            "runs": [{"name": r.name, "x": t.x, "bytes": [t.bytes[c] for c in CATEGORIES],
+                      "phases": t.phases, "phase": t.phase, "modules": t.modules,
+                      "module": t.module} for r, t in runs]}
 
 
 def _legend() -> str:
@@ -253,8 +254,8 @@ def render(results: list[RunRecord]) -> str:
     runs.sort(key=lambda rt: rt[0].name != "baseline")
     if not runs:
         return ""
-    top = max(t["peak"]["bytes"] for _, t in runs) * HEADROOM
-    steps = max(t["steps"] for _, t in runs)
+    top = max(t.peak.bytes for _, t in runs) * HEADROOM
+    steps = max(t.steps for _, t in runs)
     buttons = "".join(f'<button type="button" data-view="{k}-{k + 1}">step {k}</button>' for k in range(steps))
     rows = "\n".join(_row(i, r, t, top) for i, (r, t) in enumerate(runs))
     return f"""<section id="timeline" data-view="0-{steps}">

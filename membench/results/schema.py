@@ -291,7 +291,8 @@ def _check_values(data, where: str, field_name: str = "") -> None:
     surrogates), numbers out of range, a name longer than a file name."""
     if isinstance(data, dict):
         for key, value in data.items():
-            _check_values(value, where, f"{field_name}.{key}" if field_name else str(key))
+            key = str(key) if str(key).isprintable() else repr(key)  # a key holding a newline stays on one line
+            _check_values(value, where, f"{field_name}.{key}" if field_name else key)
     elif isinstance(data, list):
         for i, value in enumerate(data):
             _check_values(value, where, f"{field_name}[{i}]")

@@ -143,7 +143,7 @@ class CpuMeter(_Categorised):
 
     @contextlib.contextmanager
     def recording(self, stem: Path):
-        """The tracker again, now keeping every event: the recording pass (see worker._record_timeline)."""
+        """The tracker again, now keeping every event: the recording pass (see measure.Session.record_timeline)."""
         t = self.tracker
         t.clear_events()
         t.record_timeline = True

@@ -9,15 +9,14 @@ technique line up step for step whatever their number of allocations.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from membench.fsio import atomic_write_text
 from membench.results import ModuleBytes
+from membench.results.timeline import FORMAT_VERSION, Span, Timeline, TimelinePeak, read_timeline
 from membench.trackers.storage import StorageTracker
 from membench.vocab import CATEGORIES
 
-FORMAT_VERSION = 1
 MAX_POINTS = 2000
 TIMELINE_STEPS = 2  # recorded steps: the second shows the steady state, the first what changes across steps
 
@@ -66,7 +65,7 @@ def _spans(events, xs: list[float]) -> list[dict]:
 
 
 def compact(events: list[tuple[str, int, tuple[int, ...]]], max_points: int = MAX_POINTS,
-            round_to: int = 1, modules: list[str] | None = None) -> dict:
+            round_to: int = 1, modules: list[str] | None = None) -> Timeline:
     """The timeline file's content from the tracker's events (phase, step, bytes per category) and, when given,
     the module running at each event (kept as an index into the file's `modules` list, for the report's hover)."""
     if not events:
@@ -78,39 +77,27 @@ def compact(events: list[tuple[str, int, tuple[int, ...]]], max_points: int = MA
     phases = list(dict.fromkeys(p for p, _, _ in events))  # in order of first appearance
     phase_index = {p: i for i, p in enumerate(phases)}
     phase, step, breakdown = events[peak]
-    extra = {}
+    names = index = None
     if modules is not None:
         names = list(dict.fromkeys(modules[i] for i in kept))
         index = {m: i for i, m in enumerate(names)}
-        extra = {"modules": names, "module": [index[modules[i]] for i in kept]}
-    return {
-        "version": FORMAT_VERSION,
-        "categories": list(CATEGORIES),
-        "phases": phases,
-        "round_to": round_to,
-        "events": len(events),
-        "steps": int(xs[-1]) + 1,
-        "x": [xs[i] for i in kept],
-        "phase": [phase_index[events[i][0]] for i in kept],
-        "bytes": {c: [events[i][2][j] for i in kept] for j, c in enumerate(CATEGORIES)},
-        "spans": _spans(events, xs),
-        "peak": {"bytes": totals[peak], "x": xs[peak], "phase": phase, "step": int(xs[peak]),
-                 "breakdown": dict(zip(CATEGORIES, breakdown))},
-        **extra,
-    }
+    return Timeline(
+        version=FORMAT_VERSION, categories=list(CATEGORIES), phases=phases, round_to=round_to, events=len(events),
+        steps=int(xs[-1]) + 1, x=[xs[i] for i in kept], phase=[phase_index[events[i][0]] for i in kept],
+        bytes={c: [events[i][2][j] for i in kept] for j, c in enumerate(CATEGORIES)},
+        spans=[Span(**s) for s in _spans(events, xs)],
+        peak=TimelinePeak(bytes=totals[peak], x=xs[peak], phase=phase, step=int(xs[peak]),
+                          breakdown=dict(zip(CATEGORIES, breakdown))),
+        modules=names, module=None if index is None else [index[modules[i]] for i in kept])
 
 
-def totals(timeline: dict) -> list[int]:
-    return [sum(col) for col in zip(*timeline["bytes"].values())]
+def write(path: Path, timeline: Timeline) -> int:
+    """Returns the file size in bytes."""
+    return atomic_write_text(path, timeline.to_json())
 
 
-def write(path: Path, timeline: dict) -> int:
-    """Write without indentation (it is data for charts, not for reading); returns the file size in bytes."""
-    return atomic_write_text(path, json.dumps(timeline, separators=(",", ":")))
-
-
-def load(path: Path) -> dict:
-    return json.loads(Path(path).read_text())
+def load(path: Path) -> Timeline:
+    return read_timeline(path)
 
 
 class Recording:
@@ -126,9 +113,9 @@ class Recording:
         timeline = compact(t.events, round_to=t.round_to, modules=t.event_modules)
         path = stem.parent / f"{stem.name}.timeline.json"
         size = write(path, timeline)
-        return {"file": path.name, "file_bytes": size, "events": timeline["events"], "points": len(timeline["x"]),
-                "steps": timeline["steps"], "round_to": timeline["round_to"],
-                "peak_bytes": timeline["peak"]["bytes"], "peak_phase": timeline["peak"]["phase"],
-                "peak_step": timeline["peak"]["step"], "breakdown_at_peak": timeline["peak"]["breakdown"],
+        return {"file": path.name, "file_bytes": size, "events": timeline.events, "points": len(timeline.x),
+                "steps": timeline.steps, "round_to": timeline.round_to,
+                "peak_bytes": timeline.peak.bytes, "peak_phase": timeline.peak.phase,
+                "peak_step": timeline.peak.step, "breakdown_at_peak": timeline.peak.breakdown,
                 "top_modules": [ModuleBytes(module=m, category=c, bytes=b) for m, c, b in t.top_modules()],
                 **self.files}

@@ -1,10 +1,10 @@
-"""The launcher's probes, in their own process, where importing and calling the user's code cannot hang, abort or
+"""The probes' child side, in their own process, where importing and calling the user's code cannot hang, abort or
 crash the sweep itself (the launcher starts them and waits):
 
-- `python -m membench.plan_probe PLAN_ARGS.json` (launcher.probe): the arguments of `api.plan` in, one line of JSON
+- `python -m membench.launch.probe_child PLAN_ARGS.json` (probe.probe): the arguments of `api.plan` in, one line of JSON
   out, {"jobs": [...]} or {"error": "one line"}.
-- `python -m membench.plan_probe --call KIND REQUEST.json ANSWER.json` (launcher.call_isolated): predict or fit, from
-  loading the user's code to the answer, written to a file (the user's prints never mix with it).
+- `python -m membench.launch.probe_child --call KIND REQUEST.json ANSWER.json` (probe.call_isolated): predict or
+  fit, from loading the user's code to the answer, written to a file (the user's prints never mix with it).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import os
 import sys
 from pathlib import Path
 
-from membench import lifeline
 from membench.api import plan
 from membench.errors import UserError
+from membench.launch import lifeline
 
 
 def plan_here(args: dict) -> dict:
@@ -30,7 +30,7 @@ def plan_here(args: dict) -> dict:
 
 
 def call_here(kind: str, request: dict) -> dict:
-    """launcher.call_isolated's child: predict or fit, from loading the user's code to the answer."""
+    """probe.call_isolated's child: predict or fit, from loading the user's code to the answer."""
     from membench import fit, predict
 
     try:

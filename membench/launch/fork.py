@@ -1,6 +1,6 @@
 """Runs of a workload that exists only in the caller's memory (a model defined in a notebook or a script).
 
-`python -m membench.worker` rebuilds a workload from its name, which a `Workload` object made in a notebook does
+`python -m membench.launch.worker` rebuilds a workload from its name, which a `Workload` object made in a notebook does
 not have. So such a run is isolated by forking the caller instead: the child inherits the object, runs the same
 worker code and writes the same result file; an OOM, a crash or a hang there ends only the child. Fork works for
 this only on Linux, only before the caller asked CUDA anything (a forked child cannot use CUDA once the parent
@@ -16,18 +16,18 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
-import time
 import warnings
 from pathlib import Path
 
 import torch
 
 from membench.errors import UserError
-from membench.fsio import make_dir
-from membench.launcher import archive, environment_for, failure_record, stage_reader, wait_reporting
-from membench.results import RunRecord, read_result, result_path, write_record
+from membench.launch import worker
+from membench.launch.lifecycle import run_job
+from membench.launch.progress import PROGRESS_ENV
+from membench.results import RunRecord
 from membench.spec import Job
-from membench.techniques import resolve
+from membench.techniques import Stack, resolve
 
 IN_PROCESS_COST = (
     "an out-of-memory of the host, a crash or a hang in the model ends your own process (no timeout), and on CUDA "
@@ -90,58 +90,54 @@ def _probe(device: str) -> None:
 
 
 def launch(job: Job, out_dir: Path, on_stage=None) -> RunRecord:
-    """The launcher's `launch` for a workload object: a forked child where possible, else this process."""
-    stack = resolve(job.run)
-    if stack.distributed or job.run.nproc_per_node > 1:
+    """The sweep's `run_one` for a workload object: a forked child where possible, else this process."""
+    if resolve(job.run).distributed or job.run.nproc_per_node > 1:
         raise UserError(f"{job.name} runs through torchrun, which rebuilds the workload by name: give it as "
                         "package.module:factory (membench run --workload ...)")
-    out_path = result_path(out_dir, job.name)
-    runs_dir = out_dir / "runs"
-    make_dir(runs_dir)
-    archive(out_dir, job.name)  # every file of an earlier run of this name moves to previous/, together
-    log = runs_dir / f"{job.name}.log"
-    env = {k: v for k, v in environment_for(stack).items() if os.environ.get(k) != v}
     reason = why_not_fork(job.run.device)
     if reason is not None:
-        return _in_process(job, out_path, env, reason)
-    started = time.time()
-    reader = stage_reader(job, runs_dir, env, started)
-    child = multiprocessing.get_context("fork").Process(target=_child_main, args=(job, out_path, log, env),
-                                                        daemon=True)
-    child.start()
+        return run_job(job, out_dir, InProcess(reason), on_stage)
+    record = run_job(job, out_dir, Fork(), on_stage)
+    if record.status == "error" and AUTOGRAD_FORK in (record.error or ""):
+        # The probe's small backward passed, but this model's did not: what this process did with autograd
+        # before cannot be forked. Run it here, as when fork is not possible at all; the refused attempt is not
+        # a measurement to keep.
+        return run_job(job, out_dir, InProcess("autograd refused to run in the forked child (this process used "
+                                               "autograd in a way a fork cannot inherit: " + AUTOGRAD_FORK + ")"),
+                       on_stage, archive_first=False)
+    return record
 
-    def wait(seconds: float) -> bool:
-        child.join(seconds)
-        return not child.is_alive()
 
-    if not wait_reporting(wait, reader, job.launch.timeout_s, on_stage):
-        child.kill()
-        child.join()
-        write_record(out_path, failure_record(job, "timeout",
-                                              f"no result after {job.launch.timeout_s:g} s (--timeout)", log))
-        return read_result(out_path)
-    if out_path.exists() and out_path.stat().st_mtime >= started - 1:
-        record = read_result(out_path)
-        if record.status == "error" and AUTOGRAD_FORK in (record.error or ""):
-            # The probe's small backward passed, but this model's did not: what this process did with autograd
-            # before cannot be forked. Run it here, as when fork is not possible at all.
-            return _in_process(job, out_path, env, "autograd refused to run in the forked child (this process "
-                               "used autograd in a way a fork cannot inherit: " + AUTOGRAD_FORK + ")")
-        return record
-    code = child.exitcode
-    message = f"forked worker exited with code {code} before writing a result"
-    if code is not None and code < 0:
-        message += f" (killed by signal {-code}{'; out of host memory?' if code == -9 else ''})"
-    write_record(out_path, failure_record(job, "error", message, log))
-    return read_result(out_path)
+class Fork:
+    what = "forked worker"
+
+    def start(self, job: Job, stack: Stack, out_path: Path, log: Path, env: dict[str, str]) -> _Forked:
+        child = multiprocessing.get_context("fork").Process(target=_child_main, args=(job, out_path, log, env),
+                                                            daemon=True)
+        child.start()
+        return _Forked(child)
+
+
+class _Forked:
+    def __init__(self, child: multiprocessing.Process):
+        self.child = child
+
+    def wait(self, seconds: float) -> bool:
+        self.child.join(seconds)
+        return not self.child.is_alive()
+
+    def kill(self) -> None:
+        self.child.kill()
+        self.child.join()
+
+    def exit_code(self) -> int | None:
+        return self.child.exitcode
 
 
 def _child_main(job: Job, out_path: Path, log: Path, env: dict[str, str]) -> None:
     """In the forked child: output to the run's log (in a notebook sys.stdout is the kernel's socket, which the
     child must not write to), the stack's environment (allocator settings act at CUDA's first use), then the
-    worker, exactly as `python -m membench.worker` runs it."""
-    from membench import worker
-
+    worker, exactly as `python -m membench.launch.worker` runs it."""
     out = open(log, "w", buffering=1)  # kept open for the child's whole life
     os.dup2(out.fileno(), 1)
     os.dup2(out.fileno(), 2)
@@ -155,21 +151,42 @@ def _child_main(job: Job, out_path: Path, log: Path, env: dict[str, str]) -> Non
     out.flush()
 
 
-def _in_process(job: Job, out_path: Path, env: dict[str, str], reason: str) -> RunRecord:
-    from membench import worker
+class InProcess:
+    """The worker in the caller's own process: no timeout, no isolation (IN_PROCESS_COST); it has finished
+    when `start` returns."""
 
-    if env and torch.cuda.is_initialized():
-        raise UserError(f"{job.name} needs {', '.join(env)} set before CUDA starts, and CUDA has already started in "
-                        "this process; run it before any CUDA work, or as package.module:factory from the CLI")
-    warnings.warn(f"membench: {job.name} runs in this process ({reason}): {IN_PROCESS_COST}",
-                  InProcessWarning, stacklevel=3)
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        return worker.run(job, out_path)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    what = "the worker in this process"
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def start(self, job: Job, stack: Stack, out_path: Path, log: Path, env: dict[str, str]) -> _Done:
+        changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
+        if set(changed) - {PROGRESS_ENV} and torch.cuda.is_initialized():
+            raise UserError(f"{job.name} needs {', '.join(sorted(set(changed) - {PROGRESS_ENV}))} set before CUDA "
+                            "starts, and CUDA has already started in this process; run it before any CUDA work, "
+                            "or as package.module:factory from the CLI")
+        warnings.warn(f"membench: {job.name} runs in this process ({self.reason}): {IN_PROCESS_COST}",
+                      InProcessWarning, stacklevel=2)
+        saved = {k: os.environ.get(k) for k in changed}
+        os.environ.update(changed)
+        try:
+            worker.run(job, out_path)
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+        return _Done()
+
+
+class _Done:
+    def wait(self, seconds: float) -> bool:
+        return True
+
+    def kill(self) -> None:
+        pass
+
+    def exit_code(self) -> int | None:
+        return 0

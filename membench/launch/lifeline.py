@@ -29,7 +29,7 @@ _POLL_S = 0.5
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised wherever the sweep is (launcher.sigterm_as_interrupt), so that it stops as on Ctrl-C:
+    """SIGTERM, raised wherever the sweep is (sweep.sigterm_as_interrupt), so that it stops as on Ctrl-C:
     the worker killed, the finished runs kept."""
 
 

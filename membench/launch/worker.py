@@ -1,6 +1,6 @@
 """One run, in its own process: build -> memory -> timeline -> timing -> FLOPs -> equivalence -> record.
 
-Run as `python -m membench.worker JOB.json RESULT.json`. It always tries to leave a result file behind: an
+Run as `python -m membench.launch.worker JOB.json RESULT.json`. It always tries to leave a result file behind: an
 out-of-memory error becomes status "oom" with what was measured up to then, any other exception "error" with
 its traceback (in the record and in the run's log).
 """
@@ -8,6 +8,7 @@ its traceback (in the record and in the run's log).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -18,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from membench import distributed, environment, equivalence, lifeline, progress
+from membench import environment, equivalence
+from membench.launch import distributed, lifeline, progress
 from membench.measure import Build, Session
 from membench.results import (
     Environment,
@@ -39,24 +41,52 @@ from membench.trackers.memory import make_meter
 from membench.workloads import Workload, load_workload
 
 
+@dataclasses.dataclass
+class Measured:
+    """What the stages of one run measured, each None until its stage finished: after a failure, what finished
+    before it still goes into the record."""
+
+    memory: Memory | None = None
+    timing: Timing | None = None
+    timeline: TimelineInfo | None = None
+    equivalence: Equivalence | None = None
+    world_size: int | None = None  # set for a distributed run only, as `ranks`
+    ranks: list[RankSummary] | None = None
+
+    def record_on(self, record: RunRecord) -> None:
+        record.memory, record.timing, record.timeline = self.memory, self.timing, self.timeline
+        record.equivalence, record.world_size, record.ranks = self.equivalence, self.world_size, self.ranks
+
+
 class Worker:
-    """The stages of one run. Each returns its typed piece; what finished before a failure stays in the record."""
+    """The stages of one run. Each fills its typed piece of `measured`."""
 
     def __init__(self, job: Job, out: Path | None):
         self.job, self.spec, self.out = job, job.run, out
         self.session: Session | None = None
-        self.memory: Memory | None = None
-        self.timing: Timing | None = None
-        self.timeline: TimelineInfo | None = None
+        self.measured = Measured()
         self.build_info: Build | None = None
         self.leave_group = False  # under torchrun: this rank failed out of step with the others (see _equivalence)
+
+    # What a failed run keeps: the pieces that finished before the failure.
+    @property
+    def memory(self) -> Memory | None:
+        return self.measured.memory
+
+    @property
+    def timing(self) -> Timing | None:
+        return self.measured.timing
+
+    @property
+    def timeline(self) -> TimelineInfo | None:
+        return self.measured.timeline
 
     @property
     def stage(self) -> str:
         return self.session.stage if self.session else "setup"
 
-    def execute(self) -> dict:
-        """Run every stage; returns the record's fields (memory, timing, timeline, equivalence, ranks)."""
+    def execute(self) -> Measured:
+        """Run every stage; returns what they measured."""
         spec = self.spec
         workload = load_workload(spec.workload, spec.seq_len)
         stack = resolve(spec)
@@ -74,8 +104,8 @@ class Worker:
 
                 cuda.stop_snapshot_on_oom()
 
-    def _stages(self, workload: Workload, stack: Stack, meter) -> dict:
-        spec, how = self.spec, self.job.measure
+    def _stages(self, workload: Workload, stack: Stack, meter) -> Measured:
+        spec, how, done = self.spec, self.job.measure, self.measured
         rank, world = distributed.rank_world()
         self.session = session = Session(spec, stack, workload, meter, batches(workload, spec, rank, world))
         progress.report("build")
@@ -91,12 +121,12 @@ class Worker:
         measured_steps = 1 if meter.device == "cpu" else how.steps
         progress.report("measure", steps=measured_steps)
         memory = session.measure(measured_steps)[0]
-        self.memory = self._with_build(memory)
+        done.memory = self._with_build(memory)
         if how.timeline and self.out is not None:
             progress.report("timeline")
-            self.timeline = session.record_timeline(_stem(self.out))
+            done.timeline = session.record_timeline(stem(self.out))
             if meter.device == "cuda":  # where the peak comes from: seen in the recording pass only on CUDA
-                memory.top_modules, memory.top_sites = self.timeline.top_modules, self.timeline.top_sites
+                memory.top_modules, memory.top_sites = done.timeline.top_modules, done.timeline.top_sites
         tensor_bytes = meter.current()
         session.detach()
         # With nothing of membench in the steps, a budget on CPU holds through host memory (RSS) instead; on CUDA
@@ -106,19 +136,17 @@ class Worker:
                                               how.min_time_s, prepare=session.next_batch, on_step=timed_step)
             progress.report("flops")
             flops = timing.count_flops(lambda: session.bare_step(-1))
-        self.timing = self._timing(times, losses, flops, workload, stack, world)
+        done.timing = self._timing(times, losses, flops, workload, stack, world)
         session.release()  # the model and optimizer, freed before the equivalence check builds two more
         if meter.device == "cuda":
             torch.cuda.empty_cache()  # and their cached blocks, so the check's models get whole segments
-        fields = {"memory": self.memory, "timing": self.timing, "timeline": self.timeline}
         if world > 1 or stack.distributed or distributed.launched_by_torchrun():
-            fields["world_size"] = world
-            fields["ranks"] = [RankSummary(**r) for r in distributed.gather(_rank_summary(rank, self.memory,
-                                                                                         self.timing))]
+            done.world_size = world
+            done.ranks = distributed.gather(_rank_summary(rank, done.memory, done.timing))
         if how.check:
             progress.report("check", steps=how.check_steps)
-            fields["equivalence"] = self._equivalence(workload, stack)
-        return fields
+            done.equivalence = self._equivalence(workload, stack)
+        return done
 
     def _with_build(self, memory: Memory) -> Memory:
         memory.build_peak_bytes = self.build_info.peak_bytes
@@ -176,11 +204,11 @@ def _host_budget(budget: int | None, tensor_bytes: int, what: str):
     return rss_budget(budget, tensor_bytes, what) if budget else contextlib.nullcontext()
 
 
-def _rank_summary(rank: int, memory: Memory, timing_summary: Timing) -> dict:
-    return {"rank": rank, "peak_allocated_bytes": memory.peak_allocated_bytes,
-            "peak_reserved_bytes": memory.peak_reserved_bytes, "peak_phase": memory.peak_phase,
-            "build_peak_bytes": memory.build_peak_bytes, "build_host_peak_bytes": memory.build_host_peak_bytes,
-            "breakdown_at_peak": memory.breakdown_at_peak, "median_s": timing_summary.median_s}
+def _rank_summary(rank: int, memory: Memory, timing_summary: Timing) -> RankSummary:
+    return RankSummary(rank=rank, peak_allocated_bytes=memory.peak_allocated_bytes,
+                       peak_reserved_bytes=memory.peak_reserved_bytes, peak_phase=memory.peak_phase,
+                       build_peak_bytes=memory.build_peak_bytes, build_host_peak_bytes=memory.build_host_peak_bytes,
+                       breakdown_at_peak=memory.breakdown_at_peak, median_s=timing_summary.median_s)
 
 
 def _watch_oom(out: Path) -> None:
@@ -192,11 +220,11 @@ def _watch_oom(out: Path) -> None:
 
 
 def _oom_snapshot(out: Path) -> Path:
-    stem = _stem(out)
-    return stem.parent / f"{stem.name}.oom.pickle"
+    base = stem(out)
+    return base.parent / f"{base.name}.oom.pickle"
 
 
-def _stem(out: Path) -> Path:
+def stem(out: Path) -> Path:
     """Where a run's side files go: `<run>.timeline.json` beside `<run>.json` (`<run>.rank<N>...` off rank 0,
     as every rank of a distributed run records: the steps need all of them)."""
     rank = int(os.environ.get("RANK", "0"))
@@ -226,8 +254,7 @@ def _run(job: Job, out: Path) -> tuple[RunRecord, bool]:
     try:
         # Inside the try: a process that cannot use CUDA (a child forked after CUDA started) still leaves a record.
         record.env = Environment(**environment.describe(job.run.device))
-        for key, value in worker.execute().items():
-            setattr(record, key, value)
+        worker.execute().record_on(record)
         _mark_diverged(record)
     except torch.OutOfMemoryError as exc:
         record.status = "oom"
