@@ -28,6 +28,7 @@ from membench.trackers.private import (
     is_traceable_wrapper_subclass,
     tree_flatten,
 )
+from membench.trackers.subclass_like import FreshZeros
 from membench.vocab import CATEGORIES, OTHER, PHASE_CATEGORY, RECOMPUTED
 
 NO_MODULE = "(no module)"  # allocated outside any tracked module: the loss, the optimizer step, the inputs
@@ -58,6 +59,7 @@ class StorageTracker(TorchDispatchMode):
         super().__init__()
         self.trace: list[tuple] | None = [] if trace else None
         self.kernels = None  # e.g. trackers.cuda_kernels.CublasWorkspaces: called before every op
+        self.fresh_zeros = FreshZeros()
         self.device_types = device_types
         self.round_to = round_to
         self.budget = budget
@@ -100,7 +102,9 @@ class StorageTracker(TorchDispatchMode):
                 return func.decompose(*args, **(kwargs or {}))
         if self.kernels is not None:  # a CUDA prediction: what CUDA kernels allocate besides their outputs
             self.kernels.before(func, self)
+        func = self.fresh_zeros.rewrite(func, args)  # undo what this mode changes in backward formulas
         out = func(*args, **(kwargs or {}))
+        self.fresh_zeros.made(func, out)
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self.track(t)
