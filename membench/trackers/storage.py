@@ -28,7 +28,6 @@ from membench.trackers.private import (
     is_traceable_wrapper_subclass,
     tree_flatten,
 )
-from membench.trackers.subclass_like import FreshZeros
 from membench.vocab import CATEGORIES, OTHER, PHASE_CATEGORY, RECOMPUTED
 
 NO_MODULE = "(no module)"  # allocated outside any tracked module: the loss, the optimizer step, the inputs
@@ -58,8 +57,7 @@ class StorageTracker(TorchDispatchMode):
                  device_types: tuple[str, ...] | None = None, trace: bool = False):
         super().__init__()
         self.trace: list[tuple] | None = [] if trace else None
-        self.kernels = None  # e.g. trackers.cuda_kernels.CublasWorkspaces: called before every op
-        self.fresh_zeros = FreshZeros()
+        self.kernels = None  # e.g. trackers.cuda_kernels.CublasWorkspaces: called around every op
         self.device_types = device_types
         self.round_to = round_to
         self.budget = budget
@@ -100,11 +98,13 @@ class StorageTracker(TorchDispatchMode):
             # Run the decomposition here, with this mode on top again, as it runs outside inference_mode.
             with self:
                 return func.decompose(*args, **(kwargs or {}))
-        if self.kernels is not None:  # a CUDA prediction: what CUDA kernels allocate besides their outputs
-            self.kernels.before(func, self)
-        func = self.fresh_zeros.rewrite(func, args)  # undo what this mode changes in backward formulas
+        kernels = self.kernels
+        if kernels is not None:  # a CUDA prediction: what CUDA kernels allocate besides their outputs, and the
+            kernels.before(func, self)  # in-place paths a plain run takes where this mode changes them
+            func = kernels.rewrite(func, args, kwargs)
         out = func(*args, **(kwargs or {}))
-        self.fresh_zeros.made(func, out)
+        if kernels is not None:
+            kernels.after(func, out)
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self.track(t)
