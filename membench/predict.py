@@ -40,9 +40,9 @@ CANNOT_SEE = (
     "blocks the allocator splits) and reserved memory by at most 0.45%)",
     "reserved memory is simulated (membench.allocator), from allocations whose sizes are exact but whose order on a "
     "GPU can differ (kernel choice, streams); CUDA graphs and cudaMallocAsync are not modelled",
-    "kernel choice: CUDA kernels may save other tensors than the CPU ones (cuDNN; scaled_dot_product_attention "
-    "is predicted with the CPU's kernel: flash-like, but math with dropout, which saves the attention weights and "
-    "dropout mask that CUDA's flash and memory-efficient kernels do not)",
+    "kernel choice: CUDA kernels may save other tensors than the CPU ones (cuDNN convolutions; attention is "
+    "predicted as a fused kernel that keeps the output and a log-sum-exp, as CUDA's do, with or without dropout; "
+    "memory-efficient attention's padding of it to 32 queries and its dropout seed are not counted)",
     "ops whose output size depends on data, and model code that branches on tensor values",
 )
 
