@@ -20,10 +20,13 @@ measurement under the tracker) would count memory that a plain run never allocat
 `BackwardPaths` makes the tracker run the in-place op there instead: in backward, when an out-of-place op of
 `INPLACE` gets as `self` the zero-filled tensor the latest zeros factory made and nothing else has used, the tensor
 is private to the formula, so writing into it is what the plain run does; and when an `add` in backward sums a
-gradient made by an earlier node (the engine's buffer) with another of the same shape and dtype, the first dense,
-not a view, and not needed by autograd (grad mode off), it is the engine's accumulation and runs as `add_`. A
-node that sends two gradients to the same input (x * x) sums them out of place here (the first was made by the
-same node): a few such sums stay counted, an over-prediction of one gradient for a moment. Only fake tensors are
+gradient made by an earlier node (the engine's buffer) with another of the same shape and dtype, the first dense
+and sharing its storage with no other tensor (a view's base shares it, and the engine then sums out of place too),
+with grad mode off, it is the engine's accumulation and runs as `add_`. Two approximations, each one gradient for
+a moment: a node that sends two gradients to the same input (x * x) sums them out of place here (the first was
+made by the same node), an over-prediction; and a gradient a node passes on unchanged to two inputs whose buffers
+both still hold it is summed in place here where the engine would not (that second reference is in C++, out of
+Python's sight), an under-prediction. Only fake tensors are
 rewritten: their values do not exist, so nothing a real run computes can change; and only in a CUDA prediction
 (trackers/cuda_kernels.py calls it), as a CPU run is measured by the tracker itself, paths and all.
 """
