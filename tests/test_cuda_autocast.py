@@ -147,20 +147,3 @@ def test_under_inference_mode_no_weight_copy_is_kept():
     assert held == 4 * 256 * 2  # the output only: the weight's and x's bf16 copies were freed after the matmul
     del a
 
-
-@pytest.mark.parametrize("op", [torch.softmax, torch.log_softmax])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_softmax_of_a_half_input_reads_it_directly_as_cuda_does(op, dtype):
-    # Under autocast, softmax runs in fp32 (dtype=float32 given). CUDA reads a float16 input directly
-    # (_softmax with half_to_float): only the fp32 output, 64 x 1000 x 4 = 256,000 bytes. A bfloat16 input (and any
-    # input off CUDA) is copied to fp32 first: a second 256,000 bytes for a moment.
-    with cuda_policy(), fake.fake_tensors():
-        x = torch.randn(64, 1000, dtype=dtype, requires_grad=True)
-        tracker = StorageTracker(trace=True)
-        with tracker, torch.autocast("cpu", dtype=torch.float16):
-            y = op(x, -1)
-        assert y.dtype == torch.float32
-        allocs = [e[2] for e in tracker.trace if e[0] == "alloc"]
-        assert allocs == ([256_000] if dtype == torch.float16 else [256_000, 256_000])
-        y.sum().backward()
-        assert x.grad.dtype == dtype

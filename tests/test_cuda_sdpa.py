@@ -1,5 +1,6 @@
-"""scaled_dot_product_attention in a CUDA prediction keeps what CUDA's fused kernels keep (trackers/cuda_sdpa.py),
-derived by hand: the output and a fp32 log-sum-exp, never the queries x keys weights."""
+"""Attention and softmax in a CUDA prediction, derived by hand: scaled_dot_product_attention keeps what CUDA's fused
+kernels keep (trackers/cuda_sdpa.py), the output and a fp32 log-sum-exp, never the queries x keys weights; softmax
+of a float16 input reads it directly (trackers/cuda_autocast.py)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,21 @@ def test_attention_with_or_without_dropout_keeps_the_output_and_a_log_sum_exp(kw
 def test_a_cpu_prediction_keeps_the_math_paths_weights_with_dropout():
     # The CPU has no fused kernel with dropout: its math path keeps queries x keys matrices besides the output.
     assert _kept_after_forward(False, dropout_p=0.1) > OUT + WEIGHTS
+
+
+@pytest.mark.parametrize("op", [torch.softmax, torch.log_softmax])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_softmax_of_a_half_input_reads_it_directly_as_cuda_does(op, dtype):
+    # Under autocast, softmax runs in fp32 (dtype=float32 given). CUDA reads a float16 input directly
+    # (_softmax with half_to_float): only the fp32 output, 64 x 1000 x 4 = 256,000 bytes. A bfloat16 input (and any
+    # input off CUDA) is copied to fp32 first: a second 256,000 bytes for a moment.
+    with cuda_policy(), fake.fake_tensors():
+        x = torch.randn(64, 1000, dtype=dtype, requires_grad=True)
+        tracker = StorageTracker(trace=True)
+        with tracker, torch.autocast("cpu", dtype=torch.float16):
+            y = op(x, -1)
+        assert y.dtype == torch.float32
+        allocs = [e[2] for e in tracker.trace if e[0] == "alloc"]
+        assert allocs == ([256_000] if dtype == torch.float16 else [256_000, 256_000])
+        y.sum().backward()
+        assert x.grad.dtype == dtype
