@@ -43,6 +43,15 @@ def test_attention_with_or_without_dropout_keeps_the_output_and_a_log_sum_exp(kw
     assert _kept_after_forward(True, **kwargs) == OUT + LSE + mask
 
 
+def test_a_mask_that_needs_a_gradient_keeps_the_math_path():
+    # The CPU's fused kernel cannot give a mask its gradient: such a call stays on the math path (and still runs).
+    with cuda_policy(), fake.fake_tensors():
+        q, k, v = (torch.randn(B, H, L, D, requires_grad=True) for _ in range(3))
+        bias = torch.zeros(L, L, requires_grad=True)
+        F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=0.1).sum().backward()
+        assert bias.grad.shape == (L, L)
+
+
 def test_a_cpu_prediction_keeps_the_math_paths_weights_with_dropout():
     # The CPU has no fused kernel with dropout: its math path keeps queries x keys matrices besides the output.
     assert _kept_after_forward(False, dropout_p=0.1) > OUT + WEIGHTS

@@ -40,6 +40,8 @@ def _fused(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sc
     """The CPU's fused kernel for a call the CPU would run as math only because of its dropout; None otherwise."""
     if not dropout_p or enable_gqa or query.dim() != 4 or not (query.size(-1) == key.size(-1) == value.size(-1)):
         return None
+    if attn_mask is not None and attn_mask.requires_grad:  # the CPU kernel has no gradient for a mask: keep math
+        return None
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         # As at::scaled_dot_product_attention does before any kernel (convert_boolean_attn_mask): -inf where False.
         attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill_(~attn_mask, float("-inf"))
