@@ -8,7 +8,8 @@ code that made them: the CS336 staff `BasicsTransformerLM` "medium" at contexts 
 inference forwards, three of them under bf16 autocast. For each, the script's own sequence (its warm-up batches
 kept on the GPU, its warm-up steps, the recorded step with its output and loss kept alive) runs on membench's
 prediction engine: fake tensors on CPU, the exact storage tracker at the CUDA allocator's 512-byte blocks, CUDA's
-autocast policy (trackers/cuda_autocast.py) and cuBLAS's workspaces (trackers/cuda_kernels.py), then the
+autocast policy (trackers/cuda_autocast.py), cuBLAS's workspaces (trackers/cuda_kernels.py) and the in-place
+backward paths of a plain run (trackers/subclass_like.py), then the
 caching-allocator simulator for reserved memory. The real numbers come from the trace: its events replayed from
 the allocator state at its start (the blocks alive before recording began) give the peak allocated and reserved
 that `max_memory_allocated()` / `max_memory_reserved()` reported. Prints predicted vs real and the error; exit 0

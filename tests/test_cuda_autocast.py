@@ -146,3 +146,4 @@ def test_under_inference_mode_no_weight_copy_is_kept():
             held = tracker.current
     assert held == 4 * 256 * 2  # the output only: the weight's and x's bf16 copies were freed after the matmul
     del a
+

@@ -19,6 +19,7 @@ import warnings
 
 import torch
 
+from membench.trackers.cuda_sdpa import cuda_sdpa
 from membench.trackers.private import AUTOCAST_CPU_KEYS, destroy_library, exclude_dispatch_keys, ops_with_kernel_for
 
 LOWER_PRECISION_FP = (
@@ -44,6 +45,10 @@ FP32_SET_OPT_DTYPE = (
     "prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum", "linalg_vector_norm",
     "linalg_matrix_norm", "linalg_matrix_norm.str_ord", "sum", "sum.dim_IntList",
 )
+# CUDA's softmax and log_softmax read a float16 input directly when asked for float32 (at::softmax calls
+# _softmax(input, dim, half_to_float=true) for a CUDA Half input, aten/src/ATen/native/SoftMax.cpp); on any other
+# device, and for bfloat16, they copy the input to float32 first, a transient copy a GPU never makes.
+HALF_TO_FLOAT = {"softmax.int": "_softmax", "log_softmax.int": "_log_softmax"}
 # norm without a dtype is redispatched to its overload with one (fp32_append_dtype).
 FP32_APPEND_DTYPE = {"norm.Scalar": "norm.ScalarOpt_dtype", "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype"}
 PROMOTE = ("addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler", "index_put",
@@ -116,7 +121,7 @@ def _kernels(casts: _Casts) -> dict[str, object]:
                 return op(*args, **kwargs)
         return kernel
 
-    def set_opt_dtype(op):
+    def set_opt_dtype(op, half_to_float=None):
         names = [a.name for a in op._schema.arguments]
         where = names.index("dtype")
 
@@ -124,10 +129,14 @@ def _kernels(casts: _Casts) -> dict[str, object]:
             with exclude_dispatch_keys(AUTOCAST_CPU_KEYS):
                 given = args[where] if len(args) > where else kwargs.get("dtype")
                 if args and _eligible(args[0]) and given is None:
+                    given = torch.float32
                     if len(args) > where:
                         args = (*args[:where], torch.float32, *args[where + 1:])
                     else:
                         kwargs = {**kwargs, "dtype": torch.float32}
+                if half_to_float is not None and given == torch.float32 and args[0].dtype == torch.float16:
+                    dim = args[1] if len(args) > 1 else kwargs["dim"]
+                    return half_to_float(args[0], dim, True)
                 return op(*args, **kwargs)
         return kernel
 
@@ -160,7 +169,7 @@ def _kernels(casts: _Casts) -> dict[str, object]:
     for name in FP32:
         kernels[name] = fp32(_op(name))
     for name in FP32_SET_OPT_DTYPE:
-        kernels[name] = set_opt_dtype(_op(name))
+        kernels[name] = set_opt_dtype(_op(name), _op(HALF_TO_FLOAT[name]) if name in HALF_TO_FLOAT else None)
     for name, target in FP32_APPEND_DTYPE.items():
         kernels[name] = append_dtype(_op(name), _op(target))
     for name in PROMOTE:
@@ -170,7 +179,14 @@ def _kernels(casts: _Casts) -> dict[str, object]:
 
 @contextlib.contextmanager
 def cuda_policy():
-    """While active, torch.autocast("cpu", ...) applies CUDA's autocast policy (see the module's docstring)."""
+    """While active, torch.autocast("cpu", ...) applies CUDA's autocast policy (see the module's docstring), and
+    scaled_dot_product_attention keeps what CUDA's fused kernels keep (trackers/cuda_sdpa.py)."""
+    with cuda_sdpa(), _autocast_policy():
+        yield
+
+
+@contextlib.contextmanager
+def _autocast_policy():
     casts = _Casts()
     kernels = _kernels(casts)
     library = torch.library.Library("aten", "IMPL")

@@ -6,6 +6,11 @@ main thread's comes with the first matmul of the forward; the autograd engine ru
 own on CUDA, whose handle (and workspace) comes with the first matmul of the first backward. On CPU, fake tensors
 run backward on the calling thread and take no workspace at all, so a CUDA prediction adds them here, in the
 order a GPU would allocate them. Counted as `other` memory.
+
+The same hook makes backward take the in-place paths a plain run takes where the storage tracker, being a dispatch
+mode, makes torch go out of place (trackers/subclass_like.py): a GPU run is measured from the allocator's
+statistics with no dispatch mode, while a CPU run is measured by the tracker itself, whose numbers a CPU prediction
+reproduces, so only a CUDA prediction undoes them.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from membench.trackers.private import in_backward
+from membench.trackers.subclass_like import BackwardPaths
 from membench.vocab import OTHER
 
 # The aten ops that run through cuBLAS on CUDA (matmuls; linear and matmul reach these), float types only.
@@ -27,6 +33,9 @@ class CublasWorkspaces:
     def __init__(self, nbytes: int):
         self.nbytes = nbytes
         self.handles: dict[str, torch.Tensor] = {}
+        self.paths = BackwardPaths()
+        self.rewrite = self.paths.rewrite  # the op to run instead (in-place where a plain run is)
+        self.after = self.paths.made
 
     def before(self, func, tracker) -> None:
         if func not in CUBLAS_OPS:

@@ -70,6 +70,16 @@ def in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
+# The autograd node whose backward is running (None outside backward), and how many references a tensor's storage
+# has (its tensors and views, and Python's storage objects): trackers/subclass_like.py. checked: 2.14.1
+def current_autograd_node():
+    return torch._C._current_autograd_node()
+
+
+def storage_use_count(tensor) -> int:
+    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
+
+
 # --- selective activation checkpointing: the ops whose outputs are kept (techniques/sac.py) ----------------------
 # Private attention kernels exist only on some builds: each is looked up by name. checked: 2.14.1
 def attention_and_matmul_ops() -> set:
@@ -102,6 +112,13 @@ def fake_tensor_mode(**kwargs):
     from torch._subclasses.fake_tensor import FakeTensorMode  # checked: 2.14.1
 
     return FakeTensorMode(**kwargs)
+
+
+def is_fake(tensor) -> bool:
+    """A FakeTensor (no data): trackers/subclass_like.py rewrites ops only on these. checked: 2.14.1"""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(tensor, FakeTensor)
 
 
 def fake_tensor_cache_info():

@@ -57,7 +57,7 @@ class StorageTracker(TorchDispatchMode):
                  device_types: tuple[str, ...] | None = None, trace: bool = False):
         super().__init__()
         self.trace: list[tuple] | None = [] if trace else None
-        self.kernels = None  # e.g. trackers.cuda_kernels.CublasWorkspaces: called before every op
+        self.kernels = None  # e.g. trackers.cuda_kernels.CublasWorkspaces: called around every op
         self.device_types = device_types
         self.round_to = round_to
         self.budget = budget
@@ -98,9 +98,13 @@ class StorageTracker(TorchDispatchMode):
             # Run the decomposition here, with this mode on top again, as it runs outside inference_mode.
             with self:
                 return func.decompose(*args, **(kwargs or {}))
-        if self.kernels is not None:  # a CUDA prediction: what CUDA kernels allocate besides their outputs
-            self.kernels.before(func, self)
+        kernels = self.kernels
+        if kernels is not None:  # a CUDA prediction: what CUDA kernels allocate besides their outputs, and the
+            kernels.before(func, self)  # in-place paths a plain run takes where this mode changes them
+            func = kernels.rewrite(func, args, kwargs)
         out = func(*args, **(kwargs or {}))
+        if kernels is not None:
+            kernels.after(func, out)
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self.track(t)

@@ -1,0 +1,75 @@
+"""Attention and softmax in a CUDA prediction, derived by hand: scaled_dot_product_attention keeps what CUDA's fused
+kernels keep (trackers/cuda_sdpa.py), the output and a fp32 log-sum-exp, never the queries x keys weights; softmax
+of a float16 input reads it directly (trackers/cuda_autocast.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from membench.trackers import fake
+from membench.trackers.cuda_autocast import cuda_policy
+from membench.trackers.storage import StorageTracker
+
+B, H, L, D = 2, 4, 128, 64
+OUT = B * H * L * D * 4  # the fp32 output: 262,144 bytes
+LSE = B * H * L * 4  # the log-sum-exp, fp32: 4,096 bytes
+WEIGHTS = B * H * L * L * 4  # one queries x keys fp32 matrix: 524,288 bytes
+
+
+def _kept_after_forward(cuda: bool, **kwargs) -> int:
+    """Bytes an SDPA forward leaves alive (its output and what it saved for backward), q, k, v made before."""
+    policy = cuda_policy() if cuda else torch.enable_grad()
+    with policy, fake.fake_tensors():
+        q, k, v = (torch.randn(B, H, L, D, requires_grad=True) for _ in range(3))
+        if kwargs.get("attn_mask") == "bool":
+            kwargs["attn_mask"] = torch.ones(L, L, dtype=torch.bool)
+        tracker = StorageTracker()
+        with tracker:
+            out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+            kept = tracker.current
+            out.sum().backward()
+        assert q.grad.shape == q.shape
+        return kept
+
+
+@pytest.mark.parametrize("kwargs", [{"dropout_p": 0.1}, {"dropout_p": 0.1, "is_causal": True},
+                                    {"dropout_p": 0.1, "attn_mask": "bool"}, {}])
+def test_attention_with_or_without_dropout_keeps_the_output_and_a_log_sum_exp(kwargs):
+    # A boolean mask is turned into a float one before any kernel, on CUDA as on CPU (L x L fp32, kept for
+    # backward as the kernel's input): 65,536 bytes more.
+    mask = L * L * 4 if kwargs.get("attn_mask") == "bool" else 0
+    assert _kept_after_forward(True, **kwargs) == OUT + LSE + mask
+
+
+def test_a_mask_that_needs_a_gradient_keeps_the_math_path():
+    # The CPU's fused kernel cannot give a mask its gradient: such a call stays on the math path (and still runs).
+    with cuda_policy(), fake.fake_tensors():
+        q, k, v = (torch.randn(B, H, L, D, requires_grad=True) for _ in range(3))
+        bias = torch.zeros(L, L, requires_grad=True)
+        F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=0.1).sum().backward()
+        assert bias.grad.shape == (L, L)
+
+
+def test_a_cpu_prediction_keeps_the_math_paths_weights_with_dropout():
+    # The CPU has no fused kernel with dropout: its math path keeps queries x keys matrices besides the output.
+    assert _kept_after_forward(False, dropout_p=0.1) > OUT + WEIGHTS
+
+
+@pytest.mark.parametrize("op", [torch.softmax, torch.log_softmax])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_softmax_of_a_half_input_reads_it_directly_as_cuda_does(op, dtype):
+    # Under autocast, softmax runs in fp32 (dtype=float32 given). CUDA reads a float16 input directly
+    # (_softmax with half_to_float): only the fp32 output, 64 x 1000 x 4 = 256,000 bytes. A bfloat16 input (and any
+    # input off CUDA) is copied to fp32 first: a second 256,000 bytes for a moment.
+    with cuda_policy(), fake.fake_tensors():
+        x = torch.randn(64, 1000, dtype=dtype, requires_grad=True)
+        tracker = StorageTracker(trace=True)
+        with tracker, torch.autocast("cpu", dtype=torch.float16):
+            y = op(x, -1)
+        assert y.dtype == torch.float32
+        allocs = [e[2] for e in tracker.trace if e[0] == "alloc"]
+        assert allocs == ([256_000] if dtype == torch.float16 else [256_000, 256_000])
+        y.sum().backward()
+        assert x.grad.dtype == dtype
