@@ -145,12 +145,15 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True) ->
             session.warm_up(warmup)
             measured_from = len(meter.tracker.trace or ())
             memory, _, _ = session.measure(1)
+            # A copy: the tracker's list goes on growing with frees while what the step left is collected later
+            # (in another prediction, even), and fit compares traces event for event.
+            trace = list(meter.tracker.trace or ())
         session.detach()
     memory.device = spec.device
     memory.method = f"prediction: fake tensors, storage tracker, {round_to}-byte blocks"
     if cuda:
-        _add_reserved(memory, meter.tracker.trace, stack, spec.memory_budget)
-    return Traced(memory, meter.tracker.trace or [], measured_from, round_to)
+        _add_reserved(memory, trace, stack, spec.memory_budget)
+    return Traced(memory, trace, measured_from, round_to)
 
 
 @contextlib.contextmanager
