@@ -2,12 +2,13 @@
 
 From a few traces (fit_batch): a training step makes the same allocations in the same order at every batch size,
 with sizes affine in the batch, for most models. That is checked, not assumed: two predictions (at two and three
-batch steps; one is often special, as a transpose of one sample is already contiguous and copies nothing) must make
-the same allocations and frees in the same order, every size is derived as a + c x batch,
-and the search then runs on the derived allocations alone (peak allocated is a sum; reserved memory comes from the
-caching allocator simulator, a fraction of a second per batch). The answer and the first batch over are then
-predicted for real and must match the derived allocations event for event; where anything differs (data-dependent
-shapes, a kernel choice that changes with the size) the full search runs instead, and says so.
+batch steps; one is often special, as a transpose of one sample is already contiguous and copies nothing; where two
+and three differ, three and four are tried) must make the same allocations and frees in the same order, every size
+is derived as a + c x batch, and the search then runs on the derived allocations alone (peak allocated is a sum;
+reserved memory comes from the caching allocator simulator, a fraction of a second per batch). The answer and the
+first batch over are then predicted for real and must match the derived allocations event for event; where anything
+differs (data-dependent shapes, a kernel choice that changes with the size) the full search runs instead, and says
+so.
 
 The full search (largest_batch) predicts every batch it tries: exponential (1, 2, 4, ... until one does not fit)
 then binary. Where a CUDA GPU is present, the predicted batch is then run for real in a subprocess under the budget;
@@ -253,7 +254,15 @@ def fit_batch(job: Job, budget: int, by: str, traced: Callable[[Job], Traced], m
 
     if kmax < 3 or value(2) > budget:
         return smallest()
-    model = AffineTrace.derive(real(2), 2 * step, real(3), 3 * step, allocator_settings(resolve(job.run)))
+    settings = allocator_settings(resolve(job.run))
+    first = 2  # the smallest batch the derived allocations hold for
+    model = AffineTrace.derive(real(2), 2 * step, real(3), 3 * step, settings)
+    if isinstance(model, str) and kmax >= 4 and value(3) <= budget:
+        # Two batch steps can be special too (a size-2 dimension another kernel path takes): one pair further.
+        first, why = 3, model
+        model = AffineTrace.derive(real(3), 3 * step, real(4), 4 * step, settings)
+        if isinstance(model, str):
+            model = f"{why}; {model}"
     if isinstance(model, str):
         return full_search(f"allocations differ between batch sizes ({model})")
     sims = 0
@@ -266,7 +275,7 @@ def fit_batch(job: Job, budget: int, by: str, traced: Callable[[Job], Traced], m
         return model.peak_reserved(k * step) <= budget
 
     # Allocated memory only grows with the batch (every size has a slope >= 0): bisect it for an upper bound.
-    lo, hi = 2, kmax + 1  # lo fits, hi does not (kmax + 1: beyond the search)
+    lo, hi = first, kmax + 1  # lo fits, hi does not (kmax + 1: beyond the search)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if model.peak_allocated(mid * step) <= budget else (lo, mid)
@@ -275,16 +284,16 @@ def fit_batch(job: Job, budget: int, by: str, traced: Callable[[Job], Traced], m
         # Reserved memory is not monotonic in the batch (segment sizes): walk down from the bound to the largest
         # batch that fits, rather than trust a bisection's luck; bisect only past SCAN_LIMIT batches.
         top = lo
-        while lo > 2 and not fits(lo) and top - lo < SCAN_LIMIT:
+        while lo > first and not fits(lo) and top - lo < SCAN_LIMIT:
             lo -= 1
-        if lo > 2 and not fits(lo):
-            low, high = 2, lo
+        if lo > first and not fits(lo):
+            low, high = first, lo
             while high - low > 1:
                 mid = (low + high) // 2
                 low, high = (mid, high) if fits(mid) else (low, mid)
             lo, note = low, f"reserved memory bisected below batch {(top - SCAN_LIMIT) * step}"
     answer = lo
-    fails_below = [k * step for k in range(answer - 1, max(answer - 1 - BELOW_CHECKED, 1), -1)
+    fails_below = [k * step for k in range(answer - 1, max(answer - 1 - BELOW_CHECKED, first - 1), -1)
                    if by == "reserved" and not fits(k)]
     for k in (answer, answer + 1):
         if k <= kmax and (why := model.matches(real(k), k * step)):
@@ -292,7 +301,8 @@ def fit_batch(job: Job, budget: int, by: str, traced: Callable[[Job], Traced], m
     if value(answer) > budget or (answer < kmax and value(answer + 1) <= budget):
         return full_search("the derived peaks differ from real predictions")
     fit = Fit(job.name, answer * step, value(answer), step, None, None, len(seen), simulations=sims,
-              method=f"from traces at {2 * step} and {3 * step}, confirmed at the answer and the batch above",
+              method=f"from traces at {first * step} and {(first + 1) * step}, confirmed at the answer and the batch "
+                     "above",
               fails_below=sorted(fails_below))
     if answer < kmax:
         fit.over_batch, fit.over_peak = (answer + 1) * step, value(answer + 1)

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from membench import cli
-from membench.fit import batch_step, confirm_on_gpu, largest_batch
-from membench.predict import predict_memory
+from membench.fit import batch_step, confirm_on_gpu, fit_batch, largest_batch
+from membench.predict import Traced, predict_memory, predict_traced
 from membench.spec import Job
 from tests.helpers import spec as job_spec
 
@@ -44,6 +46,65 @@ def test_max_batch_stops_the_search():
     spec = job_spec("vit-tiny", batch_size=1, device="cuda")
     fit = largest_batch(spec, 2**40, peak, max_batch=4)
     assert fit.batch == 4 and fit.over_batch is None and "--max-batch" in fit.note
+
+
+# --- fit from traces: two predictions, sizes derived as affine in the batch, confirmed by two more ------------------
+
+def synthetic(special: set[int]):
+    """A stand-in for predict_traced whose allocations are known by hand: 1000 B before the measured step, then
+    100 B per sample allocated and freed; a batch in `special` makes one more allocation (another kernel path)."""
+    def traced(job: Job) -> Traced:
+        b = job.run.batch_size
+        events = [("alloc", 0, 1000), ("alloc", 1, 100 * b), ("free", 1)]
+        if b in special:
+            events[1:1] = [("alloc", 2, 8), ("free", 2)]
+        return Traced(SimpleNamespace(peak_allocated_bytes=1000 + 100 * b), events, 1, 1)
+    return traced
+
+
+def test_fit_from_traces_derives_the_answer_and_confirms_it():
+    job = job_spec("vit-tiny", batch_size=1, device="cuda")
+    fit = fit_batch(job, 1000 + 100 * 37, "allocated", synthetic(set()))
+    assert (fit.batch, fit.peak, fit.over_batch, fit.over_peak) == (37, 4700, 38, 4800)
+    assert fit.probes == 4 and fit.method.startswith("from traces at 2 and 3")
+
+
+def test_fit_from_traces_steps_past_a_special_batch_and_falls_back_where_two_pairs_differ():
+    job = job_spec("vit-tiny", batch_size=1, device="cuda")
+    fit = fit_batch(job, 1000 + 100 * 37, "allocated", synthetic({2}))
+    assert (fit.batch, fit.over_batch, fit.probes) == (37, 38, 5) and fit.method.startswith("from traces at 3 and 4")
+    fit = fit_batch(job, 1000 + 100 * 37, "allocated", synthetic({2, 4}))
+    assert (fit.batch, fit.over_batch) == (37, 38) and fit.method == "full search"
+    assert "allocations differ between batch sizes" in fit.note
+
+
+@pytest.mark.slow  # 3 to 6 s each on the 2-core machine: a full search of real predictions beside it
+@pytest.mark.parametrize("stack", [(), ("ckpt",), ("accum",)], ids=lambda s: "+".join(s) or "baseline")
+def test_fit_from_traces_gives_the_full_searchs_answer(stack):
+    job = job_spec("vit-tiny", stack, batch_size=1, device="cuda", accum_steps=2)
+    step = batch_step(job)
+    budget = peak(job.with_run(batch_size=9 * step)) + 1
+    fit = fit_batch(job, budget, "allocated", predict_traced)
+    full = largest_batch(job, budget, peak)
+    assert fit.method.startswith("from traces") and fit.probes == 4
+    assert (fit.batch, fit.peak, fit.over_batch, fit.over_peak) == (full.batch, full.peak, full.over_batch,
+                                                                     full.over_peak)
+    assert fit.batch == 9 * step
+
+
+def test_a_trace_does_not_depend_on_when_the_cycle_collector_runs():
+    """Checkpointing leaves storages in reference cycles: a trace must not change with the collector's timing (or
+    with frees that land in the tracker's list after the prediction ended)."""
+    job = job_spec("vit-tiny", ("ckpt",), batch_size=2, device="cuda")
+    first = predict_traced(job)
+    threshold = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)
+    try:
+        again = predict_traced(job)
+    finally:
+        gc.set_threshold(*threshold)
+    gc.collect()
+    assert first.events == again.events and first.memory.peak_allocated_bytes == again.memory.peak_allocated_bytes
 
 
 def test_cli_fit_prints_a_table(capsys):
