@@ -2,12 +2,13 @@
 
 Times `membench fit --workload vit_b_16 --budget 24GiB --techniques accum,ckpt,opt-in-bwd` as a user runs it (a
 fresh process: Python, torch, the child that loads the workload, every prediction): wall seconds, and CPU seconds of
-the command and its child (what a loaded machine's wall clock hides). With --compare-full, it also
+the command and its children (what a loaded machine's wall clock hides), with --jobs 1 (one technique after another)
+and with the default (one technique per core), in turn; the answers must be the same. With --compare-full, it also
 runs the full search (a real prediction at every batch tried: exponential then binary) for each technique in this
 process and prints both answers side by side. Timings depend on the machine and its load. Usage:
 
     python benchmarks/fit_speed.py [--workload vit_b_16] [--budget 24GiB] [--techniques accum,ckpt,opt-in-bwd]
-                                   [--compare-full]
+                                   [--compare-full] [--jobs 1,default]
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def main() -> None:
     parser.add_argument("--budget", default="24GiB")
     parser.add_argument("--techniques", default="accum,ckpt,opt-in-bwd")
     parser.add_argument("--compare-full", action="store_true")
+    parser.add_argument("--jobs", default="1,default",
+                        help="comma-separated --jobs values to time in turn (default: 1,default)")
     args = parser.parse_args()
     command = ["membench", "fit", "--workload", args.workload, "--budget", args.budget, "--techniques",
                args.techniques]
@@ -37,17 +40,26 @@ def main() -> None:
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         return usage.ru_utime + usage.ru_stime
 
-    start, cpu = time.perf_counter(), children_cpu()
-    proc = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True)
-    seconds, cpu = time.perf_counter() - start, children_cpu() - cpu
-    print(proc.stdout)
-    if proc.returncode:
-        sys.exit(f"{' '.join(command)} failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
-    predictions = sum(line.startswith("fit ") for line in proc.stderr.splitlines())
-    print(f"`{' '.join(command)}`: {seconds:.1f} s wall, {cpu:.1f} s CPU (the command and its child), "
-          f"{predictions} predictions, from a fresh process ({platform.machine()}, {os.cpu_count()} cores, load "
-          f"average {os.getloadavg()[0]:.1f}, {torch.get_num_threads()} threads, torch {torch.__version__})",
-          flush=True)
+    tables = set()
+    for jobs in args.jobs.split(","):
+        # The same command one technique at a time and, by default, one per core: both in this run, so that
+        # the machine's load is about the same for the two.
+        timed = command + (["--jobs", jobs] if jobs != "default" else [])
+        start, cpu = time.perf_counter(), children_cpu()
+        proc = subprocess.run([sys.executable, "-m", *timed], capture_output=True, text=True)
+        seconds, cpu = time.perf_counter() - start, children_cpu() - cpu
+        if proc.returncode:
+            sys.exit(f"{' '.join(timed)} failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
+        if proc.stdout not in tables:
+            print(proc.stdout)
+        tables.add(proc.stdout)
+        predictions = sum(line.startswith("fit ") for line in proc.stderr.splitlines())
+        print(f"`{' '.join(timed)}`: {seconds:.1f} s wall, {cpu:.1f} s CPU (the command and its children), "
+              f"{predictions} predictions, from a fresh process ({platform.machine()}, {os.cpu_count()} cores, "
+              f"load average {os.getloadavg()[0]:.1f}, {torch.get_num_threads()} threads, torch "
+              f"{torch.__version__})", flush=True)
+    if len(tables) > 1:
+        sys.exit("the answers differ between --jobs settings")
     if args.compare_full:
         from membench.api import plan
         from membench.fit import largest_batch

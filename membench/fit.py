@@ -18,6 +18,12 @@ an OOM there is a data point (the prediction was optimistic: step down), a succe
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import select
+import signal
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,9 +123,8 @@ def confirm_on_gpu(job: Job, fit: Fit, budget: int, out_dir: Path, tries: int = 
 
 def answer_request(request: dict) -> dict:
     """In the child process of `membench fit` (launcher.call_isolated): plan the runs (loading the user's code),
-    fit each, showing every prediction on stderr as the search goes; the answer is the fits and their jobs."""
-    import sys
-
+    fit each (request["jobs"] at a time: fit_in_parallel), showing every prediction on stderr as the search goes;
+    the answer is the fits and their jobs."""
     from membench.api import plan
     from membench.predict import predict_traced
     from membench.units import fmt_bytes
@@ -132,8 +137,179 @@ def answer_request(request: dict) -> dict:
               flush=True)
 
     jobs = plan(**request["plan"], in_process=True)
-    fits = [fit_batch(job, budget, by, predict_traced, request["max_batch"], on_probe=probe) for job in jobs]
+
+    def fit_one(job: Job) -> Fit:
+        return fit_batch(job, budget, by, predict_traced, request["max_batch"], on_probe=probe)
+
+    workers = min(request.get("jobs", 1), len(jobs))
+    if workers > 1 and not can_fork():
+        print("membench: the fitting process cannot fork (CUDA initialised, or the workload's code ran a backward "
+              "while loading): techniques fitted one at a time", file=sys.stderr, flush=True)
+        workers = 1
+    if workers > 1:
+        fits = fit_in_parallel(jobs, fit_one, workers, request["plan"].get("workload"))
+    else:
+        fits = [fit_one(job) for job in jobs]
     return {"fits": [dataclasses.asdict(f) for f in fits], "jobs": [job.to_dict() for job in jobs]}
+
+
+def default_jobs() -> int:
+    """The cores this process may run on (its affinity, where the OS tells it): one technique on each."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def can_fork() -> bool:
+    """Whether fit's workers may be forked from this process. Not once CUDA is initialised (a forked child cannot
+    use it), nor once autograd has run here: its engine's threads do not survive a fork, and torch then refuses
+    any backward in the child. Planning does not run one, but the user's factory may; a forked child that runs a
+    one-element backward tells (a few milliseconds). Where not, the techniques run one at a time."""
+    import torch
+
+    if not hasattr(os, "fork") or torch.cuda.is_initialized():
+        return False
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            torch.ones(1, requires_grad=True).sum().backward()
+            code = 0
+        finally:
+            os._exit(code)  # torch's RuntimeError, if any, is the answer: no traceback
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+def fit_in_parallel(jobs: list[Job], fit_one: Callable[[Job], Fit], workers: int, workload: str | None) -> list[Fit]:
+    """fit_one(job) for every job, each in a process forked from this one (the workload already loaded), at most
+    `workers` at a time; the fits in the order of `jobs`.
+
+    A worker's output (the search's progress lines, the user's prints) goes through a pipe to this process,
+    which shows it in the order the serial loop would: the first unfinished job's as it comes, the others' once
+    every job before them has finished. Its answer comes back, as JSON, on a second pipe. A worker that raises
+    is the same one line as in the serial loop; one that dies without answering is one line naming its
+    technique; either way the other workers are killed first. Workers stay in this process's group and session,
+    so the command's --timeout and its end kill them with everything else.
+    """
+    from membench.lifeline import die_with_parent
+    from membench.plan_probe import failure_line
+
+    parent = os.getpid()
+    sys.stdout.flush()
+    sys.stderr.flush()  # what is buffered here would otherwise be written again by every worker
+
+    def start(index: int) -> dict:
+        out_r, out_w = os.pipe()
+        ans_r, ans_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the worker: never returns into the caller's code
+            code = 1
+            try:
+                os.close(out_r)
+                os.close(ans_r)
+                die_with_parent(parent)  # the kernel's PDEATHSIG is not inherited across fork
+                os.dup2(out_w, 1)
+                os.dup2(out_w, 2)
+                os.close(out_w)
+                try:
+                    answer = {"fit": dataclasses.asdict(fit_one(jobs[index]))}
+                except UserError as exc:
+                    answer = {"error": str(exc)}
+                except BaseException as exc:  # noqa: BLE001 - the user's code raising: one line, as serially
+                    answer = {"error": failure_line(exc, workload)}
+                sys.stdout.flush()
+                sys.stderr.flush()
+                data = json.dumps(answer).encode()
+                while data:
+                    data = data[os.write(ans_w, data):]
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(out_w)
+        os.close(ans_w)
+        for fd in (out_r, ans_r):
+            os.set_blocking(fd, False)
+        return {"pid": pid, "fds": {out_r: "out", ans_r: "answer"}, "out": bytearray(), "answer": bytearray(),
+                "status": None}
+
+    running: dict[int, dict] = {}
+    done: dict[int, dict] = {}
+    shown, next_job = 0, 0  # jobs whose output is fully shown; the next job to start
+
+    def read(worker: dict, fd: int) -> None:
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                return
+            if not chunk:  # EOF
+                os.close(fd)
+                del worker["fds"][fd]
+                return
+            worker[worker["fds"][fd]] += chunk
+
+    def show() -> None:
+        nonlocal shown
+        while shown < len(jobs):
+            worker = running.get(shown) or done.get(shown)
+            if worker is None:
+                return
+            if worker["out"]:
+                os.write(1, bytes(worker["out"]))  # fd 1 and 2 are one stream in the fitting process
+                worker["out"].clear()
+            if shown not in done:
+                return
+            _raise_for(jobs[shown], worker)  # in the order of jobs: the error the serial loop would stop at
+            shown += 1
+
+    try:
+        while len(done) < len(jobs):
+            while next_job < len(jobs) and len(running) < workers:
+                running[next_job] = start(next_job)
+                next_job += 1
+            fds = {fd: w for w in running.values() for fd in w["fds"]}
+            ready = select.select(list(fds), [], [], 0.2)[0] if fds else time.sleep(0.2) or []
+            for fd in ready:
+                read(fds[fd], fd)
+            for index, worker in list(running.items()):
+                pid, status = os.waitpid(worker["pid"], os.WNOHANG)
+                if pid == 0:
+                    continue
+                for fd in list(worker["fds"]):  # what it wrote before exiting; a process it forked may hold the
+                    read(worker, fd)           # pipes open: read what is there, never wait for their EOF
+                    if fd in worker["fds"]:
+                        os.close(fd)
+                        del worker["fds"][fd]
+                worker["status"] = status
+                done[index] = running.pop(index)
+            show()
+    finally:
+        for worker in running.values():  # an error or an interrupt: no worker outlives the fit
+            os.kill(worker["pid"], signal.SIGKILL)
+            os.waitpid(worker["pid"], 0)
+            for fd in worker["fds"]:
+                os.close(fd)
+    return [Fit(**json.loads(done[i]["answer"])["fit"]) for i in range(len(jobs))]
+
+
+def _raise_for(job: Job, worker: dict) -> None:
+    """The serial loop's error for a worker that raised; one line naming the technique for one that died."""
+    try:
+        answer = json.loads(worker["answer"])
+    except ValueError:
+        answer = None
+    if isinstance(answer, dict) and "fit" in answer:
+        return
+    if isinstance(answer, dict) and answer.get("error"):
+        raise UserError(str(answer["error"]))
+    status = worker["status"]
+    how = (f"was killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+           else f"exited with code {os.waitstatus_to_exitcode(status)}")
+    raise UserError(f"fitting {job.name} (in a process of its own) {how} before answering (the workload's code "
+                    "exits or crashes the process?)")
 
 
 class AffineTrace:

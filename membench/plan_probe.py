@@ -37,11 +37,17 @@ def call_here(kind: str, request: dict) -> dict:
         return {"predict": predict.answer_request, "fit": fit.answer_request}[kind](request)
     except UserError as exc:
         return {"error": str(exc)}
-    except Exception as exc:  # noqa: BLE001 - the user's code raising while loading: its message is the answer
-        return {"error": f"workload {request.get('workload')!r} raised {type(exc).__name__}: {exc}"}
-    except BaseException as exc:  # noqa: BLE001 - SystemExit from the user's code is not membench's exit code
-        return {"error": f"workload {request.get('workload')!r} raised {type(exc).__name__}"
-                         f"{'(' + str(exc) + ')' if str(exc) else ''} while membench ran it"}
+    except BaseException as exc:  # noqa: BLE001 - the user's code raising, or SystemExit from it: one line
+        return {"error": failure_line(exc, request.get("workload") or request.get("plan", {}).get("workload"))}
+
+
+def failure_line(exc: BaseException, workload: str | None) -> str:
+    """What the user's code raising is, in one line (also for fit's workers, which run it in processes of their
+    own). SystemExit and the like are not membench's exit code."""
+    if isinstance(exc, Exception):
+        return f"workload {workload!r} raised {type(exc).__name__}: {exc}"
+    return (f"workload {workload!r} raised {type(exc).__name__}{'(' + str(exc) + ')' if str(exc) else ''} while "
+            "membench ran it")
 
 
 def main(argv: list[str]) -> int:

@@ -188,3 +188,36 @@ def test_bounds_a_prediction_cannot_meet_are_one_line(args, message, capsys):
     assert cli.main(["predict", "--workload", "vit-tiny", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+# --- --jobs: techniques fitted in processes of their own ---------------------------------------------------------
+
+def test_fit_with_two_jobs_gives_the_answers_of_one():
+    """Each technique's search, forked from the loaded workload, answers exactly as the serial loop does: the same
+    table (batch, peak, first batch over and its peak) and the same progress lines, in the same order. Through the
+    command: a fresh process, as users run it (this one has run backwards already, and then fit stays serial)."""
+    runs = [_cli("fit", "--workload", "tests.workloads:mlp", "--device", "cpu", "--techniques", "accum,opt-in-bwd",
+                 "--budget", "1MiB", "--jobs", jobs, timeout=240) for jobs in ("1", "2")]
+    for proc in runs:
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    serial, parallel = runs
+    rows = [line.split() for line in serial.stdout.splitlines()[2:5]]
+    assert [row[0] for row in rows] == ["baseline", "accum", "opt-in-bwd"]
+    assert all(row[1] != "0" and row[4] != "-" for row in rows)  # each search found a batch and the first over
+    assert parallel.stdout == serial.stdout
+    assert parallel.stderr == serial.stderr and "cannot fork" not in parallel.stderr
+
+
+def test_a_technique_whose_process_dies_is_one_line_naming_it():
+    proc = _cli("fit", "--workload", "tests.workloads:killed_in_step", "--device", "cpu", "--techniques", "accum",
+                "--budget", "1GiB", "--jobs", "2", timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("membench: error: fitting baseline ") and "killed by signal 9" in last, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_jobs_out_of_range_is_one_line_naming_the_range():
+    proc = _cli("fit", "--workload", "vit-tiny", "--budget", "1GiB", "--jobs", "0", timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "--jobs" in proc.stderr and "1 or more" in proc.stderr
