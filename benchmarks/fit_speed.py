@@ -54,6 +54,9 @@ def main() -> None:
             print(proc.stdout)
         tables.add(proc.stdout)
         predictions = sum(line.startswith("fit ") for line in proc.stderr.splitlines())
+        for line in proc.stderr.splitlines():  # e.g. that the techniques could not be fitted in parallel here
+            if line.startswith("membench: "):
+                print(line)
         print(f"`{' '.join(timed)}`: {seconds:.1f} s wall, {cpu:.1f} s CPU (the command and its children), "
               f"{predictions} predictions, from a fresh process ({platform.machine()}, {os.cpu_count()} cores, "
               f"load average {os.getloadavg()[0]:.1f}, {torch.get_num_threads()} threads, torch "

@@ -184,15 +184,16 @@ def can_fork() -> bool:
 
 
 def fit_in_parallel(jobs: list[Job], fit_one: Callable[[Job], Fit], workers: int, workload: str | None) -> list[Fit]:
-    """fit_one(job) for every job, each in a process forked from this one (the workload already loaded), at most
-    `workers` at a time; the fits in the order of `jobs`.
+    """fit_one(job) for every job in `workers` processes forked from this one (the workload already loaded), worker
+    w taking jobs w, w + workers, ... in turn (a worker's first prediction pays for torch's dispatch caches, which
+    its later ones reuse: one process per job would pay it for every job); the fits in the order of `jobs`.
 
-    A worker's output (the search's progress lines, the user's prints) goes through a pipe to this process,
-    which shows it in the order the serial loop would: the first unfinished job's as it comes, the others' once
-    every job before them has finished. Its answer comes back, as JSON, on a second pipe. A worker that raises
-    is the same one line as in the serial loop; one that dies without answering is one line naming its
-    technique; either way the other workers are killed first. Workers stay in this process's group and session,
-    so the command's --timeout and its end kill them with everything else.
+    Each job's output (the search's progress lines, the user's prints) goes through a pipe of its own to this
+    process, which shows it in the order the serial loop would: the first unfinished job's as it comes, the
+    others' once every job before them has finished. Its answer comes back as one line of JSON on another pipe. A
+    job that raises is the same one line as in the serial loop; a worker that dies is one line naming the
+    technique it was fitting; either way the other workers are killed first. Workers stay in this process's
+    group and session, so the command's --timeout and its end kill them with everything else.
     """
     from membench.lifeline import die_with_parent
     from membench.plan_probe import failure_line
@@ -200,113 +201,126 @@ def fit_in_parallel(jobs: list[Job], fit_one: Callable[[Job], Fit], workers: int
     parent = os.getpid()
     sys.stdout.flush()
     sys.stderr.flush()  # what is buffered here would otherwise be written again by every worker
+    pipes = [(os.pipe(), os.pipe()) for _ in jobs]  # per job: (output read, write), (answer read, write)
+    state = [{"out": bytearray(), "answer": bytearray()} for _ in jobs]
+    held = {fd for pair in pipes for ends in pair for fd in ends}  # this process's ends not yet closed
 
-    def start(index: int) -> dict:
-        out_r, out_w = os.pipe()
-        ans_r, ans_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the worker: never returns into the caller's code
-            code = 1
-            try:
+    def close(fd: int) -> None:
+        os.close(fd)
+        held.discard(fd)
+
+    def work(mine: list[int]) -> None:  # in the worker; never returns
+        code = 1
+        try:
+            die_with_parent(parent)  # the kernel's PDEATHSIG is not inherited across fork
+            for k, ((out_r, out_w), (ans_r, ans_w)) in enumerate(pipes):
                 os.close(out_r)
                 os.close(ans_r)
-                die_with_parent(parent)  # the kernel's PDEATHSIG is not inherited across fork
+                if k not in mine:
+                    os.close(out_w)
+                    os.close(ans_w)
+            for k in mine:
+                (_, out_w), (_, ans_w) = pipes[k]
                 os.dup2(out_w, 1)
                 os.dup2(out_w, 2)
                 os.close(out_w)
                 try:
-                    answer = {"fit": dataclasses.asdict(fit_one(jobs[index]))}
+                    answer = {"fit": dataclasses.asdict(fit_one(jobs[k]))}
                 except UserError as exc:
                     answer = {"error": str(exc)}
                 except BaseException as exc:  # noqa: BLE001 - the user's code raising: one line, as serially
                     answer = {"error": failure_line(exc, workload)}
                 sys.stdout.flush()
                 sys.stderr.flush()
-                data = json.dumps(answer).encode()
+                data = (json.dumps(answer) + "\n").encode()
                 while data:
                     data = data[os.write(ans_w, data):]
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(out_w)
-        os.close(ans_w)
-        for fd in (out_r, ans_r):
-            os.set_blocking(fd, False)
-        return {"pid": pid, "fds": {out_r: "out", ans_r: "answer"}, "out": bytearray(), "answer": bytearray(),
-                "status": None}
+                os.close(ans_w)
+                if "error" in answer:
+                    break  # the serial loop stops at the first error too
+            code = 0
+        finally:
+            os._exit(code)
 
-    running: dict[int, dict] = {}
-    done: dict[int, dict] = {}
-    shown, next_job = 0, 0  # jobs whose output is fully shown; the next job to start
+    running: dict[int, list[int]] = {}  # pid: its jobs
+    owner: dict[int, int] = {}  # job: its worker's pid
+    dead: dict[int, int] = {}  # workers that ended: their wait status
+    try:
+        for w in range(workers):
+            mine = list(range(w, len(jobs), workers))
+            pid = os.fork()
+            if pid == 0:
+                work(mine)
+            running[pid] = mine
+            owner.update((k, pid) for k in mine)
+        fds: dict[int, tuple[int, str]] = {}
+        for k, ((out_r, out_w), (ans_r, ans_w)) in enumerate(pipes):
+            close(out_w)
+            close(ans_w)
+            for fd, what in ((out_r, "out"), (ans_r, "answer")):
+                os.set_blocking(fd, False)
+                fds[fd] = (k, what)
 
-    def read(worker: dict, fd: int) -> None:
-        while True:
-            try:
-                chunk = os.read(fd, 65536)
-            except BlockingIOError:
-                return
-            if not chunk:  # EOF
-                os.close(fd)
-                del worker["fds"][fd]
-                return
-            worker[worker["fds"][fd]] += chunk
+        def read(fd: int) -> None:
+            k, what = fds[fd]
+            while True:
+                try:
+                    chunk = os.read(fd, 65536)
+                except BlockingIOError:
+                    return
+                if not chunk:  # EOF
+                    close(fd)
+                    del fds[fd]
+                    return
+                state[k][what] += chunk
 
-    def show() -> None:
-        nonlocal shown
+        def answered(k: int) -> bool:
+            return state[k]["answer"].endswith(b"\n")
+
+        shown = 0
         while shown < len(jobs):
-            worker = running.get(shown) or done.get(shown)
-            if worker is None:
-                return
-            if worker["out"]:
-                os.write(1, bytes(worker["out"]))  # fd 1 and 2 are one stream in the fitting process
-                worker["out"].clear()
-            if shown not in done:
-                return
-            _raise_for(jobs[shown], worker)  # in the order of jobs: the error the serial loop would stop at
-            shown += 1
-
-    try:
-        while len(done) < len(jobs):
-            while next_job < len(jobs) and len(running) < workers:
-                running[next_job] = start(next_job)
-                next_job += 1
-            fds = {fd: w for w in running.values() for fd in w["fds"]}
-            ready = select.select(list(fds), [], [], 0.2)[0] if fds else time.sleep(0.2) or []
+            ready = select.select(list(fds), [], [], 0.5)[0] if fds else time.sleep(0.5) or []
             for fd in ready:
-                read(fds[fd], fd)
-            for index, worker in list(running.items()):
-                pid, status = os.waitpid(worker["pid"], os.WNOHANG)
-                if pid == 0:
-                    continue
-                for fd in list(worker["fds"]):  # what it wrote before exiting; a process it forked may hold the
-                    read(worker, fd)           # pipes open: read what is there, never wait for their EOF
-                    if fd in worker["fds"]:
-                        os.close(fd)
-                        del worker["fds"][fd]
-                worker["status"] = status
-                done[index] = running.pop(index)
-            show()
+                read(fd)
+            for pid in list(running):
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    # What it wrote before exiting; a process it forked may hold the pipes open: read what is
+                    # there, never wait for their EOF.
+                    for fd in [fd for fd, (k, _) in fds.items() if k in running[pid]]:
+                        if fd in fds:
+                            read(fd)
+                    dead[pid] = status
+                    del running[pid]
+            while shown < len(jobs):  # the first unfinished job's output, as the serial loop shows it
+                if state[shown]["out"]:
+                    os.write(1, bytes(state[shown]["out"]))  # fd 1 and 2 are one stream in the fitting process
+                    state[shown]["out"].clear()
+                if not answered(shown) and owner[shown] not in dead:
+                    break
+                _raise_for(jobs[shown], state[shown]["answer"], dead.get(owner[shown]))
+                shown += 1
     finally:
-        for worker in running.values():  # an error or an interrupt: no worker outlives the fit
-            os.kill(worker["pid"], signal.SIGKILL)
-            os.waitpid(worker["pid"], 0)
-            for fd in worker["fds"]:
-                os.close(fd)
-    return [Fit(**json.loads(done[i]["answer"])["fit"]) for i in range(len(jobs))]
+        for pid in running:  # an error or an interrupt: no worker outlives the fit
+            os.kill(pid, signal.SIGKILL)
+        for pid in running:
+            os.waitpid(pid, 0)
+        for fd in list(held):
+            close(fd)
+    return [Fit(**json.loads(state[k]["answer"])["fit"]) for k in range(len(jobs))]
 
 
-def _raise_for(job: Job, worker: dict) -> None:
-    """The serial loop's error for a worker that raised; one line naming the technique for one that died."""
+def _raise_for(job: Job, answer: bytes, status: int | None) -> None:
+    """The serial loop's error for a job that raised; one line naming the technique for a worker that died."""
     try:
-        answer = json.loads(worker["answer"])
+        answer = json.loads(answer)
     except ValueError:
         answer = None
     if isinstance(answer, dict) and "fit" in answer:
         return
     if isinstance(answer, dict) and answer.get("error"):
         raise UserError(str(answer["error"]))
-    status = worker["status"]
-    how = (f"was killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+    how = ("ended" if status is None else f"was killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
            else f"exited with code {os.waitstatus_to_exitcode(status)}")
     raise UserError(f"fitting {job.name} (in a process of its own) {how} before answering (the workload's code "
                     "exits or crashes the process?)")
