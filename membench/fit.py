@@ -165,7 +165,7 @@ def can_fork() -> bool:
     """Whether fit's workers may be forked from this process. Not once CUDA is initialised (a forked child cannot
     use it), nor once autograd has run here: its engine's threads do not survive a fork, and torch then refuses
     any backward in the child. Planning does not run one, but the user's factory may; a forked child that runs a
-    one-element backward tells (a few milliseconds). Where not, the techniques run one at a time."""
+    one-element backward tells. Where not, the techniques run one at a time."""
     import torch
 
     if not hasattr(os, "fork") or torch.cuda.is_initialized():
