@@ -8,7 +8,8 @@ same training step code (membench.step) on fake tensors, with the same technique
 - MemTracker (torch.distributed._tools.mem_tracker) under the same FakeTensorMode: a warm-up step, then the step
   tracked as its documentation shows (track_external on the model and optimizers).
 
-Prints seconds per configuration for each, their ratio, and both peaks (membench's rounded to CUDA's 512-byte
+Prints CPU seconds (process_time: what a loaded machine's wall clock hides) and wall seconds per configuration for
+each, their ratio, and both peaks (membench's rounded to CUDA's 512-byte
 blocks, MemTracker's unrounded: they differ by that rounding). Timings depend on the machine and its load: compare
 ratios from one run. Usage:
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import platform
 import time
 
@@ -67,25 +69,28 @@ def main() -> None:
     # anything is timed, so that neither pays for it in the other's place.
     predict_memory(jobs[0])
     memtracker_peak(jobs[0])
-    rows, total = [], [0.0, 0.0]
+    rows, total = [], [0.0, 0.0, 0.0, 0.0]
     for job in jobs:
-        start = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.process_time()
         ours = predict_memory(job).peak_allocated_bytes
-        ours_s = time.perf_counter() - start
-        start = time.perf_counter()
+        ours_s, ours_cpu = time.perf_counter() - wall, time.process_time() - cpu
+        wall, cpu = time.perf_counter(), time.process_time()
         theirs = memtracker_peak(job)
-        theirs_s = time.perf_counter() - start
-        total[0], total[1] = total[0] + ours_s, total[1] + theirs_s
-        rows.append([job.name, f"{ours_s:.2f}", f"{theirs_s:.2f}", f"{theirs_s / ours_s:.1f}x", fmt_bytes(ours),
-                     fmt_bytes(theirs)])
-        print(f"{job.name}: membench {ours_s:.2f} s, MemTracker {theirs_s:.2f} s", flush=True)
-    rows.append(["total", f"{total[0]:.2f}", f"{total[1]:.2f}", f"{total[1] / total[0]:.1f}x", "", ""])
-    print(tabulate(rows, headers=["run", "membench s", "MemTracker s", "ratio", "membench peak (512 B blocks)",
-                                  "MemTracker peak"], tablefmt="simple", disable_numparse=True))
+        theirs_s, theirs_cpu = time.perf_counter() - wall, time.process_time() - cpu
+        for i, v in enumerate((ours_s, theirs_s, ours_cpu, theirs_cpu)):
+            total[i] += v
+        rows.append([job.name, f"{ours_cpu:.2f}", f"{theirs_cpu:.2f}", f"{theirs_cpu / ours_cpu:.1f}x",
+                     f"{ours_s:.2f}", f"{theirs_s:.2f}", fmt_bytes(ours), fmt_bytes(theirs)])
+        print(f"{job.name}: membench {ours_cpu:.2f} s CPU ({ours_s:.2f} s wall), MemTracker {theirs_cpu:.2f} s CPU "
+              f"({theirs_s:.2f} s wall)", flush=True)
+    rows.append(["total", f"{total[2]:.2f}", f"{total[3]:.2f}", f"{total[3] / total[2]:.1f}x", f"{total[0]:.2f}",
+                 f"{total[1]:.2f}", "", ""])
+    print(tabulate(rows, headers=["run", "membench CPU s", "MemTracker CPU s", "ratio (CPU)", "membench wall s",
+                                  "MemTracker wall s", "membench peak (512 B blocks)", "MemTracker peak"],
+                   tablefmt="simple", disable_numparse=True))
     print(f"\n{args.workload} batch {args.batch_size}, one process, caches filled first, membench first per run; "
-          f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch "
-          f"{torch.__version__}")
-
+          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average "
+          f"{os.getloadavg()[0]:.1f}, {torch.get_num_threads()} threads, torch {torch.__version__}")
 
 if __name__ == "__main__":
     main()

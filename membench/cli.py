@@ -21,6 +21,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _jobs(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an integer: 1 or more") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is out of range: 1 or more techniques at once (1: one after "
+                                         "another)")
+    return value
+
+
 def _non_negative_int(text: str) -> int:
     try:
         value = int(text)
@@ -355,7 +366,7 @@ def cmd_fit(args) -> int:
     import torch
     from tabulate import tabulate
 
-    from membench.fit import Fit, confirm_on_gpu
+    from membench.fit import Fit, confirm_on_gpu, default_jobs
     from membench.launch.probe import call_isolated
     from membench.spec import Job
     from membench.units import ByteFormat, fmt_bytes, parse_bytes
@@ -369,7 +380,7 @@ def cmd_fit(args) -> int:
     # Planned at --accum-steps samples, a batch every technique takes (accumulation splits it into micro-batches);
     # each technique's search then runs over the multiples of the smallest batch it takes.
     request = {"plan": _predict_plan(args, args.accum_steps), "budget": budget, "by": by,
-               "max_batch": args.max_batch}
+               "max_batch": args.max_batch, "jobs": args.jobs or default_jobs()}
     answer = call_isolated("fit", request, args.timeout, f"fitting {args.workload!r}")
     fits = [Fit(**f) for f in answer["fits"]]
     confirm = args.device == "cuda" and torch.cuda.is_available() and not args.no_confirm
@@ -473,6 +484,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--by", choices=("reserved", "allocated"), default=None,
                    help="which predicted peak must fit: reserved (what decides CUDA out-of-memory; the default for "
                         "--device cuda, from the allocator simulator) or allocated (the default for --device cpu)")
+    p.add_argument("--jobs", type=_jobs, default=None,
+                   help="techniques fitted at once, each in a process of its own (default: this machine's cores; "
+                        "1: one after another)")
     p.add_argument("--no-confirm", action="store_true", help="on a GPU, do not confirm predictions with real runs")
     p.add_argument("--out", type=_path, default=None, help="where confirmation runs go (default results/fit)")
     p.set_defaults(func=cmd_fit)

@@ -2,12 +2,13 @@
 
 From a few traces (fit_batch): a training step makes the same allocations in the same order at every batch size,
 with sizes affine in the batch, for most models. That is checked, not assumed: two predictions (at two and three
-batch steps; one is often special, as a transpose of one sample is already contiguous and copies nothing) must make
-the same allocations and frees in the same order, every size is derived as a + c x batch,
-and the search then runs on the derived allocations alone (peak allocated is a sum; reserved memory comes from the
-caching allocator simulator, a fraction of a second per batch). The answer and the first batch over are then
-predicted for real and must match the derived allocations event for event; where anything differs (data-dependent
-shapes, a kernel choice that changes with the size) the full search runs instead, and says so.
+batch steps; one is often special, as a transpose of one sample is already contiguous and copies nothing; where two
+and three differ, three and four are tried) must make the same allocations and frees in the same order, every size
+is derived as a + c x batch, and the search then runs on the derived allocations alone (peak allocated is a sum;
+reserved memory comes from the caching allocator simulator, a fraction of a second per batch). The answer and the
+first batch over are then predicted for real and must match the derived allocations event for event; where anything
+differs (data-dependent shapes, a kernel choice that changes with the size) the full search runs instead, and says
+so.
 
 The full search (largest_batch) predicts every batch it tries: exponential (1, 2, 4, ... until one does not fit)
 then binary. Where a CUDA GPU is present, the predicted batch is then run for real in a subprocess under the budget;
@@ -17,11 +18,17 @@ an OOM there is a data point (the prediction was optimistic: step down), a succe
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import select
+import signal
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from membench.errors import UserError
+from membench.errors import UserError, failure_line
 from membench.predict import Traced
 from membench.spec import Job
 from membench.techniques import resolve
@@ -116,9 +123,8 @@ def confirm_on_gpu(job: Job, fit: Fit, budget: int, out_dir: Path, tries: int = 
 
 def answer_request(request: dict) -> dict:
     """In the child process of `membench fit` (launch.probe.call_isolated): plan the runs (loading the user's code),
-    fit each, showing every prediction on stderr as the search goes; the answer is the fits and their jobs."""
-    import sys
-
+    fit each (request["jobs"] at a time: fit_in_parallel), showing every prediction on stderr as the search goes;
+    the answer is the fits and their jobs."""
     from membench.api import plan
     from membench.predict import predict_traced
     from membench.units import fmt_bytes
@@ -131,8 +137,192 @@ def answer_request(request: dict) -> dict:
               flush=True)
 
     jobs = plan(**request["plan"], in_process=True)
-    fits = [fit_batch(job, budget, by, predict_traced, request["max_batch"], on_probe=probe) for job in jobs]
+
+    def fit_one(job: Job) -> Fit:
+        return fit_batch(job, budget, by, predict_traced, request["max_batch"], on_probe=probe)
+
+    workers = min(request.get("jobs", 1), len(jobs))
+    if workers > 1 and not can_fork():
+        print("membench: the fitting process cannot fork (CUDA initialised, or the workload's code ran a backward "
+              "while loading): techniques fitted one at a time", file=sys.stderr, flush=True)
+        workers = 1
+    if workers > 1:
+        fits = fit_in_parallel(jobs, fit_one, workers, request["plan"].get("workload"))
+    else:
+        fits = [fit_one(job) for job in jobs]
     return {"fits": [dataclasses.asdict(f) for f in fits], "jobs": [job.to_dict() for job in jobs]}
+
+
+def default_jobs() -> int:
+    """The cores this process may run on (its affinity, where the OS tells it): one technique on each."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def can_fork() -> bool:
+    """Whether fit's workers may be forked from this process. Not once CUDA is initialised (a forked child cannot
+    use it), nor once autograd has run here: its engine's threads do not survive a fork, and torch then refuses
+    any backward in the child. Planning does not run one, but the user's factory may; a forked child that runs a
+    one-element backward tells. Where not, the techniques run one at a time."""
+    import torch
+
+    if not hasattr(os, "fork") or torch.cuda.is_initialized():
+        return False
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            torch.ones(1, requires_grad=True).sum().backward()
+            code = 0
+        finally:
+            os._exit(code)  # torch's RuntimeError, if any, is the answer: no traceback
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+def fit_in_parallel(jobs: list[Job], fit_one: Callable[[Job], Fit], workers: int, workload: str | None) -> list[Fit]:
+    """fit_one(job) for every job in `workers` processes forked from this one (the workload already loaded), worker
+    w taking jobs w, w + workers, ... in turn (a worker's first prediction pays for torch's dispatch caches, which
+    its later ones reuse: one process per job would pay it for every job); the fits in the order of `jobs`.
+
+    Each job's output (the search's progress lines, the user's prints) goes through a pipe of its own to this
+    process, which shows it in the order the serial loop would: the first unfinished job's as it comes, the
+    others' once every job before them has finished. Its answer comes back as one line of JSON on another pipe. A
+    job that raises is the same one line as in the serial loop; a worker that dies is one line naming the
+    technique it was fitting; either way the other workers are killed first. Workers stay in this process's
+    group and session, so the command's --timeout and its end kill them with everything else.
+    """
+    from membench.launch.lifeline import die_with_parent
+
+    parent = os.getpid()
+    sys.stdout.flush()
+    sys.stderr.flush()  # what is buffered here would otherwise be written again by every worker
+    pipes = [(os.pipe(), os.pipe()) for _ in jobs]  # per job: (output read, write), (answer read, write)
+    state = [{"out": bytearray(), "answer": bytearray()} for _ in jobs]
+    held = {fd for pair in pipes for ends in pair for fd in ends}  # this process's ends not yet closed
+
+    def close(fd: int) -> None:
+        os.close(fd)
+        held.discard(fd)
+
+    def work(mine: list[int]) -> None:  # in the worker; never returns
+        code = 1
+        try:
+            die_with_parent(parent)  # the kernel's PDEATHSIG is not inherited across fork
+            for k, ((out_r, out_w), (ans_r, ans_w)) in enumerate(pipes):
+                os.close(out_r)
+                os.close(ans_r)
+                if k not in mine:
+                    os.close(out_w)
+                    os.close(ans_w)
+            for k in mine:
+                (_, out_w), (_, ans_w) = pipes[k]
+                os.dup2(out_w, 1)
+                os.dup2(out_w, 2)
+                os.close(out_w)
+                try:
+                    answer = {"fit": dataclasses.asdict(fit_one(jobs[k]))}
+                except UserError as exc:
+                    answer = {"error": str(exc)}
+                except BaseException as exc:  # noqa: BLE001 - the user's code raising: one line, as serially
+                    answer = {"error": failure_line(exc, workload)}
+                sys.stdout.flush()
+                sys.stderr.flush()
+                data = (json.dumps(answer) + "\n").encode()
+                while data:
+                    data = data[os.write(ans_w, data):]
+                os.close(ans_w)
+                if "error" in answer:
+                    break  # the serial loop stops at the first error too
+            code = 0
+        finally:
+            os._exit(code)
+
+    running: dict[int, list[int]] = {}  # pid: its jobs
+    owner: dict[int, int] = {}  # job: its worker's pid
+    dead: dict[int, int] = {}  # workers that ended: their wait status
+    try:
+        for w in range(workers):
+            mine = list(range(w, len(jobs), workers))
+            pid = os.fork()
+            if pid == 0:
+                work(mine)
+            running[pid] = mine
+            owner.update((k, pid) for k in mine)
+        fds: dict[int, tuple[int, str]] = {}
+        for k, ((out_r, out_w), (ans_r, ans_w)) in enumerate(pipes):
+            close(out_w)
+            close(ans_w)
+            for fd, what in ((out_r, "out"), (ans_r, "answer")):
+                os.set_blocking(fd, False)
+                fds[fd] = (k, what)
+
+        def read(fd: int) -> None:
+            k, what = fds[fd]
+            while True:
+                try:
+                    chunk = os.read(fd, 65536)
+                except BlockingIOError:
+                    return
+                if not chunk:  # EOF
+                    close(fd)
+                    del fds[fd]
+                    return
+                state[k][what] += chunk
+
+        def answered(k: int) -> bool:
+            return state[k]["answer"].endswith(b"\n")
+
+        shown = 0
+        while shown < len(jobs):
+            ready = select.select(list(fds), [], [], 0.5)[0] if fds else time.sleep(0.5) or []
+            for fd in ready:
+                read(fd)
+            for pid in list(running):
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    # What it wrote before exiting; a process it forked may hold the pipes open: read what is
+                    # there, never wait for their EOF.
+                    for fd in [fd for fd, (k, _) in fds.items() if k in running[pid]]:
+                        if fd in fds:
+                            read(fd)
+                    dead[pid] = status
+                    del running[pid]
+            while shown < len(jobs):  # the first unfinished job's output, as the serial loop shows it
+                if state[shown]["out"]:
+                    os.write(1, bytes(state[shown]["out"]))  # fd 1 and 2 are one stream in the fitting process
+                    state[shown]["out"].clear()
+                if not answered(shown) and owner[shown] not in dead:
+                    break
+                _raise_for(jobs[shown], state[shown]["answer"], dead.get(owner[shown]))
+                shown += 1
+    finally:
+        for pid in running:  # an error or an interrupt: no worker outlives the fit
+            os.kill(pid, signal.SIGKILL)
+        for pid in running:
+            os.waitpid(pid, 0)
+        for fd in list(held):
+            close(fd)
+    return [Fit(**json.loads(state[k]["answer"])["fit"]) for k in range(len(jobs))]
+
+
+def _raise_for(job: Job, answer: bytes, status: int | None) -> None:
+    """The serial loop's error for a job that raised; one line naming the technique for a worker that died."""
+    try:
+        answer = json.loads(answer)
+    except ValueError:
+        answer = None
+    if isinstance(answer, dict) and "fit" in answer:
+        return
+    if isinstance(answer, dict) and answer.get("error"):
+        raise UserError(str(answer["error"]))
+    how = ("ended" if status is None else f"was killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+           else f"exited with code {os.waitstatus_to_exitcode(status)}")
+    raise UserError(f"fitting {job.name} (in a process of its own) {how} before answering (the workload's code "
+                    "exits or crashes the process?)")
 
 
 class AffineTrace:
@@ -253,7 +443,15 @@ def fit_batch(job: Job, budget: int, by: str, traced: Callable[[Job], Traced], m
 
     if kmax < 3 or value(2) > budget:
         return smallest()
-    model = AffineTrace.derive(real(2), 2 * step, real(3), 3 * step, allocator_settings(resolve(job.run)))
+    settings = allocator_settings(resolve(job.run))
+    first = 2  # the smallest batch the derived allocations hold for
+    model = AffineTrace.derive(real(2), 2 * step, real(3), 3 * step, settings)
+    if isinstance(model, str) and kmax >= 4 and value(3) <= budget:
+        # Two batch steps can be special too (a size-2 dimension another kernel path takes): one pair further.
+        first, why = 3, model
+        model = AffineTrace.derive(real(3), 3 * step, real(4), 4 * step, settings)
+        if isinstance(model, str):
+            model = f"{why}; {model}"
     if isinstance(model, str):
         return full_search(f"allocations differ between batch sizes ({model})")
     sims = 0
@@ -266,7 +464,7 @@ def fit_batch(job: Job, budget: int, by: str, traced: Callable[[Job], Traced], m
         return model.peak_reserved(k * step) <= budget
 
     # Allocated memory only grows with the batch (every size has a slope >= 0): bisect it for an upper bound.
-    lo, hi = 2, kmax + 1  # lo fits, hi does not (kmax + 1: beyond the search)
+    lo, hi = first, kmax + 1  # lo fits, hi does not (kmax + 1: beyond the search)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if model.peak_allocated(mid * step) <= budget else (lo, mid)
@@ -275,16 +473,16 @@ def fit_batch(job: Job, budget: int, by: str, traced: Callable[[Job], Traced], m
         # Reserved memory is not monotonic in the batch (segment sizes): walk down from the bound to the largest
         # batch that fits, rather than trust a bisection's luck; bisect only past SCAN_LIMIT batches.
         top = lo
-        while lo > 2 and not fits(lo) and top - lo < SCAN_LIMIT:
+        while lo > first and not fits(lo) and top - lo < SCAN_LIMIT:
             lo -= 1
-        if lo > 2 and not fits(lo):
-            low, high = 2, lo
+        if lo > first and not fits(lo):
+            low, high = first, lo
             while high - low > 1:
                 mid = (low + high) // 2
                 low, high = (mid, high) if fits(mid) else (low, mid)
             lo, note = low, f"reserved memory bisected below batch {(top - SCAN_LIMIT) * step}"
     answer = lo
-    fails_below = [k * step for k in range(answer - 1, max(answer - 1 - BELOW_CHECKED, 1), -1)
+    fails_below = [k * step for k in range(answer - 1, max(answer - 1 - BELOW_CHECKED, first - 1), -1)
                    if by == "reserved" and not fits(k)]
     for k in (answer, answer + 1):
         if k <= kmax and (why := model.matches(real(k), k * step)):
@@ -292,7 +490,8 @@ def fit_batch(job: Job, budget: int, by: str, traced: Callable[[Job], Traced], m
     if value(answer) > budget or (answer < kmax and value(answer + 1) <= budget):
         return full_search("the derived peaks differ from real predictions")
     fit = Fit(job.name, answer * step, value(answer), step, None, None, len(seen), simulations=sims,
-              method=f"from traces at {2 * step} and {3 * step}, confirmed at the answer and the batch above",
+              method=f"from traces at {first * step} and {(first + 1) * step}, confirmed at the answer and the batch "
+                     "above",
               fails_below=sorted(fails_below))
     if answer < kmax:
         fit.over_batch, fit.over_peak = (answer + 1) * step, value(answer + 1)

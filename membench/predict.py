@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import sys
 import time
 import traceback
@@ -141,17 +142,48 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True) ->
         if cuda:
             meter.tracker.kernels = CublasWorkspaces(gpus.gpu(spec.gpu).cublas_workspace_bytes)
         session = Session(run, dataclasses.replace(stack, techniques=techniques), workload, meter,
-                          batches(workload, run), track_host=False)
-        session.build()
-        session.warm_up(warmup)
-        measured_from = len(meter.tracker.trace or ())
-        memory, _, _ = session.measure(1)
+                          _collected_between(batches(workload, run)), track_host=False)
+        with _no_collector_within_steps():
+            session.build()
+            session.warm_up(warmup)
+            measured_from = len(meter.tracker.trace or ())
+            memory, _, _ = session.measure(1)
+            # A copy: the tracker's list goes on growing with frees while what the step left is collected later
+            # (in another prediction, even), and fit compares traces event for event.
+            trace = list(meter.tracker.trace or ())
         session.detach()
     memory.device = spec.device
     memory.method = f"prediction: fake tensors, storage tracker, {round_to}-byte blocks"
     if cuda:
-        _add_reserved(memory, meter.tracker.trace, stack, spec.memory_budget)
-    return Traced(memory, meter.tracker.trace or [], measured_from, round_to)
+        _add_reserved(memory, trace, stack, spec.memory_budget)
+    return Traced(memory, trace, measured_from, round_to)
+
+
+@contextlib.contextmanager
+def _no_collector_within_steps():
+    """Storages held in reference cycles (checkpointing's recomputation state) are freed when Python's cycle
+    collector runs, which it does after a count of Python objects made: fake tensors make many more than real ones,
+    and how many depends on what ran before in the process (fake-tensor cache misses), so the frees would move from
+    one prediction to the next. Off within a prediction, and run at each step's start (_collected_between), the
+    trace is the same for the same run, and the same op for op at every batch size (fit derives from that).
+    What lived before is frozen, so that those collections look only at what the prediction made (a full
+    collection of torch's objects would take a tenth of a second each time)."""
+    enabled = gc.isenabled()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        if enabled:
+            gc.enable()
+
+
+def _collected_between(data):
+    """The batches, with the cycle collector run before each step takes its batch."""
+    for batch in data:
+        gc.collect()
+        yield batch
 
 
 def _add_reserved(memory: Memory, trace: list[tuple], stack: Stack, budget: int | None) -> None:

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from membench import cli
-from membench.fit import batch_step, confirm_on_gpu, largest_batch
-from membench.predict import predict_memory
+from membench.fit import batch_step, confirm_on_gpu, fit_batch, largest_batch
+from membench.predict import Traced, predict_memory, predict_traced
 from membench.spec import Job
 from tests.helpers import spec as job_spec
 
@@ -44,6 +46,65 @@ def test_max_batch_stops_the_search():
     spec = job_spec("vit-tiny", batch_size=1, device="cuda")
     fit = largest_batch(spec, 2**40, peak, max_batch=4)
     assert fit.batch == 4 and fit.over_batch is None and "--max-batch" in fit.note
+
+
+# --- fit from traces: two predictions, sizes derived as affine in the batch, confirmed by two more ------------------
+
+def synthetic(special: set[int]):
+    """A stand-in for predict_traced whose allocations are known by hand: 1000 B before the measured step, then
+    100 B per sample allocated and freed; a batch in `special` makes one more allocation (another kernel path)."""
+    def traced(job: Job) -> Traced:
+        b = job.run.batch_size
+        events = [("alloc", 0, 1000), ("alloc", 1, 100 * b), ("free", 1)]
+        if b in special:
+            events[1:1] = [("alloc", 2, 8), ("free", 2)]
+        return Traced(SimpleNamespace(peak_allocated_bytes=1000 + 100 * b), events, 1, 1)
+    return traced
+
+
+def test_fit_from_traces_derives_the_answer_and_confirms_it():
+    job = job_spec("vit-tiny", batch_size=1, device="cuda")
+    fit = fit_batch(job, 1000 + 100 * 37, "allocated", synthetic(set()))
+    assert (fit.batch, fit.peak, fit.over_batch, fit.over_peak) == (37, 4700, 38, 4800)
+    assert fit.probes == 4 and fit.method.startswith("from traces at 2 and 3")
+
+
+def test_fit_from_traces_steps_past_a_special_batch_and_falls_back_where_two_pairs_differ():
+    job = job_spec("vit-tiny", batch_size=1, device="cuda")
+    fit = fit_batch(job, 1000 + 100 * 37, "allocated", synthetic({2}))
+    assert (fit.batch, fit.over_batch, fit.probes) == (37, 38, 5) and fit.method.startswith("from traces at 3 and 4")
+    fit = fit_batch(job, 1000 + 100 * 37, "allocated", synthetic({2, 4}))
+    assert (fit.batch, fit.over_batch) == (37, 38) and fit.method == "full search"
+    assert "allocations differ between batch sizes" in fit.note
+
+
+@pytest.mark.slow  # 3 to 6 s each on the 2-core machine: a full search of real predictions beside it
+@pytest.mark.parametrize("stack", [(), ("ckpt",), ("accum",)], ids=lambda s: "+".join(s) or "baseline")
+def test_fit_from_traces_gives_the_full_searchs_answer(stack):
+    job = job_spec("vit-tiny", stack, batch_size=1, device="cuda", accum_steps=2)
+    step = batch_step(job)
+    budget = peak(job.with_run(batch_size=9 * step)) + 1
+    fit = fit_batch(job, budget, "allocated", predict_traced)
+    full = largest_batch(job, budget, peak)
+    assert fit.method.startswith("from traces") and fit.probes == 4
+    assert (fit.batch, fit.peak, fit.over_batch, fit.over_peak) == (full.batch, full.peak, full.over_batch,
+                                                                     full.over_peak)
+    assert fit.batch == 9 * step
+
+
+def test_a_trace_does_not_depend_on_when_the_cycle_collector_runs():
+    """Checkpointing leaves storages in reference cycles: a trace must not change with the collector's timing (or
+    with frees that land in the tracker's list after the prediction ended)."""
+    job = job_spec("vit-tiny", ("ckpt",), batch_size=2, device="cuda")
+    first = predict_traced(job)
+    threshold = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)
+    try:
+        again = predict_traced(job)
+    finally:
+        gc.set_threshold(*threshold)
+    gc.collect()
+    assert first.events == again.events and first.memory.peak_allocated_bytes == again.memory.peak_allocated_bytes
 
 
 def test_cli_fit_prints_a_table(capsys):
@@ -127,3 +188,36 @@ def test_bounds_a_prediction_cannot_meet_are_one_line(args, message, capsys):
     assert cli.main(["predict", "--workload", "vit-tiny", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+# --- --jobs: techniques fitted in processes of their own ---------------------------------------------------------
+
+def test_fit_with_two_jobs_gives_the_answers_of_one():
+    """Each technique's search, forked from the loaded workload, answers exactly as the serial loop does: the same
+    table (batch, peak, first batch over and its peak) and the same progress lines, in the same order. Through the
+    command: a fresh process, as users run it (this one has run backwards already, and then fit stays serial)."""
+    runs = [_cli("fit", "--workload", "tests.workloads:mlp", "--device", "cpu", "--techniques", "accum,opt-in-bwd",
+                 "--budget", "1MiB", "--jobs", jobs, timeout=240) for jobs in ("1", "2")]
+    for proc in runs:
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    serial, parallel = runs
+    rows = [line.split() for line in serial.stdout.splitlines()[2:5]]
+    assert [row[0] for row in rows] == ["baseline", "accum", "opt-in-bwd"]
+    assert all(row[1] != "0" and row[4] != "-" for row in rows)  # each search found a batch and the first over
+    assert parallel.stdout == serial.stdout
+    assert parallel.stderr == serial.stderr and "cannot fork" not in parallel.stderr
+
+
+def test_a_technique_whose_process_dies_is_one_line_naming_it():
+    proc = _cli("fit", "--workload", "tests.workloads:killed_in_step", "--device", "cpu", "--techniques", "accum",
+                "--budget", "1GiB", "--jobs", "2", timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("membench: error: fitting baseline ") and "killed by signal 9" in last, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_jobs_out_of_range_is_one_line_naming_the_range():
+    proc = _cli("fit", "--workload", "vit-tiny", "--budget", "1GiB", "--jobs", "0", timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "--jobs" in proc.stderr and "1 or more" in proc.stderr

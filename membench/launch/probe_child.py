@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from membench.api import plan
-from membench.errors import UserError
+from membench.errors import UserError, failure_line
 from membench.launch import lifeline
 
 
@@ -37,11 +37,8 @@ def call_here(kind: str, request: dict) -> dict:
         return {"predict": predict.answer_request, "fit": fit.answer_request}[kind](request)
     except UserError as exc:
         return {"error": str(exc)}
-    except Exception as exc:  # noqa: BLE001 - the user's code raising while loading: its message is the answer
-        return {"error": f"workload {request.get('workload')!r} raised {type(exc).__name__}: {exc}"}
-    except BaseException as exc:  # noqa: BLE001 - SystemExit from the user's code is not membench's exit code
-        return {"error": f"workload {request.get('workload')!r} raised {type(exc).__name__}"
-                         f"{'(' + str(exc) + ')' if str(exc) else ''} while membench ran it"}
+    except BaseException as exc:  # noqa: BLE001 - the user's code raising, or SystemExit from it: one line
+        return {"error": failure_line(exc, request.get("workload") or request.get("plan", {}).get("workload"))}
 
 
 def main(argv: list[str]) -> int:

@@ -7,8 +7,6 @@ from membench.errors import UserError
 from membench.techniques.base import Technique
 from membench.trackers.private import fsdp_api
 
-CPUOffloadPolicy, OffloadPolicy, fully_shard = fsdp_api()
-
 
 class Fsdp(Technique):
     """Trades communication for memory: FSDP2 (`fully_shard`) on each block and the root gives every rank 1/N
@@ -27,8 +25,14 @@ class Fsdp(Technique):
     conflict_reason = "fsdp-offload is fsdp with CPU offload: choose one"
     order = 35  # after ckpt/sac have wrapped the blocks, before any optimizer is made
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Importing FSDP takes most of a second, so only a run that uses it does; and before any tracker starts,
+        # which sees FSDP's storage resizes only if FSDP is imported when it starts (storage.py).
+        self._cpu_offload_policy, self._offload_policy, self._fully_shard = fsdp_api()
+
     def offload_policy(self, device: str):
-        return OffloadPolicy()
+        return self._offload_policy()
 
     def configure(self, state) -> None:
         if not dist.is_initialized():
@@ -40,8 +44,8 @@ class Fsdp(Technique):
         policy = self.offload_policy(state.device.type)
         blocks = state.workload.blocks(state.model) if state.workload.blocks else []
         for block in blocks:
-            fully_shard(block, mesh=mesh, offload_policy=policy)
-        fully_shard(state.model, mesh=mesh, offload_policy=policy)
+            self._fully_shard(block, mesh=mesh, offload_policy=policy)
+        self._fully_shard(state.model, mesh=mesh, offload_policy=policy)
         if state.on_model is not None:
             state.on_model(state.model)  # the sharded parameters are new tensors: let the meter see them
 
@@ -61,4 +65,4 @@ class FsdpOffload(Fsdp):
     predictable = False  # on CPU, host and device memory are one
 
     def offload_policy(self, device: str):
-        return CPUOffloadPolicy(pin_memory=device == "cuda")
+        return self._cpu_offload_policy(pin_memory=device == "cuda")
