@@ -252,7 +252,11 @@ def launch(job: Job, out_dir: Path, on_stage: Callable[[Stage], None] | None = N
     message = f"worker exited with code {rc} before writing a result"
     if rc < 0:
         message += f" (killed by signal {-rc}{'; out of host memory?' if -rc == signal.SIGKILL else ''})"
-    write_record(out_path, failure_record(job, "error", message, log))
+    record = failure_record(job, "error", message, log)
+    last = next((line.strip() for line in reversed((record.log_tail or "").splitlines()) if line.strip()), "")
+    if last:  # the reason it gave, if any (torchrun's "error: unrecognized arguments: ..."); the log has the rest
+        record.error += f"; its log ends: {last[:300]}"
+    write_record(out_path, record)
     return read_result(out_path)
 
 

@@ -4,6 +4,8 @@ parameters that exceed this machine's memory are an out-of-memory refusal before
 
 from __future__ import annotations
 
+import io
+
 import pytest
 import torch
 
@@ -65,3 +67,45 @@ def test_parameters_beyond_the_machine_are_an_oom_before_a_byte_is_allocated(mon
         workload.build_model()
     monkeypatch.setattr(hf, "_host_memory", lambda: params * 4)
     assert sum(p.numel() for p in workload.build_model().parameters()) == params
+
+
+def test_a_model_name_off_the_cache_fails_at_once_when_the_hub_cannot_be_reached(monkeypatch):
+    """Offline, huggingface_hub retries for about 30 s before failing: membench tries one connection (3 s at
+    most) first and says what it found, without asking transformers to reach the network."""
+    import transformers
+
+    asked = []
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", lambda *a, **k: asked.append(k))
+
+    def refuse(address, timeout):
+        assert timeout <= 3
+        raise OSError(-2, "Name or service not known")
+
+    monkeypatch.setattr(hf.socket, "create_connection", refuse)
+    with pytest.raises(UserError, match=r"'nobody/no-such-model-xyz' is not a model type transformers knows, a "
+                                        r"local folder, nor in the Hugging Face cache, and the hub cannot be reached "
+                                        r"from here \(huggingface.co:443: Name or service not known\)"):
+        load_workload("hf:nobody/no-such-model-xyz")
+    assert asked == []
+
+
+def test_a_model_name_is_fetched_saying_so_and_a_local_folder_never_asks_the_hub(monkeypatch, tmp_path, capsys):
+    import transformers
+
+    asked = []
+
+    def from_pretrained(name, **kwargs):
+        asked.append((name, kwargs))
+        raise OSError("planted: no such repository")
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", from_pretrained)
+    monkeypatch.setattr(hf.socket, "create_connection", lambda address, timeout: io.StringIO())  # opens
+    with pytest.raises(UserError, match="planted: no such repository"):
+        load_workload("hf:nobody/another-model-xyz")
+    assert asked == [("nobody/another-model-xyz", {"local_files_only": False})]
+    said = capsys.readouterr().err
+    assert "membench: fetching nobody/another-model-xyz's config from https://huggingface.co ..." in said
+    monkeypatch.setattr(hf.socket, "create_connection", None)  # a local folder: no connection tried
+    with pytest.raises(UserError):
+        load_workload(f"hf:{tmp_path}")
+    assert asked[-1] == (str(tmp_path), {"local_files_only": True})

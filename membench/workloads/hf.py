@@ -23,7 +23,11 @@ import functools
 import json
 import math
 import os
+import socket
+import sys
+import urllib.parse
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -100,8 +104,17 @@ def load_config(spec: str):
     if name in CONFIG_MAPPING:
         config = t.AutoConfig.for_model(name)
     else:
+        local = _cached_or_local(name)
+        if not local:
+            hub = _hub()
+            if hub is None:
+                raise UserError(f"workload 'hf:{spec}': {name!r} is not a model type transformers knows, a local "
+                                f"folder, nor in the Hugging Face cache, and the hub cannot be reached from here "
+                                f"({_hub_unreachable}); a model type (hf:gpt2, hf:llama, hf:bert, ...) needs no "
+                                "network")
+            print(f"membench: fetching {name}'s config from {hub} ...", file=sys.stderr, flush=True)
         try:
-            config = t.AutoConfig.from_pretrained(name)
+            config = t.AutoConfig.from_pretrained(name, local_files_only=local)
         except (OSError, ValueError) as exc:
             raise UserError(f"workload 'hf:{spec}': no config for {name!r} in the Hugging Face cache or hub "
                             f"({str(exc).splitlines()[0]}); a model type transformers knows (hf:gpt2, hf:llama, "
@@ -119,6 +132,41 @@ def load_config(spec: str):
             raise UserError(f"workload 'hf:{spec}': transformers refuses the config: {_first_line(exc)}") from None
     config.use_cache = False  # training: no key/value cache kept beside the activations
     return config
+
+
+def _cached_or_local(name: str) -> bool:
+    """The config is here already (a local folder, or the Hugging Face cache), or the hub is off (HF_HUB_OFFLINE):
+    no network to try."""
+    if Path(name).is_dir():
+        return True
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return True
+    try:
+        return isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json"), str)
+    except ValueError:  # not a repo id: from_pretrained says what is wrong with it
+        return True
+
+
+_hub_unreachable = ""
+
+
+def _hub(timeout_s: float = 3.0) -> str | None:
+    """The hub's address if a TCP connection to it opens within timeout_s, else None (the reason kept in
+    _hub_unreachable). huggingface_hub itself retries an unreachable hub for about 30 s before failing."""
+    global _hub_unreachable
+    from huggingface_hub import constants
+
+    endpoint = urllib.parse.urlsplit(constants.ENDPOINT)
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((endpoint.hostname, port), timeout=timeout_s).close()
+    except OSError as exc:
+        _hub_unreachable = f"{endpoint.hostname}:{port}: {exc.strerror or exc}"
+        return None
+    return constants.ENDPOINT
 
 
 def _first_line(exc: BaseException) -> str:
