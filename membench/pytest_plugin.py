@@ -24,6 +24,7 @@ import dataclasses
 import errno
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,6 +114,8 @@ def read_baselines(path: Path) -> BaselineFile:
 
     where = f"baseline file {path}"
     try:
+        if not stat.S_ISREG(path.stat().st_mode):  # a FIFO would block the read, a device never end it
+            raise UserError(f"{where} is not a regular file: remove it")
         data = read_bounded(path, MAX_FILE_BYTES)
     except OSError as exc:
         raise user_error(exc, "read", path) from None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import json
 import multiprocessing
+import os
 import time
 from pathlib import Path
 
@@ -73,6 +74,19 @@ def test_a_save_folder_that_cannot_hold_files_is_refused_at_the_start(tmp_path, 
     with pytest.raises(UserError, match="is a file|kernel file system") as exc:
         plugin._check_save_dir(target)
     assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
+def test_a_baseline_file_that_is_not_a_regular_file_is_refused_not_read(tmp_path, kind):
+    path = tmp_path / plugin.BASELINE_FILE
+    if kind == "fifo":
+        os.mkfifo(path)  # reading it would block the session for ever
+    elif kind == "device":
+        path.symlink_to("/dev/zero")
+    else:
+        path.mkdir()
+    with pytest.raises(UserError, match="is not a regular file"):
+        plugin._check_save_dir(str(tmp_path))
 
 
 def test_a_corrupt_file_in_the_save_folder_is_refused_at_the_start(tmp_path):
