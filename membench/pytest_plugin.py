@@ -34,7 +34,7 @@ import torch
 from membench.check import Rule, parse_rule
 from membench.errors import UserError
 from membench.fsio import atomic_write_text, is_environment_error, make_dir, read_bounded, user_error
-from membench.results.schema import _bounded_int, _check_values
+from membench.results.schema import bounded_int, check_values
 from membench.trackers.modules import ModuleScopes, parameter_owners
 from membench.trackers.private import tree_flatten
 from membench.trackers.storage import StorageTracker
@@ -122,13 +122,13 @@ def read_baselines(path: Path) -> BaselineFile:
     if data is None:
         raise UserError(f"{where} is over {MAX_FILE_BYTES // 2**20} MiB: not a membench baseline file")
     try:
-        plain = json.loads(data.decode("utf-8"), parse_constant=lambda c: c, parse_int=_bounded_int)
+        plain = json.loads(data.decode("utf-8"), parse_constant=lambda c: c, parse_int=bounded_int)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise UserError(f"{where} is corrupt (not JSON: {str(exc)[:120]})") from None
     if not isinstance(plain, dict) or "tests" not in plain:
         raise UserError(f"{where} is not a membench baseline file (an object with version and tests)")
     try:
-        _check_values(plain, where)
+        check_values(plain, where)
     except RecursionError:
         raise UserError(f"{where}: nested too deeply to be a membench baseline file") from None
     baselines = build_checked(BaselineFile, plain, where)
