@@ -185,8 +185,8 @@ def _kind(value) -> str:
 def _check_override(spec: str, config, key: str, value) -> None:
     """Type and range of one override, against the attribute's current value: one line naming what is valid."""
     where = f"workload 'hf:{spec}': {key}={json.dumps(value)[:40]}"
-    if key.startswith("_") or not key.isidentifier():
-        raise UserError(f"workload 'hf:{spec}': {key!r} is not a config attribute (names starting with _ are "
+    if key.startswith("__") or not key.isidentifier():  # `_attn_implementation` is transformers' own setting
+        raise UserError(f"workload 'hf:{spec}': {key!r} is not a config attribute (names starting with __ are "
                         "Python's own)")
     if not hasattr(config, key):
         raise UserError(f"workload 'hf:{spec}': {type(config).__name__} has no attribute {key!r}")
