@@ -127,8 +127,9 @@ def build_checked(cls, data: dict, where: str):
     try:
         return _build(cls, data)
     except _Bad as bad:
+        field = inert_text(json.dumps(bad.field, ensure_ascii=False)[1:-1])[:200]  # keys come from the file
         if bad.expected == "present":
-            raise UserError(f"{where}: field {bad.field} is missing") from None
-        raise UserError(f"{where}: field {bad.field} must be {bad.expected}, got {_show(bad.value)}") from None
+            raise UserError(f"{where}: field {field} is missing") from None
+        raise UserError(f"{where}: field {field} must be {bad.expected}, got {_show(bad.value)}") from None
     except RecursionError:
         raise UserError(f"{where}: nested too deeply to be a membench result") from None

@@ -52,7 +52,9 @@ def load_snapshot(path: Path | str) -> dict:
         raise UserError(f"{path} is not a plain memory snapshot: {exc}, which a snapshot never does "
                         "(refused without running it)") from None
     except Exception as exc:  # noqa: BLE001 - untrusted bytes: truncated, not a pickle, ... are all one answer
-        raise UserError(f"{path} is not {_WHAT}: cannot read it as a pickle ({type(exc).__name__}: {exc})") from None
+        # repr: the unpickler quotes the file's own bytes (newlines, terminal controls) in its messages
+        raise UserError(f"{path} is not {_WHAT}: cannot read it as a pickle ({type(exc).__name__}: "
+                        f"{str(exc)[:200]!r})") from None
     if not isinstance(data, dict) or not isinstance(data.get("segments"), list) \
             or not isinstance(data.get("device_traces"), list):
         got = f"a dict with keys {sorted(map(str, data))[:6]}" if isinstance(data, dict) else type(data).__name__
