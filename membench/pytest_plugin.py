@@ -19,9 +19,12 @@ bytes. Rules are `membench check`'s (membench/check.py): `peak:5%`, `peak:0%`, `
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +33,8 @@ import torch
 
 from membench.check import Rule, parse_rule
 from membench.errors import UserError
+from membench.fsio import atomic_write_text, is_environment_error, make_dir, read_bounded, user_error
+from membench.results.schema import bounded_int, check_values
 from membench.trackers.modules import ModuleScopes, parameter_owners
 from membench.trackers.private import tree_flatten
 from membench.trackers.storage import StorageTracker
@@ -37,7 +42,10 @@ from membench.units import fmt_bytes
 from membench.vocab import GRADS
 
 BASELINE_FILE = "memory_peaks.json"
+LOCK_FILE = ".memory_peaks.lock"
 FORMAT_VERSION = 1
+MAX_FILE_BYTES = 64 * 2**20  # a baseline file is a few KiB per test; a bigger one is not one
+KERNEL_FS = ("/proc", "/sys", "/dev")  # kernel file systems: no folder for baselines
 ALIASES = {"peak": "peak_allocated"}  # what a test measures is the peak of allocated tensor memory
 
 
@@ -74,6 +82,108 @@ class Measurement:
     def as_json(self) -> dict:
         return {"peak_bytes": self.peak_bytes, "breakdown": self.breakdown,
                 "top_modules": [{"module": m, "category": c, "bytes": b} for m, c, b in self.top_modules]}
+
+
+@dataclass
+class SavedModule:
+    module: str
+    category: str
+    bytes: int
+
+
+@dataclass
+class SavedBlock:
+    peak_bytes: int
+    breakdown: dict[str, int] = field(default_factory=dict)
+    top_modules: list[SavedModule] = field(default_factory=list)
+
+
+@dataclass
+class BaselineFile:
+    """DIR/memory_peaks.json: each test's blocks by node id, then block name."""
+
+    version: int
+    tests: dict[str, dict[str, SavedBlock]]
+    torch: str = ""
+
+
+def read_baselines(path: Path) -> BaselineFile:
+    """The baseline file, every field's type and range checked (membench.typedjson), or one UserError naming
+    the file and the field: the same reader and limits as a result file's."""
+    from membench.typedjson import build_checked
+
+    where = f"baseline file {path}"
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):  # a FIFO would block the read, a device never end it
+            raise UserError(f"{where} is not a regular file: remove it")
+        data = read_bounded(path, MAX_FILE_BYTES)
+    except OSError as exc:
+        raise user_error(exc, "read", path) from None
+    if data is None:
+        raise UserError(f"{where} is over {MAX_FILE_BYTES // 2**20} MiB: not a membench baseline file")
+    try:
+        plain = json.loads(data.decode("utf-8"), parse_constant=lambda c: c, parse_int=bounded_int)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise UserError(f"{where} is corrupt (not JSON: {str(exc)[:120]})") from None
+    if not isinstance(plain, dict) or "tests" not in plain:
+        raise UserError(f"{where} is not a membench baseline file (an object with version and tests)")
+    try:
+        check_values(plain, where)
+    except RecursionError:
+        raise UserError(f"{where}: nested too deeply to be a membench baseline file") from None
+    baselines = build_checked(BaselineFile, plain, where)
+    if baselines.version > FORMAT_VERSION:
+        raise UserError(f"{where} has version {baselines.version}; this membench reads up to {FORMAT_VERSION}: "
+                        "upgrade membench")
+    for test, blocks in baselines.tests.items():
+        for name, block in blocks.items():
+            if block.peak_bytes < 0:
+                raise UserError(f"{where}: field tests.{test}.{name}.peak_bytes is {block.peak_bytes}: a peak "
+                                "is 0 bytes or more")
+    return baselines
+
+
+def _check_save_dir(text: str) -> Path:
+    """--membench-save's folder, made now (at the start, where a mistake is a usage error, not at the end of
+    the session): not a file, not a kernel file system."""
+    path = Path(text)
+    resolved = path.resolve()
+    if any(resolved == Path(k) or resolved.is_relative_to(k) for k in KERNEL_FS):
+        raise UserError(f"--membench-save {text}: {resolved} is in a kernel file system ({', '.join(KERNEL_FS)}), "
+                        "not a folder for files; name a folder of your own")
+    if path.exists() and not path.is_dir():
+        raise UserError(f"--membench-save {text} is a file: name a folder (the baselines go in "
+                        f"DIR/{BASELINE_FILE})")
+    make_dir(path)
+    if (path / BASELINE_FILE).exists():
+        read_baselines(path / BASELINE_FILE)  # a corrupt file is said now, not after the tests ran
+    return path
+
+
+@contextlib.contextmanager
+def _merge_lock(folder: Path):
+    """Sessions saving into one folder at once (pytest-xdist's workers, two CI jobs) take turns: each reads the
+    file, merges its tests and renames its own temporary file into place under an flock, so none loses
+    another's entries. The kernel drops the lock however its holder ends."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock; saves there are not merged concurrently
+        yield
+        return
+    path = folder / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UserError(f"{path} is a symlink: membench does not write through links; remove it") from None
+        if not is_environment_error(exc):
+            raise
+        raise user_error(exc, "write in", folder) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 class _Owner:
@@ -145,7 +255,8 @@ class _Gate:
     """The session's baselines: what --membench-save writes and --membench-compare reads."""
 
     def __init__(self, config: pytest.Config):
-        self.save_dir = config.getoption("membench_save")
+        save = config.getoption("membench_save")
+        self.save_dir = self._usage(_check_save_dir, save) if save else None
         compare = config.getoption("membench_compare")
         self.rules = [self._rule(r) for r in config.getoption("membench_compare_fail") or ()]
         if self.rules and not compare:
@@ -155,6 +266,14 @@ class _Gate:
         self.results: dict[str, dict[str, Measurement]] = {}
         self.rows: list[tuple] = []
         self.saved: Path | None = None
+        self.save_error: str | None = None
+
+    @staticmethod
+    def _usage(fn, *args):
+        try:
+            return fn(*args)
+        except UserError as exc:
+            raise pytest.UsageError(str(exc)) from None
 
     @staticmethod
     def _rule(text: str) -> Rule:
@@ -174,17 +293,16 @@ class _Gate:
             raise pytest.UsageError(f"--membench-compare: no baselines at {path} (record them with "
                                     f"--membench-save={path.parent})")
         try:
-            data = json.loads(path.read_text())
-            return {test: dict(blocks) for test, blocks in data["tests"].items()}
-        except (ValueError, KeyError, TypeError, AttributeError):
-            raise pytest.UsageError(f"--membench-compare: {path} is not a membench baseline file") from None
+            return read_baselines(path).tests
+        except UserError as exc:
+            raise pytest.UsageError(f"--membench-compare: {exc}") from None
 
     def check(self, nodeid: str, m: Measurement) -> None:
         self.results.setdefault(nodeid, {})[m.name] = m
         base = self.baselines.get(nodeid, {}).get(m.name)
-        base_bytes = base.get("peak_bytes") if isinstance(base, dict) else None
+        base_bytes = base.peak_bytes if base is not None else None
         self.rows.append((nodeid, m.name, base_bytes, m.peak_bytes))
-        if base_bytes is None or not isinstance(base_bytes, int):
+        if base_bytes is None:
             return
         for rule in self.rules:
             if rule.broken(base_bytes, m.peak_bytes):
@@ -197,20 +315,18 @@ class _Gate:
         """Merge this session's measurements into DIR/memory_peaks.json (tests not run this time are kept)."""
         if not self.save_dir or not self.results:
             return None
-        path = Path(self.save_dir) / BASELINE_FILE
-        tests = {}
-        if path.is_file():
-            try:
-                tests = json.loads(path.read_text()).get("tests", {})
-            except ValueError:
-                tests = {}
-        for nodeid, blocks in self.results.items():
-            tests[nodeid] = {name: m.as_json() for name, m in blocks.items()}
-        data = {"version": FORMAT_VERSION, "torch": torch.__version__, "tests": dict(sorted(tests.items()))}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(data, indent=1) + "\n")
-        os.replace(tmp, path)
+        folder = make_dir(self.save_dir)
+        path = folder / BASELINE_FILE
+        with _merge_lock(folder):
+            tests = {}
+            if path.exists():
+                from membench.typedjson import to_plain
+
+                tests = to_plain(read_baselines(path).tests)
+            for nodeid, blocks in self.results.items():
+                tests[nodeid] = {name: m.as_json() for name, m in blocks.items()}
+            data = {"version": FORMAT_VERSION, "torch": torch.__version__, "tests": dict(sorted(tests.items()))}
+            atomic_write_text(path, json.dumps(data, indent=1) + "\n")
         return path
 
 
@@ -241,11 +357,18 @@ def memory_peak(request: pytest.FixtureRequest) -> MemoryPeak:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     gate = session.config.stash.get(_GATE, None)
     if gate is not None:
-        gate.saved = gate.save()
+        try:
+            gate.saved = gate.save()
+        except UserError as exc:  # a full disk, a file corrupted meanwhile: one line, and the session fails
+            gate.save_error = f"membench: error: --membench-save: {exc}"
+            if session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.USAGE_ERROR
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
     gate = config.stash.get(_GATE, None)
+    if gate is not None and gate.save_error:
+        terminalreporter.write_line(gate.save_error, red=True)
     if gate is None or not gate.rows:
         return
     tr = terminalreporter

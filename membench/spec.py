@@ -160,10 +160,33 @@ class LaunchSpec:
     def validated(self) -> LaunchSpec:
         _positive_number("timeout", self.timeout_s)
         try:
-            shlex.split(self.torchrun_args)
+            args = shlex.split(self.torchrun_args)
         except ValueError as exc:
             raise UserError(f"--torchrun-args: cannot split {self.torchrun_args!r} into arguments: {exc}") from None
+        if args:
+            _check_torchrun_args(args)
         return self
+
+
+def _check_torchrun_args(args: list[str]) -> None:
+    """torchrun's own parser reads them now, so a flag it does not know is one line before anything runs, not a
+    worker that exits with code 2 part way through the sweep."""
+    import contextlib
+    import io
+
+    from torch.distributed.run import get_args_parser
+
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            parser = get_args_parser()
+            parser.prog = "torchrun"
+            _, unknown = parser.parse_known_args([*args, "membench_worker.py"])
+    except SystemExit:
+        reason = said.getvalue().strip().splitlines()[-1:] or ["torchrun refuses them"]
+        raise UserError(f"--torchrun-args {' '.join(args)!r}: {reason[0].removeprefix('usage: ')}") from None
+    if unknown:
+        raise UserError(f"--torchrun-args: torchrun does not know {' '.join(unknown)!r} (see torchrun --help)")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import types
 import typing
 from pathlib import Path
@@ -30,6 +31,23 @@ def to_plain(value):
     if isinstance(value, Path):
         return str(value)
     return value
+
+
+# Text in a file may hold what a terminal obeys: ESC starts sequences that retitle it (OSC), move the cursor or
+# rewrite what is shown; CR and backspace overwrite a line; bidi overrides reorder what is read. Every string
+# read back is made inert here, once, so every output (terminal, markdown, HTML, CSV) shows such a character as
+# its escape (`\x1b`) instead of obeying it. Tab and newline stay: tracebacks and messages have lines.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(match: re.Match) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def inert_text(text: str) -> str:
+    """`text` with every control character and bidi override written as its escape (ESC as `\\x1b`)."""
+    return _CONTROL.sub(_escape, text)
 
 
 def _type_name(tp) -> str:
@@ -72,7 +90,7 @@ def _convert(tp, value, name: str):
         if not isinstance(value, dict):
             raise _Bad(name, "an object", value)
         item = typing.get_args(tp)[1]
-        return {k: _convert(item, v, f"{name}.{k}") for k, v in value.items()}
+        return {inert_text(k): _convert(item, v, f"{name}.{k}") for k, v in value.items()}
     if origin is typing.Literal:
         if value in typing.get_args(tp):
             return value
@@ -83,6 +101,8 @@ def _convert(tp, value, name: str):
         isinstance(value, str) if tp in (str, Path) else False)
     if not plain:
         raise _Bad(name, _type_name(tp), value)
+    if tp in (str, Path):
+        value = inert_text(value)
     return float(value) if tp is float else Path(value) if tp is Path else value
 
 
@@ -107,8 +127,9 @@ def build_checked(cls, data: dict, where: str):
     try:
         return _build(cls, data)
     except _Bad as bad:
+        field = inert_text(json.dumps(bad.field, ensure_ascii=False)[1:-1])[:200]  # keys come from the file
         if bad.expected == "present":
-            raise UserError(f"{where}: field {bad.field} is missing") from None
-        raise UserError(f"{where}: field {bad.field} must be {bad.expected}, got {_show(bad.value)}") from None
+            raise UserError(f"{where}: field {field} is missing") from None
+        raise UserError(f"{where}: field {field} must be {bad.expected}, got {_show(bad.value)}") from None
     except RecursionError:
         raise UserError(f"{where}: nested too deeply to be a membench result") from None

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from membench.check import REGRESSION, check
@@ -171,3 +171,110 @@ def test_an_ok_result_without_memory_reads_as_not_measured(valid):
     record = copy.deepcopy(valid["baseline.json"])
     record["memory"] = None
     assert RunRecord.from_json(json.dumps(record), "results file x.json").peak is None
+
+
+# --- the pytest plugin's baseline file ----------------------------------------------------------------------
+
+BASELINE = {"version": 1, "torch": "2.14.1",
+            "tests": {"t.py::test_a": {"step": {"peak_bytes": 4000, "breakdown": {"activations": 4000},
+                                                "top_modules": [{"module": "0", "category": "activations",
+                                                                 "bytes": 4000}]},
+                                       "zeros": {"peak_bytes": 0}}}}
+
+
+class _Config:
+    def __init__(self, compare: Path, save: Path):
+        self.options = {"membench_save": str(save), "membench_compare": str(compare),
+                        "membench_compare_fail": ["peak:5%", "peak:64MiB"]}
+
+    def getoption(self, name):
+        return self.options[name]
+
+
+def _plugin_session(folder: Path) -> None:
+    """What a pytest session does with DIR/memory_peaks.json: read it at the start (--membench-compare and
+    --membench-save), compare a measurement with every saved block, merge and write it at the end."""
+    from membench import pytest_plugin as plugin
+
+    try:
+        gate = plugin._Gate(_Config(folder, folder))
+    except pytest.UsageError as exc:
+        event("refused")
+        assert "\n" not in str(exc) and str(folder / plugin.BASELINE_FILE) in str(exc)
+        return
+    event("used")
+    for test, blocks in gate.baselines.items():
+        for name in blocks:
+            try:
+                gate.check(test, plugin.Measurement(name, peak_bytes=4096))
+            except pytest.fail.Exception as exc:
+                assert str(exc).startswith(f"membench: {test} [{name}] peak 4096 B")
+    gate.save()
+    plugin.read_baselines(folder / plugin.BASELINE_FILE)  # what it wrote reads back
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), value=json_value, delete=st.booleans())
+def test_a_mutated_baseline_file_is_used_or_refused_in_one_line(data, value, delete, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("peaks")
+    record = copy.deepcopy(BASELINE)
+    path = data.draw(st.sampled_from(list(_paths(record))))
+    (folder / "memory_peaks.json").write_text(json.dumps(_mutate(record, path, value, delete)))
+    _plugin_session(folder)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.one_of(st.text(max_size=200), json_value.map(json.dumps)))
+def test_any_text_as_a_baseline_file_is_used_or_refused_in_one_line(text, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("peaks")
+    (folder / "memory_peaks.json").write_text(text, errors="surrogateescape")
+    _plugin_session(folder)
+
+
+# --- memory snapshots (membench replay) ------------------------------------------------------------------------
+
+snapshot_leaf = st.one_of(json_leaf, st.integers(min_value=-(2**64), max_value=2**64), st.tuples(st.integers()),
+                          st.sampled_from(["alloc", "free_completed", "segment_alloc", "segment_free", "large",
+                                           "small", "active_allocated", "inactive"]))
+snapshot_value = st.recursive(snapshot_leaf, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)), max_leaves=12)
+
+
+def _replays_or_refuses(path: Path) -> None:
+    from membench.allocator.replay import format_report, report
+
+    try:
+        format_report(report(path, ["expandable_segments:True"]))
+        event("replayed")
+    except UserError as exc:
+        event("refused")
+        assert "\n" not in str(exc) and len(str(exc)) < 1000
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), value=snapshot_value, delete=st.booleans())
+def test_a_mutated_snapshot_replays_or_is_refused_in_one_line(data, value, delete, tmp_path_factory):
+    """A real-shaped snapshot (tests.test_allocator.hand_made_snapshot) with one value anywhere replaced or
+    removed: `membench replay` answers, or refuses in one line."""
+    import pickle
+
+    from tests.test_allocator import hand_made_snapshot
+
+    snap = hand_made_snapshot()
+    path = data.draw(st.sampled_from(list(_paths(snap))))
+    target = tmp_path_factory.mktemp("snap") / "snap.pickle"
+    target.write_bytes(pickle.dumps(_mutate(snap, path, value, delete)))
+    _replays_or_refuses(target)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=st.binary(max_size=300))
+def test_any_bytes_as_a_snapshot_are_refused_in_one_line(raw, tmp_path_factory):
+    import pickle
+
+    from tests.test_allocator import hand_made_snapshot
+
+    target = tmp_path_factory.mktemp("snap") / "snap.pickle"
+    whole = pickle.dumps(hand_made_snapshot())
+    target.write_bytes(raw if raw[:1] != b"\x80" else whole[: len(raw)] + raw)  # also truncated, then junk
+    _replays_or_refuses(target)

@@ -100,3 +100,39 @@ def test_usage_errors_are_one_line(pytester):
     result.stderr.fnmatch_lines(["*a test measures its peak; write peak:N%*"])
     result = pytester.runpytest_subprocess(*PLUGIN, "--membench-compare=nowhere")
     result.stderr.fnmatch_lines(["*no baselines at nowhere/memory_peaks.json*"])
+
+
+@pytest.mark.slow
+def test_bad_baseline_files_and_folders_are_one_line_never_an_internal_error(pytester):
+    """A corrupt baseline file, a save folder that is a file or under /proc: a usage error before the tests run;
+    a full disk when the session saves: one line and a failed session, the old file intact."""
+    pytester.makepyfile(test_x="def test_x(memory_peak):\n    memory_peak(list, range(10))\n")
+    Path(pytester.path, "bad").mkdir()
+    corrupt = '{"version": 1, "tests": {"t": {"b": {"peak_bytes": NaN}}}}'
+    Path(pytester.path, "bad", "memory_peaks.json").write_text(corrupt)
+    Path(pytester.path, "afile").write_text("x")
+    for args, line in [(["--membench-compare=bad"], "*baseline file bad/memory_peaks.json: field tests.t.b.peak_bytes "
+                                                    "must be int, got \"NaN\""),
+                       (["--membench-save=bad"], "*field tests.t.b.peak_bytes must be int*"),
+                       (["--membench-save=afile"], "*--membench-save afile is a file: name a folder*"),
+                       (["--membench-save=/proc/membench"], "*is in a kernel file system*")]:
+        result = pytester.runpytest_subprocess(*PLUGIN, "-p", "no:cacheprovider", *args)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, (args, result.stderr.str())
+        result.stderr.fnmatch_lines([line])
+        said = result.stderr.str() + result.stdout.str()
+        assert "INTERNALERROR" not in said and "Traceback" not in said
+
+    pytester.makeconftest("""
+        import errno, os
+        def full(fd):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        os.fsync = full   # only membench's atomic writer syncs
+    """)
+    Path(pytester.path, "base").mkdir()
+    Path(pytester.path, "base", "memory_peaks.json").write_text('{"version": 1, "tests": {}}')
+    result = pytester.runpytest_subprocess(*PLUGIN, "-p", "no:cacheprovider", "--membench-save=base")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stdout.fnmatch_lines(["membench: error: --membench-save: cannot write base/memory_peaks.json: No space left "
+                                 "on device"])
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    assert Path(pytester.path, "base", "memory_peaks.json").read_text() == '{"version": 1, "tests": {}}'

@@ -479,6 +479,8 @@ class CachingAllocator:
             return None
         while candidate.size < size:  # free -> unmapped -> ...: map more pages after it (they merge into it)
             following = candidate.next
+            if following is None:  # larger than the segment's whole address range: no device holds it
+                return None
             if not self._map_block(following, min(size - candidate.size, following.size)):
                 return None
             candidate = following

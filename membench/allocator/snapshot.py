@@ -52,7 +52,9 @@ def load_snapshot(path: Path | str) -> dict:
         raise UserError(f"{path} is not a plain memory snapshot: {exc}, which a snapshot never does "
                         "(refused without running it)") from None
     except Exception as exc:  # noqa: BLE001 - untrusted bytes: truncated, not a pickle, ... are all one answer
-        raise UserError(f"{path} is not {_WHAT}: cannot read it as a pickle ({type(exc).__name__}: {exc})") from None
+        # repr: the unpickler quotes the file's own bytes (newlines, terminal controls) in its messages
+        raise UserError(f"{path} is not {_WHAT}: cannot read it as a pickle ({type(exc).__name__}: "
+                        f"{str(exc)[:200]!r})") from None
     if not isinstance(data, dict) or not isinstance(data.get("segments"), list) \
             or not isinstance(data.get("device_traces"), list):
         got = f"a dict with keys {sorted(map(str, data))[:6]}" if isinstance(data, dict) else type(data).__name__
@@ -100,7 +102,13 @@ def _check_event(event) -> dict:
             raise UserError(f"a {event['action']!r} event has no integer 'addr' and 'size': {str(event)[:80]}")
         if event["size"] < 0 or event["addr"] < 0:
             raise UserError(f"a {event['action']!r} event has a negative 'addr' or 'size': {str(event)[:80]}")
+    if not _is_int(event.get("stream", 0)):
+        raise UserError(f"a {event['action']!r} event's 'stream' is not an integer: {str(event)[:80]}")
     return event
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_segment(seg: dict) -> None:
@@ -109,6 +117,8 @@ def _check_segment(seg: dict) -> None:
     if not isinstance(start, int) or not isinstance(size, int) or start < 0 or size <= 0:
         raise UserError(f"a segment has no non-negative integer 'address' and positive 'total_size': "
                         f"{str({k: seg.get(k) for k in ('address', 'total_size')})[:120]}")
+    if not _is_int(seg.get("stream", 0)) or not isinstance(seg["blocks"], list):
+        raise UserError(f"the segment at {start:#x} has no integer 'stream' or no list of 'blocks'")
     end = start
     for b in sorted(seg["blocks"], key=lambda b: b["address"] if isinstance(b["address"], int) else -1):
         addr, bsize = b["address"], b["size"]

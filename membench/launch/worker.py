@@ -37,6 +37,7 @@ from membench.spec import Job
 from membench.step import batches
 from membench.techniques import Stack, resolve
 from membench.trackers import timing
+from membench.trackers.host import host_refusal
 from membench.trackers.memory import make_meter
 from membench.workloads import Workload, load_workload
 
@@ -256,17 +257,20 @@ def _run(job: Job, out: Path) -> tuple[RunRecord, bool]:
         record.env = Environment(**environment.describe(job.run.device))
         worker.execute().record_on(record)
         _mark_diverged(record)
-    except torch.OutOfMemoryError as exc:
-        record.status = "oom"
-        record.error = f"out of memory during {worker.stage}: {str(exc).splitlines()[0]}"
-        record.memory = worker.memory or (worker.session.meter.result() if worker.session else None)
-        record.timing, record.timeline = worker.timing, worker.timeline
     except Exception as exc:  # noqa: BLE001 - any failure (the user's model, or a membench bug) is this run's status
-        traceback.print_exc()  # into the run's log, whole
-        record.status = "error"
-        record.error = f"{type(exc).__name__} during {worker.stage}: {exc}"
-        record.traceback = traceback.format_exc(limit=12)
-        record.memory, record.timing, record.timeline = worker.memory, worker.timing, worker.timeline
+        # The host allocator's refusal of one allocation (past the machine, under any budget) is out of memory too.
+        oom = exc if isinstance(exc, torch.OutOfMemoryError) else host_refusal(exc)
+        if oom is not None:
+            record.status = "oom"
+            record.error = f"out of memory during {worker.stage}: {str(oom).splitlines()[0]}"
+            record.memory = worker.memory or (worker.session.meter.result() if worker.session else None)
+            record.timing, record.timeline = worker.timing, worker.timeline
+        else:
+            traceback.print_exc()  # into the run's log, whole
+            record.status = "error"
+            record.error = f"{type(exc).__name__} during {worker.stage}: {exc}"
+            record.traceback = traceback.format_exc(limit=12)
+            record.memory, record.timing, record.timeline = worker.memory, worker.timing, worker.timeline
     oom_snapshot = _oom_snapshot(out)
     if record.status == "oom" and oom_snapshot.exists():
         record.oom_snapshot = FileRef(file=oom_snapshot.name, file_bytes=oom_snapshot.stat().st_size)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from membench.errors import UserError
 from membench.report import noise
-from membench.report.table import tabulated
+from membench.report.table import MARKDOWN_FORMATS, inert_markdown, tabulated
 from membench.results import RunRecord
 from membench.units import ByteFormat, pct_change
 
@@ -82,4 +82,5 @@ def render(old: list[RunRecord], new: list[RunRecord], fmt: str = "simple") -> s
         raise UserError("nothing comparable: no run in NEW has the workload spec of a run in OLD (OLD: "
                         f"{', '.join(have)}; NEW: {', '.join(got)})")
     text = tabulated(head, body, fmt)
-    return "\n".join([text, *notes]) if notes else text
+    text = "\n".join([text, *notes]) if notes else text
+    return inert_markdown(text) if fmt in MARKDOWN_FORMATS else text

@@ -80,6 +80,16 @@ def rows(results: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
     return headers, body
 
 
+MARKDOWN_FORMATS = frozenset({"github", "pipe"})
+# Markdown renders raw HTML and links: text from result files (names, workloads, errors) is shown, never run.
+_MARKDOWN_INERT = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", "[": "\\[", "]": "\\]"})
+
+
+def inert_markdown(text: object) -> str:
+    """Text as markdown shows it and nothing more: no HTML element (`<script>`), no link (`[x](javascript:)`)."""
+    return str(text).translate(_MARKDOWN_INERT)
+
+
 def tabulated(headers: list[str], body: list[list[str]], fmt: str = "simple") -> str:
     """A table as text; cells are already formatted (numbers as strings: tabulate must not re-read them)."""
     return tabulate(body, headers=headers, tablefmt=fmt, disable_numparse=True)
@@ -100,7 +110,8 @@ def render(results: list[RunRecord], fmt: str = "simple") -> str:
     if len(groups) > 1:
         parts.append(f"note: {len(groups)} sweeps (different workload, batch size or device) are shown apart; "
                      "runs are only compared within a sweep")
-    return "\n\n".join(parts)
+    text = "\n\n".join(parts)
+    return inert_markdown(text) if fmt in MARKDOWN_FORMATS else text
 
 
 BREAKDOWN_HEADERS = ["run", "peak", "peak phase"] + [c.replace("_", " ") for c in CATEGORIES]

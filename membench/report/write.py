@@ -12,7 +12,7 @@ from membench.report import charts as ch
 from membench.report import explain as ex
 from membench.report import html
 from membench.report.recommend import Goal, recommend
-from membench.report.table import BREAKDOWN_HEADERS, breakdown_rows
+from membench.report.table import BREAKDOWN_HEADERS, breakdown_rows, inert_markdown
 from membench.report.table import render as render_table
 from membench.results import RunRecord, to_frame
 from membench.units import fmt_bytes
@@ -41,26 +41,29 @@ def ordered(results: list[dict]) -> list[dict]:
 
 def markdown(results: list[RunRecord], chart_files: dict[str, dict], title: str,
              goal: Goal = Goal("lowest-peak")) -> str:
+    e = inert_markdown  # every text from result files: shown, never rendered as HTML or a link
+
+    def table(rows, headers) -> str:
+        return tabulate([[e(c) for c in row] for row in rows], headers=headers, tablefmt="github",
+                        disable_numparse=True)
+
     baseline = ex.find_baseline(results)
-    lines = [f"# {title}", "", "## Recommendation", ""] + [f"- {s}" for s in recommend(results, goal)] + [
+    lines = [f"# {e(title)}", "", "## Recommendation", ""] + [f"- {e(s)}" for s in recommend(results, goal)] + [
              "", render_table(results, fmt="github"), "", "## The peak by category", "",
-             tabulate(breakdown_rows(results), headers=BREAKDOWN_HEADERS, tablefmt="github", disable_numparse=True),
-             ""]
+             table(breakdown_rows(results), BREAKDOWN_HEADERS), ""]
     for name, files in chart_files.items():
         lines += [f"![{name}]({files['png'].name})", ""]
     lines += ["## What each technique did", ""]
     for r in results:
-        lines += [f"### {r.name}", ""] + [f"- {s}" for s in ex.explain(r, baseline)] + [""]
+        lines += [f"### {e(r.name)}", ""] + [f"- {e(s)}" for s in ex.explain(r, baseline)] + [""]
         parts = ex.breakdown(r)
         if parts:
             rows = [[c.replace("_", " "), fmt_bytes(parts.get(c, 0)), parts.get(c, 0)] for c in CATEGORIES]
-            lines += [tabulate(rows, headers=["category at the peak", "size", "bytes"], tablefmt="github",
-                               disable_numparse=True), ""]
+            lines += [table(rows, ["category at the peak", "size", "bytes"]), ""]
         top = r.memory.top_modules if r.memory else None
         if top:
             rows = [[m.module, m.category.replace("_", " "), fmt_bytes(m.bytes), m.bytes] for m in top[:5]]
-            lines += [tabulate(rows, headers=["module at the peak", "category", "size", "bytes"], tablefmt="github",
-                               disable_numparse=True), ""]
+            lines += [table(rows, ["module at the peak", "category", "size", "bytes"]), ""]
     return "\n".join(lines)
 
 

@@ -248,8 +248,8 @@ class RunRecord:
     def from_json(cls, text: str, where: str = "result") -> RunRecord:
         try:
             data = json.loads(text, parse_constant=lambda c: None,  # NaN/Infinity from older writers: no value
-                              parse_int=_bounded_int)
-        except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError, as is _bounded_int's
+                              parse_int=bounded_int)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError, as is bounded_int's
             raise UserError(f"{where} is corrupt (not JSON: {str(exc)[:120]})") from None
         return cls.from_dict(data, where)
 
@@ -265,7 +265,7 @@ class RunRecord:
                             "upgrade membench")
         if version < 2:
             data = _upgrade_v1(data, where)
-        _check_values(data, where)
+        check_values(data, where)
         record = build_checked(cls, data, where)
         # No memory reads as "not measured" (shown as -); a peak of 0 or less would read as a measured zero.
         if record.status == "ok" and record.memory is not None and record.memory.peak_allocated_bytes <= 0:
@@ -280,22 +280,22 @@ MAX_MAGNITUDE = 1e30  # above any byte count or rate a device measures; 1e308 ov
 MAX_NAME = 1024  # a name longer than a path cannot be a run's (its file is named after it)
 
 
-def _bounded_int(text: str) -> int:
+def bounded_int(text: str) -> int:
     if len(text.lstrip("-")) > MAX_DIGITS:
         raise ValueError(f"an integer of {len(text)} digits, at most {MAX_DIGITS}")
     return int(text)
 
 
-def _check_values(data, where: str, field_name: str = "") -> None:
+def check_values(data, where: str, field_name: str = "") -> None:
     """Values no measurement produces, refused with the innermost field named: text that is not Unicode (lone
     surrogates), numbers out of range, a name longer than a file name."""
     if isinstance(data, dict):
         for key, value in data.items():
             key = str(key) if str(key).isprintable() else repr(key)  # a key holding a newline stays on one line
-            _check_values(value, where, f"{field_name}.{key}" if field_name else key)
+            check_values(value, where, f"{field_name}.{key}" if field_name else key)
     elif isinstance(data, list):
         for i, value in enumerate(data):
-            _check_values(value, where, f"{field_name}[{i}]")
+            check_values(value, where, f"{field_name}[{i}]")
     elif isinstance(data, str):
         try:
             data.encode("utf-8")

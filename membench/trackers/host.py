@@ -12,6 +12,7 @@ from __future__ import annotations
 import _thread
 import contextlib
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -20,6 +21,26 @@ import torch
 
 POLL_S = 0.005
 SLACK = 0.10  # of the budget: the host allocator's cached and fragmented memory
+
+
+# The C allocator's refusal (malloc failed: the machine or its overcommit limit cannot give that much). The
+# exact tracker counts a tensor once it exists, so one allocation bigger than the host (a 30 GB tensor under a
+# 1 GiB budget) reaches the host allocator first: torch raises a RuntimeError, not an OutOfMemoryError.
+_HOST_REFUSAL = re.compile(r"DefaultCPUAllocator: (can't allocate memory|not enough memory): "
+                           r"you tried to allocate (\d+) bytes")
+
+
+def host_refusal(exc: BaseException) -> torch.OutOfMemoryError | None:
+    """The host allocator's refusal as the out-of-memory error it is, with the bytes asked; None for any other
+    exception."""
+    if isinstance(exc, torch.OutOfMemoryError) or not isinstance(exc, RuntimeError):
+        return None
+    found = _HOST_REFUSAL.search(str(exc))
+    if found is None:
+        return None
+    asked = int(found.group(2))
+    return torch.OutOfMemoryError(f"membench: the host refused an allocation of {asked} bytes "
+                                  f"({asked / 2**30:,.1f} GiB): DefaultCPUAllocator: {found.group(1)}")
 
 
 def rss_bytes() -> int | None:

@@ -8,13 +8,26 @@ for a 7B model in seconds (built on `meta`, run on fake tensors) and `membench r
   `AutoConfig.from_pretrained`, from the Hugging Face cache first, then the network.
 - key=value overrides config attributes (`hf:gpt2,n_layer=2,n_embd=64`); `head=` picks the head: causal-lm,
   masked-lm, seq-cls or image-cls (default: masked-lm for encoders, else the first the architecture has).
+
+Overrides are checked before any model is built: the value's type against the attribute's, sizes and counts
+(`n_layer`, `hidden_size`, `vocab_size`, ...) from 1 to 2**31 - 1, then the model's own checks (built on `meta`,
+at most two layers: `n_embd=7` with 12 heads), then the parameter count, extrapolated from those layers: above
+MAX_PARAMS no machine holds it; on a real device, parameters whose fp32 bytes exceed the machine's memory are an
+out-of-memory refusal before a byte is allocated. Each is one line.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
+import math
+import os
+import socket
+import sys
+import urllib.parse
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -25,6 +38,11 @@ from membench.workloads.base import Batch, Workload
 MISSING = "Hugging Face workloads need transformers: pip install membench[hf]"
 HEADS = ("causal-lm", "masked-lm", "seq-cls", "image-cls")
 DEFAULT_SEQ_LEN = 1024  # capped by the model's own context length
+MAX_INT = 2**31 - 1  # no config size or count is larger; past it, torch's own index types overflow
+# Sizes and counts by the words in their names (n_layer, hidden_size, vocab_size, num_attention_heads, ...): at
+# least 1. Token ids (`..._id`) may be 0; floats (layer_norm_epsilon) are not sizes.
+_SIZE_WORDS = ("layer", "size", "embd", "head", "dim", "position", "inner", "label", "channel", "expert")
+MAX_PARAMS = 2**40  # 1.1e12 parameters, 4 TiB in fp32: more than any machine membench measures or predicts for
 
 
 def _transformers():
@@ -86,18 +104,161 @@ def load_config(spec: str):
     if name in CONFIG_MAPPING:
         config = t.AutoConfig.for_model(name)
     else:
+        local = _cached_or_local(name)
+        if not local:
+            hub = _hub()
+            if hub is None:
+                raise UserError(f"workload 'hf:{spec}': {name!r} is not a model type transformers knows, a local "
+                                f"folder, nor in the Hugging Face cache, and the hub cannot be reached from here "
+                                f"({_hub_unreachable}); a model type (hf:gpt2, hf:llama, hf:bert, ...) needs no "
+                                "network")
+            print(f"membench: fetching {name}'s config from {hub} ...", file=sys.stderr, flush=True)
         try:
-            config = t.AutoConfig.from_pretrained(name)
+            config = t.AutoConfig.from_pretrained(name, local_files_only=local)
         except (OSError, ValueError) as exc:
             raise UserError(f"workload 'hf:{spec}': no config for {name!r} in the Hugging Face cache or hub "
                             f"({str(exc).splitlines()[0]}); a model type transformers knows (hf:gpt2, hf:llama, "
                             "hf:bert, ...) needs no network") from None
     for key, value in overrides.items():
-        if not hasattr(config, key):
-            raise UserError(f"workload 'hf:{spec}': {type(config).__name__} has no attribute {key!r}")
-        setattr(config, key, value)
+        _check_override(spec, config, key, value)
+        try:
+            setattr(config, key, value)
+        except Exception as exc:  # noqa: BLE001 - transformers' own validators: TypeError, ValueError, its own
+            raise UserError(f"workload 'hf:{spec}': {key}={json.dumps(value)[:40]}: {_first_line(exc)}") from None
+    if hasattr(config, "validate"):
+        try:
+            config.validate()
+        except Exception as exc:  # noqa: BLE001 - as above
+            raise UserError(f"workload 'hf:{spec}': transformers refuses the config: {_first_line(exc)}") from None
     config.use_cache = False  # training: no key/value cache kept beside the activations
     return config
+
+
+def _cached_or_local(name: str) -> bool:
+    """The config is here already (a local folder, or the Hugging Face cache), or the hub is off (HF_HUB_OFFLINE):
+    no network to try."""
+    if Path(name).is_dir():
+        return True
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return True
+    try:
+        return isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json"), str)
+    except ValueError:  # not a repo id: from_pretrained says what is wrong with it
+        return True
+
+
+_hub_unreachable = ""
+
+
+def _hub(timeout_s: float = 3.0) -> str | None:
+    """The hub's address if a TCP connection to it opens within timeout_s, else None (the reason kept in
+    _hub_unreachable). huggingface_hub itself retries an unreachable hub for about 30 s before failing."""
+    global _hub_unreachable
+    from huggingface_hub import constants
+
+    endpoint = urllib.parse.urlsplit(constants.ENDPOINT)
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((endpoint.hostname, port), timeout=timeout_s).close()
+    except OSError as exc:
+        _hub_unreachable = f"{endpoint.hostname}:{port}: {exc.strerror or exc}"
+        return None
+    return constants.ENDPOINT
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception from transformers as one line: its class and the first line that says something."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = " ".join(lines[:2]) if lines else ""
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
+def _kind(value) -> str:
+    return ("null" if value is None else "a boolean" if isinstance(value, bool) else
+            "an integer" if isinstance(value, int) else "a number" if isinstance(value, float) else
+            "text" if isinstance(value, str) else "a list" if isinstance(value, list) else "an object")
+
+
+def _check_override(spec: str, config, key: str, value) -> None:
+    """Type and range of one override, against the attribute's current value: one line naming what is valid."""
+    where = f"workload 'hf:{spec}': {key}={json.dumps(value)[:40]}"
+    if key.startswith("__") or not key.isidentifier():  # `_attn_implementation` is transformers' own setting
+        raise UserError(f"workload 'hf:{spec}': {key!r} is not a config attribute (names starting with __ are "
+                        "Python's own)")
+    if not hasattr(config, key):
+        raise UserError(f"workload 'hf:{spec}': {type(config).__name__} has no attribute {key!r}")
+    current = getattr(config, key)
+    if callable(current):
+        raise UserError(f"workload 'hf:{spec}': {key!r} is a method of {type(config).__name__}, not a setting")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UserError(f"{where}: a number must be finite")
+    if isinstance(current, bool):
+        valid = isinstance(value, bool)
+    elif isinstance(current, int):
+        valid = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(current, float):
+        valid = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif current is None:
+        valid = isinstance(value, (bool, int, float, str, type(None)))
+    else:
+        valid = type(value) is type(current)
+    if not valid:
+        raise UserError(f"{where}: {type(config).__name__}.{key} is {_kind(current)} (now {json.dumps(current)[:40]}), "
+                        f"got {_kind(value)}")
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = any(w in key.lower() for w in _SIZE_WORDS) and not key.endswith("_id")
+        low = 1 if size else -MAX_INT
+        if not low <= value <= MAX_INT:
+            what = "a size or count" if size else "an integer"
+            raise UserError(f"{where}: {key} is {what}, from {low} to {MAX_INT}")
+
+
+def _layers_key(config) -> str | None:
+    for key in ("num_hidden_layers", "num_layers", "n_layer"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return key
+    return None
+
+
+@functools.lru_cache(maxsize=32)
+def parameter_count(spec: str, head: str) -> int:
+    """The model's parameter count, from at most two of its layers built on `meta` (no memory), extrapolated:
+    each layer of a stack holds the same parameters. Building them runs the model's own checks (heads dividing
+    the width, ...), said in one line."""
+    config = load_config(spec)
+    model_class = _auto_classes()[head][0]
+    key = _layers_key(config)
+    layers = getattr(config, key) if key else None
+
+    def count(n: int | None) -> int:
+        small = copy.deepcopy(config)
+        if n is not None and n != layers:
+            setattr(small, key, n)
+            if isinstance(getattr(small, "layer_types", None), list):
+                small.layer_types = small.layer_types[:n]
+        try:
+            with torch.device("meta"):
+                model = model_class.from_config(small, dtype=torch.float32)
+        except Exception as exc:  # noqa: BLE001 - the model's own consistency checks
+            raise UserError(f"workload 'hf:{spec}': transformers cannot build the model from this config: "
+                            f"{_first_line(exc)}") from None
+        return sum(p.numel() for p in model.parameters())
+
+    if layers is None or layers <= 2:
+        return count(None)
+    one, two = count(1), count(2)
+    return one + (layers - 1) * (two - one)
+
+
+def _host_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def _head(spec: str, config) -> str:
@@ -126,6 +287,14 @@ def _context(config) -> int | None:
 def _build(spec: str, head: str) -> nn.Module:
     config = load_config(spec)
     model_class = _auto_classes()[head][0]
+    if torch.empty(0).device.type != "meta":  # a real build (a prediction builds on meta and allocates nothing)
+        params = parameter_count(spec, head)
+        host = _host_memory()
+        if host is not None and params * 4 > host:
+            # The host allocator would refuse it part way, or the kernel kill the worker: say it before building.
+            raise torch.OutOfMemoryError(
+                f"membench: hf:{spec} has {params:,} parameters, {params * 4} bytes in fp32: more than this "
+                f"machine's {host} bytes of memory (parameters alone, before gradients and optimizer state)")
     # fp32 like every membench workload (bf16 is a technique), whatever dtype the checkpoint was saved in.
     model = model_class.from_config(config, dtype=torch.float32)
     if head == "causal-lm" and getattr(model, "loss_type", "") is None:
@@ -165,6 +334,10 @@ def hf_workload(spec: str, seq_len: int | None = None) -> Workload:
     """A Workload for `hf:<spec>`: the model from its config, synthetic tokens (or images) and the head's loss."""
     config = load_config(spec)
     head = _head(spec, config)
+    params = parameter_count(spec, head)
+    if params > MAX_PARAMS:
+        raise UserError(f"workload 'hf:{spec}': {params:,} parameters ({params * 4 / 2**40:,.0f} TiB in fp32), "
+                        f"more than the {MAX_PARAMS:,} any machine membench measures or predicts for holds")
     build = functools.partial(_build, spec, head)
     if head == "image-cls":
         if seq_len is not None:
