@@ -20,6 +20,7 @@ from tabulate import tabulate
 from membench import environment
 from membench.errors import UserError
 from membench.results import RunRecord, load_dir
+from membench.techniques import pairing_key
 from membench.units import fmt_bytes, parse_bytes
 
 OK, REGRESSION = 0, 1
@@ -117,16 +118,17 @@ def _show(metric: str, value) -> str:
 
 
 def _pairs(baseline: list[dict], current: list[dict], allow_machine_mismatch: bool, allow_predicted: bool):
-    # Runs pair by what ran (RunSpec: workload, batch, techniques, device, optimizer, ...), never by how it was
+    # Runs pair by what ran (RunSpec: workload, batch, techniques, device, optimizer, ...; not the options of
+    # techniques a run does not use: techniques.pairing_key), never by how it was
     # measured (steps, warm-up) or launched (timeout): those may differ between a baseline and a check.
     by_key: dict = {}
     for r in baseline:
-        by_key.setdefault(r.spec.run, []).append(r)
+        by_key.setdefault(pairing_key(r.spec.run), []).append(r)
     pairs, unmatched = [], []
-    current_specs = {cur.spec.run for cur in current}
-    missing = [b for b in baseline if b.spec.run not in current_specs]
+    current_specs = {pairing_key(cur.spec.run) for cur in current}
+    missing = [b for b in baseline if pairing_key(b.spec.run) not in current_specs]
     for cur in current:
-        candidates = by_key.get(cur.spec.run)
+        candidates = by_key.get(pairing_key(cur.spec.run))
         if not candidates:
             unmatched.append(cur)
             continue

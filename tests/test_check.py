@@ -226,3 +226,31 @@ def test_gate_passes_today_and_catches_a_planted_regression(tmp_path, capsys, mo
     base_peak = read_result(CI_BASELINE / "vit-tiny-bs4" / "ckpt.json").memory.peak_allocated_bytes
     leaky_peak = read_result(leaky / "vit-tiny-bs4" / "ckpt.json").memory.peak_allocated_bytes
     assert leaky_peak - base_peak == 16384 * 4  # exactly the leaked buffer
+
+
+def test_accum_steps_pairs_only_runs_that_accumulate(tmp_path, capsys, measured):
+    """--accum-steps is accum's option: a baseline measured with 4 still pairs with one run with 8 (it never read
+    it); an accum run measured with 4 does not pair with one run with 8 (a different micro-batch)."""
+    accum = _varied(measured, name="accum")
+    accum.spec = accum.spec.with_run(techniques=("accum",))
+    base = _write(tmp_path / "base", measured, accum)
+    eight = [copy.deepcopy(r) for r in (measured, accum)]
+    for r in eight:
+        r.spec = r.spec.with_run(accum_steps=8)
+    cur = _write(tmp_path / "cur", *eight)
+    code, out, _ = _check(capsys, base, cur, "peak_allocated:0%")
+    missing = [line for line in out.splitlines() if line.startswith("MISSING")]
+    assert code == 1 and len(missing) == 1 and " accum " in missing[0], out
+    assert not any(" baseline " in line for line in missing)
+    cur_baseline_only = _write(tmp_path / "cur2", eight[0])
+    code, out, _ = _check(capsys, _write(tmp_path / "base2", measured), cur_baseline_only, "peak_allocated:0%")
+    assert code == 0, out
+
+
+def test_resume_keeps_a_run_that_never_read_the_changed_accum_steps():
+    from membench.launch.sweep import spec_changes
+
+    baseline = spec("vit-tiny", batch_size=4)
+    assert spec_changes(baseline, baseline.with_run(accum_steps=8)) == []
+    accum = baseline.with_run(techniques=("accum",))
+    assert spec_changes(accum, accum.with_run(accum_steps=8)) == ["run.accum_steps 4 -> 8"]

@@ -4,6 +4,7 @@ finished runs kept; --resume keeps results measured with the same job."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import os
@@ -18,6 +19,7 @@ from membench.launch.process import launch
 from membench.launch.progress import Stage
 from membench.results import RunRecord, is_finished, read_result, result_path
 from membench.spec import Job
+from membench.techniques import pairing_key
 
 
 class Interrupted(Exception):
@@ -95,7 +97,9 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 def spec_changes(stored: Job, job: Job) -> list[str]:
     """How the job a result was measured with differs from `job` ('run.batch_size 4 -> 8'); [] when equal.
-    The whole job is compared (what ran, how it was measured and launched): a result is reused only as is."""
+    The whole job is compared (what ran, how it was measured and launched; not the options of techniques it
+    does not use: techniques.pairing_key): a result is reused only as is."""
+    stored, job = (dataclasses.replace(j, run=pairing_key(j.run)) for j in (stored, job))
     old, new = _flat(stored.to_dict()), _flat(job.to_dict())
     return [f"{k} {old.get(k, '(none)')!r} -> {new.get(k, '(none)')!r}"
             for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]

@@ -11,6 +11,7 @@ from membench.errors import UserError
 from membench.report import noise
 from membench.report.table import MARKDOWN_FORMATS, inert_markdown, tabulated
 from membench.results import RunRecord
+from membench.techniques import pairing_key
 from membench.units import ByteFormat, pct_change
 
 
@@ -24,20 +25,20 @@ def _get(result: RunRecord | None, section: str, key: str):
 
 
 def pairs(old: list[RunRecord], new: list[RunRecord]) -> tuple[list[tuple[RunRecord, RunRecord]], list[str]]:
-    """(old, new) pairs with the same run spec; and a note for each run that has no partner."""
-    by_spec = {r.spec.run: r for r in old}
+    """(old, new) pairs with the same run spec (techniques.pairing_key); and a note for each run that has no partner."""
+    by_spec = {pairing_key(r.spec.run): r for r in old}
     matched, notes, used = [], [], set()
     for b in new:
-        a = by_spec.get(b.spec.run)
+        a = by_spec.get(pairing_key(b.spec.run))
         if a is None:
             same_name = [r for r in old if r.name == b.name]
             why = (f"; OLD's {b.name} is {same_name[0].label}" if same_name else "")
             notes.append(f"not compared: NEW's {b.name} ({b.label}) has no run with the same spec in OLD{why}")
             continue
         matched.append((a, b))
-        used.add(b.spec.run)
+        used.add(pairing_key(b.spec.run))
     for a in old:
-        if a.spec.run not in used:
+        if pairing_key(a.spec.run) not in used:
             notes.append(f"not compared: OLD's {a.name} ({a.label}) has no run with the same spec in NEW")
     return matched, notes
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -117,6 +118,15 @@ class Stack:
     def validate(self, spec, workload) -> None:
         for t in self.techniques:
             t.validate(spec, workload)
+
+
+def pairing_key(run):
+    """`run` as check, compare and --resume pair it: the options of techniques it does not use (--accum-steps
+    without accum) set to their defaults, so changing one does not un-pair a run that never read it."""
+    used = {option for name in run.techniques if name in REGISTRY for option in REGISTRY[name].options}
+    unused = {option for cls in REGISTRY.values() for option in cls.options} - used
+    defaults = {f.name: f.default for f in dataclasses.fields(run) if f.name in unused}
+    return dataclasses.replace(run, **defaults)
 
 
 def resolve(spec, target_device: str | None = None) -> Stack:

@@ -13,6 +13,7 @@ class GradientAccumulation(Technique):
     summary = "split the batch into --accum-steps micro-batches: less activation memory, lower throughput"
     numerics = "batch-split"
     order = 20
+    options = ("accum_steps",)
 
     def validate(self, spec, workload) -> None:
         if spec.batch_size % spec.accum_steps:

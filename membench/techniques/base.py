@@ -36,6 +36,8 @@ class Technique:
     recomputes_forward: True if it runs (part of) the forward again in backward: modules with state updated in
     forward (BatchNorm's running statistics) are updated again, which the equivalence verdict explains.
     order: when `configure` runs relative to the others in a stack (small first).
+    options: the RunSpec fields only this technique reads (accum's --accum-steps): a run without the technique
+    does not depend on them, so check, compare and --resume pair it whatever their value (techniques.pairing_key).
     """
 
     name: ClassVar[str]
@@ -52,6 +54,7 @@ class Technique:
     same_init: ClassVar[bool] = True
     predictable: ClassVar[bool] = True
     recomputes_forward: ClassVar[bool] = False
+    options: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, spec: RunSpec, stack_param_dtype: torch.dtype | None = None):
         self.spec = spec
