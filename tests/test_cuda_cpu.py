@@ -8,6 +8,8 @@ import dataclasses
 import gc
 import os
 import pickle
+import subprocess
+import sys
 import warnings
 import weakref
 
@@ -43,12 +45,28 @@ def poisoning_is_available(monkeypatch):
     return poisoned
 
 
-def test_a_cuda_run_is_not_forked_after_is_available_poisoned_fork(poisoning_is_available):
-    assert fork.why_not_fork("cuda") is None
-    torch.cuda.is_available()  # what a notebook typically did before calling membench
-    reason = fork.why_not_fork("cuda")
-    assert reason is not None and "torch.cuda.is_available()" in reason
-    assert fork.why_not_fork("cpu") is None  # a CPU run does not touch CUDA in the child
+_POISONED_FORK = """
+import os, torch
+from membench.launch import fork
+parent, poisoned = os.getpid(), []
+torch.cuda.is_available = lambda: poisoned.append(True) or True  # as poisoning_is_available does
+torch.cuda._is_in_bad_fork = lambda: bool(poisoned) and os.getpid() != parent
+torch.cuda.device_count = lambda: 1
+print(fork.why_not_fork("cuda"))
+torch.cuda.is_available()  # what a notebook typically did before calling membench
+print(fork.why_not_fork("cuda"))
+print(fork.why_not_fork("cpu"))  # a CPU run does not touch CUDA in the child
+"""
+
+
+def test_a_cuda_run_is_not_forked_after_is_available_poisoned_fork():
+    # A fresh interpreter: once a backward on fake CUDA tensors has run in this process (other tests do), autograd's
+    # device threads forbid backward in any forked child, and the probe rightly answers that before CUDA's state.
+    proc = subprocess.run([sys.executable, "-c", _POISONED_FORK], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    before, after, cpu = proc.stdout.splitlines()
+    assert before == "None" and cpu == "None"
+    assert "torch.cuda.is_available()" in after
 
 
 def test_resolving_the_device_does_not_poison_fork(poisoning_is_available):
