@@ -17,7 +17,7 @@ from membench.errors import UserError
 from membench.launch.probe import probe
 from membench.launch.sweep import run_all
 from membench.report.live import StageLines
-from membench.results import to_frame
+from membench.results import Environment, to_frame
 from membench.spec import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_TECHNIQUES,
@@ -129,13 +129,14 @@ def default_out_dir(spec: RunSpec, root: Path = Path("results")) -> Path:
     return root / key / f"{spec.workload.replace(':', '.')}-bs{spec.batch_size}{spec.loop_slug}"
 
 
-def _describe_without_starting_cuda(device: str) -> dict:
+def _describe_without_starting_cuda(device: str) -> Environment:
     """environment.describe, which on CUDA starts CUDA (the device's name): asked in a child process, so this
     process can still fork runs that use CUDA (launch/fork.py) and holds no CUDA context of its own on the GPU the
     runs measure."""
     if device != "cuda" or torch.cuda.is_initialized():
         return environment.describe(device)
-    code = "import json, membench.environment as e; print(json.dumps(e.describe('cuda')))"
+    code = ("import dataclasses, json, membench.environment as e; "
+            "print(json.dumps(dataclasses.asdict(e.describe('cuda'))))")
     try:
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -143,7 +144,7 @@ def _describe_without_starting_cuda(device: str) -> dict:
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise UserError(f"could not read the CUDA device's name in a child process ({last}); pass out=...")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return Environment(**json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def run_sweep(workload: str | Workload | Callable[[], nn.Module] = DEFAULT_WORKLOAD, techniques: str | None = None,

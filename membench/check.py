@@ -9,7 +9,6 @@ regression, 2 a usage error (raised as UserError).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -99,7 +98,7 @@ def _machine(result: RunRecord) -> str:
     env = result.env
     if env is None or env.device_name is None or env.torch is None:
         return f"{env.device if env else '?'} (unknown machine)"
-    return environment.machine_key(dataclasses.asdict(env))
+    return environment.machine_key(env)
 
 
 def _value(result: RunRecord, metric: str):

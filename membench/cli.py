@@ -3,22 +3,37 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
+import re
 import sys
 from pathlib import Path
 
 from membench.errors import UserError
+from membench.spec import CHECKS, MAX_COUNT, Check
+from membench.units import parse_bytes
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} must be a positive integer")
-    return value
+def _typed(check, parse=int):
+    """An argument type: the text read as a number (or by `parse`), then `check`, a membench.spec.Check, whose
+    message is the one the Python API gives for the same value (the run-spec options' checks live in the spec)."""
+
+    def convert(text: str):
+        try:
+            value = parse(text)
+            check(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text[:40]!r} is not {'an integer' if parse is int else 'a number'}") from None
+        except UserError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return value
+
+    return convert
+
+
+def _checked(field: str, parse=int):
+    """The argument type of the run-spec option stored in `field`: the spec's own check (spec.CHECKS)."""
+    return _typed(CHECKS[field], parse)
 
 
 def _jobs(text: str) -> int:
@@ -29,16 +44,6 @@ def _jobs(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is out of range: 1 or more techniques at once (1: one after "
                                          "another)")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be zero or a positive integer")
     return value
 
 
@@ -58,17 +63,6 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _positive_float(text: str) -> float:
-    """A finite positive number: 'nan' and '1e400' (inf) parse as floats but mean nothing as a rate or a time."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} must be a finite positive number")
-    return value
-
-
 def add_workload_options(p: argparse.ArgumentParser, batch: bool = True) -> None:
     """What runs: the options every subcommand that builds a training step takes."""
     from membench.spec import DEFAULT_BATCH_SIZE, DEFAULT_TECHNIQUES, DEFAULT_WORKLOAD, OPTIMIZERS, RunSpec, default
@@ -79,21 +73,22 @@ def add_workload_options(p: argparse.ArgumentParser, batch: bool = True) -> None
                         f"needs membench[hf]), or package.module:factory, imported from the working directory "
                         f"(default: {DEFAULT_WORKLOAD})")
     if batch:
-        p.add_argument("--batch-size", type=_positive_int, default=DEFAULT_BATCH_SIZE,
+        p.add_argument("--batch-size", type=_checked("batch_size"), default=DEFAULT_BATCH_SIZE,
                        help=f"samples per optimizer step (default {DEFAULT_BATCH_SIZE})")
     p.add_argument("--techniques", default=None,
                    help=f"comma-separated; '+' stacks techniques in one run (default {DEFAULT_TECHNIQUES}, without "
                         "those the workload cannot take); the baseline always runs. See `membench techniques`.")
     accum, lr, seed = (default(RunSpec, name) for name in ("accum_steps", "lr", "seed"))
-    p.add_argument("--accum-steps", type=_positive_int, default=accum,
+    p.add_argument("--accum-steps", type=_checked("accum_steps"), default=accum,
                    help=f"micro-batches for accum (default {accum})")
     p.add_argument("--optimizer", default=None,
                    help=f"{', '.join(OPTIMIZERS)}, or package.module:factory (a torch.optim.Optimizer built from the "
                         "parameters; called with lr= if it takes it) (default: the workload's choice, else adam)")
-    p.add_argument("--seq-len", type=_positive_int, default=None,
+    p.add_argument("--seq-len", type=_checked("seq_len"), default=None,
                    help="tokens per sample for text workloads (gpt-*, hf:*) (default: the workload's)")
-    p.add_argument("--lr", type=_positive_float, default=lr, help=f"the optimizer's learning rate (default {lr:g})")
-    p.add_argument("--seed", type=int, default=seed,
+    p.add_argument("--lr", type=_checked("lr", float), default=lr,
+                   help=f"the optimizer's learning rate (default {lr:g})")
+    p.add_argument("--seed", type=_checked("seed"), default=seed,
                    help=f"seeds the model's weights and the batches, so runs compare like for like (default {seed})")
     from membench.spec import ZERO_GRAD
 
@@ -102,7 +97,7 @@ def add_workload_options(p: argparse.ArgumentParser, batch: bool = True) -> None
                       help="after the step: none frees the gradients (zero_grad(set_to_none=True), torch's default "
                            "since 2.0); zeros keeps them allocated as zeros between steps (set_to_none=False, the "
                            "default before 2.0, and the Hugging Face Trainer's on older transformers) (default none)")
-    loop.add_argument("--clip-grad-norm", type=_positive_float, default=None, metavar="MAX_NORM",
+    loop.add_argument("--clip-grad-norm", type=_checked("clip_grad_norm", float), default=None, metavar="MAX_NORM",
                       help="clip the gradients' total 2-norm to MAX_NORM before the step "
                            "(torch.nn.utils.clip_grad_norm_; unscaled first under amp-fp16) (default: no clipping)")
     loop.add_argument("--inference", action="store_true",
@@ -128,13 +123,13 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", default=DEFAULT_GPU, type=_gpu_name, metavar="NAME",
                    help=f"the GPU a --device cuda prediction is for: its cuBLAS workspace and compute capability "
                         f"(default {DEFAULT_GPU}; valid: {', '.join(GPUS)})")
-    p.add_argument("--world-size", type=_positive_int, default=1,
+    p.add_argument("--world-size", type=_typed(Check("--world-size", int, 1)), default=1,
                    help=f"ranks a distributed technique (FSDP) is predicted for, in one process (default 1, at most "
                         f"{MAX_WORLD_SIZE})")
-    p.add_argument("--warmup", type=_non_negative_int, default=1,
+    p.add_argument("--warmup", type=_checked("warmup"), default=1,
                    help="steps before the predicted one: 0 predicts a first step (the optimizer creates its state "
                         "inside it); 1 or more, the steady state (default 1)")
-    p.add_argument("--timeout", type=_positive_float, default=1800.0,
+    p.add_argument("--timeout", type=_checked("timeout_s", float), default=1800.0,
                    help="seconds for the whole command: loading the workload's code and every prediction, in a "
                         "child process (default 1800; at least 30 s: Python and torch start first)")
 
@@ -147,21 +142,23 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     timeout, nproc = default(LaunchSpec, "timeout_s"), default(RunSpec, "nproc_per_node")
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
                    help="where to train: cuda, cpu (exact tracker), or auto: cuda when torch sees a GPU (default)")
-    p.add_argument("--memory-budget", type=_size, default=None,
+    p.add_argument("--memory-budget", type=_checked("memory_budget", parse_bytes), default=None,
                    help="e.g. 16GiB: runs above it end as OOM (CUDA: a memory fraction; CPU: the exact tracker)")
-    p.add_argument("--steps", type=_positive_int, default=steps, help=f"timed steps after warm-up (default {steps})")
-    p.add_argument("--warmup", type=_non_negative_int, default=warmup, help=f"untimed steps first (default {warmup})")
-    p.add_argument("--min-time", type=float, default=min_time, dest="min_time",
+    p.add_argument("--steps", type=_checked("steps"), default=steps,
+                   help=f"timed steps after warm-up (default {steps})")
+    p.add_argument("--warmup", type=_checked("warmup"), default=warmup, help=f"untimed steps first (default {warmup})")
+    p.add_argument("--min-time", type=_checked("min_time_s", float), default=min_time, dest="min_time",
                    help="keep timing past --steps until this many seconds were timed (at most 20x --steps): "
                         f"more steps, a narrower confidence interval (default {min_time:g})")
     p.add_argument("--no-check", action="store_true", help="skip the numerical-equivalence check")
-    p.add_argument("--timeout", type=_positive_float, default=timeout, help=f"seconds per run (default {timeout:g})")
-    p.add_argument("--peak-tflops", type=_positive_float, default=None,
+    p.add_argument("--timeout", type=_checked("timeout_s", float), default=timeout,
+                   help=f"seconds per run (default {timeout:g})")
+    p.add_argument("--peak-tflops", type=_checked("peak_flops", float), default=None,
                    help="the device's peak TFLOP/s for MFU, where membench does not know it")
     p.add_argument("--out", type=_path, default=None,
                    help="results directory (default results/<machine>/<workload>-bs<N>)")
     p.add_argument("--resume", action="store_true", help="skip runs already finished in --out")
-    p.add_argument("--nproc-per-node", type=_positive_int, default=nproc,
+    p.add_argument("--nproc-per-node", type=_checked("nproc_per_node"), default=nproc,
                    help=f"processes (GPUs) per node: >1 runs every technique through torchrun (default {nproc}; "
                         "fsdp always runs through torchrun)")
     p.add_argument("--torchrun-args", default=default(LaunchSpec, "torchrun_args"),
@@ -298,11 +295,14 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage mistake is one line (what was wrong, where to look), exit code 2."""
 
     def error(self, message: str):
+        # A checked option's message names the option already (it is the Python API's message too): argparse's
+        # "argument --steps: --steps must be ..." would say it twice.
+        said = re.match(r"argument (\S+): (\1 .*)", message, re.DOTALL)
+        message = said.group(2) if said else message
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 MAX_WORLD_SIZE = 1024  # a prediction plays one rank and computes every collective's shapes for all of them
-MAX_BATCH = 2**31 - 1
 
 
 def _predict_plan(args, batch_size: int) -> dict:
@@ -311,9 +311,6 @@ def _predict_plan(args, batch_size: int) -> dict:
     if args.world_size > MAX_WORLD_SIZE:
         raise UserError(f"--world-size {args.world_size} is more ranks than a prediction can play: at most "
                         f"{MAX_WORLD_SIZE}")
-    if batch_size > MAX_BATCH:
-        raise UserError(f"--batch-size {batch_size} is beyond what a prediction takes: at most {MAX_BATCH} "
-                        "(2**31 - 1) samples")
     return dict(workload=args.workload, techniques=args.techniques, batch_size=batch_size,
                 target_device=args.device, nproc_per_node=args.world_size, check=False, timeline=False,
                 warmup=args.warmup, gpu=args.gpu if args.device == "cuda" else None,
@@ -375,8 +372,6 @@ def cmd_fit(args) -> int:
     by = args.by or ("reserved" if args.device == "cuda" else "allocated")
     if by == "reserved" and args.device != "cuda":
         raise UserError("--by reserved needs --device cuda: reserved memory is the CUDA caching allocator's")
-    if args.max_batch > MAX_BATCH:
-        raise UserError(f"--max-batch {args.max_batch} is beyond what a prediction takes: at most {MAX_BATCH}")
     # Planned at --accum-steps samples, a batch every technique takes (accumulation splits it into micro-batches);
     # each technique's search then runs over the multiples of the smallest batch it takes.
     request = {"plan": _predict_plan(args, args.accum_steps), "budget": budget, "by": by,
@@ -480,7 +475,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_workload_options(p, batch=False)
     add_target_options(p)
     p.add_argument("--budget", required=True, help="memory budget, e.g. 24GiB (GiB = 2**30) or 80GB")
-    p.add_argument("--max-batch", type=_positive_int, default=65536, help="stop searching here (default 65536)")
+    p.add_argument("--max-batch", type=_typed(Check("--max-batch", int, 1, MAX_COUNT)), default=65536,
+                   help="stop searching here (default 65536)")
     p.add_argument("--by", choices=("reserved", "allocated"), default=None,
                    help="which predicted peak must fit: reserved (what decides CUDA out-of-memory; the default for "
                         "--device cuda, from the allocator simulator) or allocated (the default for --device cpu)")
@@ -500,7 +496,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--capacity", type=_size, default=None,
                    help="device memory for the simulation, e.g. 80GiB (GiB = 2**30): beyond it cudaMalloc fails, "
                         "cached segments are released and retried, then OOM (default: unlimited)")
-    p.add_argument("--memory-fraction", type=_positive_float, default=None,
+    p.add_argument("--memory-fraction", type=_typed(Check("--memory-fraction", float, 0, positive=True), float),
+                   default=None,
                    help="as torch.cuda.set_per_process_memory_fraction: reserve at most this share of --capacity; "
                         "garbage_collection_threshold acts only under a fraction, as in PyTorch")
     p.add_argument("--json", action="store_true", help="print one JSON object (bytes) instead of tables")

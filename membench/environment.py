@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from membench.results import Environment
+
 
 def _cpu_name() -> str:
     try:
@@ -39,26 +41,27 @@ def _driver_version() -> str | None:
         return None
 
 
-def describe(device: str) -> dict:
+def describe(device: str) -> Environment:
+    """This machine, as the record a result carries (the result schema's own type: nothing to copy)."""
     cuda = device == "cuda"
-    return {
-        "device": device,
-        "device_name": torch.cuda.get_device_name(0) if cuda else _cpu_name(),
-        "device_count": torch.cuda.device_count() if cuda else 1,
-        "driver_version": _driver_version() if cuda else None,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "host": socket.gethostname(),
-        "platform": platform.platform(),
-        "cpu_threads": torch.get_num_threads(),
-        "git_commit": _git_commit(),
-    }
+    return Environment(
+        device=device,
+        device_name=torch.cuda.get_device_name(0) if cuda else _cpu_name(),
+        device_count=torch.cuda.device_count() if cuda else 1,
+        driver_version=_driver_version() if cuda else None,
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        python=platform.python_version(),
+        host=socket.gethostname(),
+        platform=platform.platform(),
+        cpu_threads=torch.get_num_threads(),
+        git_commit=_git_commit(),
+    )
 
 
-def machine_key(env: dict) -> str:
+def machine_key(env: Environment) -> str:
     """A filesystem-safe key: results from different machines or versions are never mixed."""
-    parts = [env["device_name"] if env["device"] == "cuda" else "cpu", f"torch{env['torch'].split('+')[0]}"]
-    if env["device"] == "cuda":
-        parts.append(f"cuda{env['cuda']}")
+    parts = [env.device_name if env.device == "cuda" else "cpu", f"torch{env.torch.split('+')[0]}"]
+    if env.device == "cuda":
+        parts.append(f"cuda{env.cuda}")
     return re.sub(r"[^A-Za-z0-9._-]+", "-", "_".join(parts)).strip("-")

@@ -20,7 +20,7 @@ from pathlib import Path
 from membench import environment, gpus, optimizers
 from membench.errors import UserError
 from membench.measure import Session
-from membench.results import Environment, Memory, RunRecord, result_path, write_record
+from membench.results import Memory, RunRecord, result_path, write_record
 from membench.spec import Job, RunSpec
 from membench.step import batches
 from membench.techniques import Stack, Technique, resolve
@@ -192,10 +192,15 @@ def _add_reserved(memory: Memory, trace: list[tuple], stack: Stack, budget: int 
     e.g. expandable-segments). A budget acts as a memory fraction, as it does on a real GPU."""
     from membench.allocator import reserved_summary
 
-    summary = reserved_summary(trace, allocator_settings(stack), capacity=budget,
-                               memory_fraction=1.0 if budget else None)
-    for key, value in summary.items():
-        setattr(memory, key, value)
+    r = reserved_summary(trace, allocator_settings(stack), capacity=budget, memory_fraction=1.0 if budget else None)
+    memory.peak_reserved_bytes = r.peak_reserved_bytes
+    memory.allocator_peak_allocated_bytes = r.allocator_peak_allocated_bytes
+    memory.reserved_at_peak_allocated_bytes = r.reserved_at_peak_allocated_bytes
+    memory.fragmentation_at_peak_bytes = r.fragmentation_at_peak_bytes
+    memory.segments_allocated = r.segments_allocated
+    memory.allocator_settings = r.allocator_settings
+    memory.reserved_oom = r.reserved_oom
+    memory.reserved_method = r.reserved_method
 
 
 def allocator_settings(stack: Stack):
@@ -215,7 +220,7 @@ def predict(job: Job, round_to: int | None = None) -> RunRecord:
     """A result record like a worker's, marked as a prediction. Failures become a status, as with real runs;
     a failure that is a membench bug keeps its traceback in the record (and `membench predict` prints it)."""
     started = time.time()
-    record = RunRecord(name=job.name, status="ok", spec=job, env=Environment(**environment.describe("cpu")),
+    record = RunRecord(name=job.name, status="ok", spec=job, env=environment.describe("cpu"),
                        started=started, predicted=True, predicted_for=job.run.device, cannot_see=list(CANNOT_SEE))
     try:
         record.memory = predict_memory(job, round_to)

@@ -42,14 +42,62 @@ def _shown(value) -> str:
     return text if len(text) <= 60 else text[:60] + "..."
 
 
-def _positive_int(name: str, value, limit: int = MAX_COUNT) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= limit:
-        raise UserError(f"--{name.replace('_', '-')} must be an integer from 1 to {limit}, got {_shown(value)}")
+class Check:
+    """One option's valid values and the one message that names them, as the CLI user types the option: the CLI's
+    argument types (membench.cli) and the specs' `validated` call the same check, so a bound is written once.
+
+    kind: int, or float (which takes an int too); low is allowed unless `positive` (then only above it).
+    """
+
+    def __init__(self, option: str, kind: type, low: float, high: float | None = None, *, positive: bool = False,
+                 what: str = ""):
+        self.option, self.kind, self.low, self.high, self.positive = option, kind, low, high, positive
+        if what:
+            self.valid = what
+        elif kind is int:
+            self.valid = (f"an integer from {low} to {high}" if high is not None
+                          else "zero or a positive integer" if low == 0 else f"an integer, {low} or more")
+        else:
+            self.valid = ("a finite positive number" if positive and low == 0
+                          else f"a finite number {'above' if positive else 'from'} {low}")
+
+    def __call__(self, value) -> None:
+        # nan and inf are floats, but no count, rate or time; bool is an int Python-wise, never a count.
+        number = isinstance(value, int) or (self.kind is float and isinstance(value, float) and math.isfinite(value))
+        if (isinstance(value, bool) or not number or (value <= self.low if self.positive else value < self.low)
+                or (self.high is not None and value > self.high)):
+            raise UserError(f"{self.option} must be {self.valid}, got {_shown(value)}")
 
 
-def _positive_number(name: str, value) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-        raise UserError(f"--{name.replace('_', '-')} must be a finite positive number, got {value!r}")
+# The run-spec options' checks by field name (None, where a field allows it, is checked by the caller). Fields
+# without an entry are checked by kind (device, optimizer, zero_grad, gpu, torchrun_args) in `validated`.
+CHECKS: dict[str, Check] = {
+    "batch_size": Check("--batch-size", int, 1, MAX_COUNT),
+    "accum_steps": Check("--accum-steps", int, 1, MAX_COUNT),
+    "nproc_per_node": Check("--nproc-per-node", int, 1, MAX_COUNT),
+    "seq_len": Check("--seq-len", int, 1, MAX_COUNT),
+    "memory_budget": Check("--memory-budget", int, 1, 2**63 - 1),
+    "seed": Check("--seed", int, 0, MAX_SEED),
+    "lr": Check("--lr", float, 0, positive=True),
+    "clip_grad_norm": Check("--clip-grad-norm", float, 0, positive=True),
+    "steps": Check("--steps", int, 1, MAX_COUNT),
+    "check_steps": Check("--check-steps", int, 1, MAX_COUNT),  # no CLI option: the API's and a spec file's
+    "warmup": Check("--warmup", int, 0),
+    "min_time_s": Check("--min-time", float, 0, what="zero or a positive number of seconds"),
+    # The CLI takes TFLOP/s and the spec FLOP/s: positive either way, the one bound there is.
+    "peak_flops": Check("--peak-tflops", float, 0, positive=True),
+    "timeout_s": Check("--timeout", float, 0, positive=True),
+}
+
+
+OPTIONAL = {"seq_len", "memory_budget", "clip_grad_norm", "peak_flops"}  # None: the workload's, or none at all
+
+
+def _check(spec, *names: str) -> None:
+    for name in names:
+        value = getattr(spec, name)
+        if value is not None or name not in OPTIONAL:
+            CHECKS[name](value)
 
 
 @dataclass(frozen=True)
@@ -96,24 +144,15 @@ class RunSpec:
         return "".join("-" + part.replace(" ", "-") for part in self.loop.split(", ") if part)
 
     def validated(self) -> RunSpec:
-        for name in ("batch_size", "accum_steps", "nproc_per_node"):
-            _positive_int(name, getattr(self, name))
-        _positive_number("lr", self.lr)
+        _check(self, "batch_size", "accum_steps", "nproc_per_node", "lr", "seq_len", "memory_budget", "seed",
+               "clip_grad_norm")
         if not isinstance(self.optimizer, str) or (self.optimizer not in OPTIMIZERS and ":" not in self.optimizer):
             raise UserError(f"unknown optimizer {self.optimizer!r}; valid: {', '.join(OPTIMIZERS)}, "
                             "or package.module:factory")
-        if self.seq_len is not None:
-            _positive_int("seq_len", self.seq_len)
         if self.device not in ("cpu", "cuda"):
             raise UserError(f"unknown device {self.device!r}; valid: auto, cuda, cpu")
-        if self.memory_budget is not None:
-            _positive_int("memory_budget", self.memory_budget, limit=2**63 - 1)
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
-            raise UserError(f"--seed must be an integer from 0 to {MAX_SEED}, got {_shown(self.seed)}")
         if self.zero_grad not in ZERO_GRAD:
             raise UserError(f"unknown --zero-grad {self.zero_grad!r}; valid: {', '.join(ZERO_GRAD)}")
-        if self.clip_grad_norm is not None:
-            _positive_number("clip_grad_norm", self.clip_grad_norm)
         if self.gpu is not None:
             from membench.gpus import gpu
 
@@ -138,15 +177,7 @@ class MeasureSpec:
     peak_flops: float | None = None  # the device's peak FLOP/s, for MFU where membench does not know it
 
     def validated(self) -> MeasureSpec:
-        for name in ("steps", "check_steps"):
-            _positive_int(name, getattr(self, name))
-        if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) or self.warmup < 0:
-            raise UserError(f"--warmup must be zero or a positive integer, got {self.warmup!r}")
-        if self.peak_flops is not None:
-            _positive_number("peak_tflops", self.peak_flops)
-        if isinstance(self.min_time_s, bool) or not isinstance(self.min_time_s, (int, float)) or \
-                not 0 <= self.min_time_s < float("inf"):
-            raise UserError(f"--min-time must be zero or a positive number of seconds, got {self.min_time_s!r}")
+        _check(self, "steps", "check_steps", "warmup", "peak_flops", "min_time_s")
         return self
 
 
@@ -158,7 +189,7 @@ class LaunchSpec:
     torchrun_args: str = ""  # passed to torchrun as is, e.g. "--nnodes=2 --rdzv-endpoint=host:29500"
 
     def validated(self) -> LaunchSpec:
-        _positive_number("timeout", self.timeout_s)
+        _check(self, "timeout_s")
         try:
             args = shlex.split(self.torchrun_args)
         except ValueError as exc:

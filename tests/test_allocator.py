@@ -246,14 +246,14 @@ def test_reserved_summary_for_a_predicted_result():
     # than the 19 MiB the requests round to; reserved 20 MiB, nothing free at the peak.
     events = [("alloc", "a", 2 * MiB), ("alloc", "b", 17 * MiB)]
     summary = reserved_summary(events, settings_from_env({}))
-    assert summary["peak_reserved_bytes"] == 20 * MiB and summary["allocator_peak_allocated_bytes"] == 20 * MiB
-    assert summary["fragmentation_at_peak_bytes"] == 18 * MiB  # reserved peaked with a, 2 MiB allocated
-    assert summary["allocator_settings"] == "default" and summary["segments_allocated"] == 1
+    assert summary.peak_reserved_bytes == 20 * MiB and summary.allocator_peak_allocated_bytes == 20 * MiB
+    assert summary.fragmentation_at_peak_bytes == 18 * MiB  # reserved peaked with a, 2 MiB allocated
+    assert summary.allocator_settings == "default" and summary.segments_allocated == 1
     # the expandable-segments technique's environment: one 20 MiB page covers both as well
     env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
     summary = reserved_summary(events, settings_from_env(env))
-    assert summary["allocator_settings"] == "expandable_segments:True"
-    assert summary["peak_reserved_bytes"] == 20 * MiB and summary["allocator_peak_allocated_bytes"] == 19 * MiB
+    assert summary.allocator_settings == "expandable_segments:True"
+    assert summary.peak_reserved_bytes == 20 * MiB and summary.allocator_peak_allocated_bytes == 19 * MiB
 
 
 def test_simulate_rejects_malformed_events():

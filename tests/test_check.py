@@ -206,7 +206,7 @@ def _ci_sweep(out: Path) -> Path:
 def _same_machine_as_ci_baseline() -> bool:
     record = read_result(CI_BASELINE / "vit-tiny-bs4" / "baseline.json")
     here = environment.machine_key(environment.describe("cpu"))
-    return environment.machine_key(dataclasses.asdict(record.env)) == here
+    return environment.machine_key(record.env) == here
 
 
 @pytest.mark.skipif(not CI_BASELINE.exists(), reason="results/ci-baseline is not committed")

@@ -16,8 +16,9 @@ from collections.abc import Callable, Hashable, Iterable
 from membench.allocator.settings import AllocatorSettings, parse_alloc_conf, settings_from_env
 from membench.allocator.simulator import CachingAllocator, OutOfMemory, get_allocation_size, round_size
 
-__all__ = ["AllocatorSettings", "CachingAllocator", "OutOfMemory", "SimulationResult", "get_allocation_size",
-           "parse_alloc_conf", "reserved_summary", "round_size", "run_events", "settings_from_env", "simulate"]
+__all__ = ["AllocatorSettings", "CachingAllocator", "OutOfMemory", "ReservedSummary", "SimulationResult",
+           "get_allocation_size", "parse_alloc_conf", "reserved_summary", "round_size", "run_events",
+           "settings_from_env", "simulate"]
 
 
 @dataclasses.dataclass
@@ -125,9 +126,23 @@ def run_events(alloc: CachingAllocator, events: Iterable[tuple], live: dict[Hash
         final_reserved_bytes=alloc.reserved, final_allocated_bytes=alloc.allocated, allocations=allocations)
 
 
+@dataclasses.dataclass
+class ReservedSummary:
+    """simulate()'s answer as the fields a predicted Memory record carries, under the same names (bytes)."""
+
+    peak_reserved_bytes: int
+    allocator_peak_allocated_bytes: int
+    reserved_at_peak_allocated_bytes: int
+    fragmentation_at_peak_bytes: int
+    segments_allocated: int
+    allocator_settings: str  # the settings' PYTORCH_CUDA_ALLOC_CONF text ("default" for none)
+    reserved_oom: bool
+    reserved_method: str
+
+
 def reserved_summary(events: Iterable[tuple], settings: AllocatorSettings | str | None = None,
-                     capacity: int | None = None, memory_fraction: float | None = None) -> dict:
-    """simulate(), as the JSON-ready fields a (predicted) memory result carries. Bytes throughout.
+                     capacity: int | None = None, memory_fraction: float | None = None) -> ReservedSummary:
+    """simulate(), as the fields a (predicted) memory result carries. Bytes throughout.
 
     `allocator_peak_allocated_bytes` is what torch.cuda.max_memory_allocated() would report: block sizes, which
     include the remainders of 1 MiB or less that a large block keeps unsplit, so it can exceed the sum of the
@@ -136,9 +151,9 @@ def reserved_summary(events: Iterable[tuple], settings: AllocatorSettings | str 
     if not isinstance(settings, AllocatorSettings):
         settings = parse_alloc_conf(settings)
     r = simulate(events, settings, capacity, memory_fraction)
-    return {"peak_reserved_bytes": r.peak_reserved_bytes,
-            "allocator_peak_allocated_bytes": r.peak_allocated_bytes,
-            "reserved_at_peak_allocated_bytes": r.reserved_at_peak_allocated,
-            "fragmentation_at_peak_bytes": r.fragmentation_at_peak_bytes,
-            "segments_allocated": len(r.segments), "allocator_settings": settings.label(),
-            "reserved_oom": r.oom, "reserved_method": "simulated CUDA caching allocator (membench.allocator)"}
+    return ReservedSummary(
+        peak_reserved_bytes=r.peak_reserved_bytes, allocator_peak_allocated_bytes=r.peak_allocated_bytes,
+        reserved_at_peak_allocated_bytes=r.reserved_at_peak_allocated,
+        fragmentation_at_peak_bytes=r.fragmentation_at_peak_bytes, segments_allocated=len(r.segments),
+        allocator_settings=settings.label(), reserved_oom=r.oom,
+        reserved_method="simulated CUDA caching allocator (membench.allocator)")

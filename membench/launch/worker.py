@@ -159,7 +159,7 @@ class Worker:
         # Data parallel ranks step together: the run trains world x batch-size samples per step.
         samples_per_s = self.spec.batch_size * world / summary.median_s
         peak = self.job.measure.peak_flops or timing.peak_flops(
-            environment.describe(self.spec.device)["device_name"], "bf16" if stack.low_precision else "fp32")
+            environment.describe(self.spec.device).device_name, "bf16" if stack.low_precision else "fp32")
         summary.warmup_steps = self.job.measure.warmup
         summary.samples_per_s = samples_per_s
         summary.throughput = samples_per_s * workload.items_per_sample
@@ -254,7 +254,7 @@ def _run(job: Job, out: Path) -> tuple[RunRecord, bool]:
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         # Inside the try: a process that cannot use CUDA (a child forked after CUDA started) still leaves a record.
-        record.env = Environment(**environment.describe(job.run.device))
+        record.env = environment.describe(job.run.device)
         worker.execute().record_on(record)
         _mark_diverged(record)
     except Exception as exc:  # noqa: BLE001 - any failure (the user's model, or a membench bug) is this run's status
