@@ -14,12 +14,14 @@ def parse_bytes(text: str) -> int:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
         raise UserError(f"cannot read {text!r} as a size: use a number with a unit such as 512MiB, 24GiB or 16GB")
-    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if not math.isfinite(value):  # 400 digits read as float are inf, which int() cannot hold
+    number, unit = m.group(1), _UNITS[m.group(2).lower()]
+    if len(number) > 40:  # 400 digits would be inf as a float, and far beyond any memory
         raise UserError(f"size {text[:40]!r}... is too large to be a size in bytes")
+    # Whole numbers stay integers: through a float, 9223372036854775807 B would read as 2**63.
+    value = int(number) * unit if number.isdigit() else int(float(number) * unit)
     if value <= 0:
         raise UserError(f"size {text!r} must be positive")
-    return int(value)
+    return value
 
 
 def gib(nbytes: float | None) -> str:

@@ -32,3 +32,12 @@ def test_the_largest_valid_values_pass_validation():
     spec = RunSpec(workload="vit-tiny", techniques=("baseline",), batch_size=MAX_COUNT, device="cpu",
                    seed=MAX_SEED, accum_steps=1)
     assert spec.validated().seed == 2**32 - 1
+
+
+def test_a_whole_number_of_bytes_is_read_exactly():
+    from membench.units import parse_bytes
+
+    # Through a float these read as 2**63 and 2**53: a valid --memory-budget would then be refused or moved.
+    assert parse_bytes("9223372036854775807") == 2**63 - 1
+    assert parse_bytes("9007199254740993B") == 2**53 + 1
+    assert parse_bytes("1.5GiB") == 3 * 2**29
