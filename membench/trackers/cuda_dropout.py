@@ -7,42 +7,41 @@ multiplied into the input and kept for backward, four bytes per element in fp32,
 CUDA GPU runs on CPU fake tensors, so without this it keeps the CPU's noise: for an attention dropout (batch x heads
 x queries x keys) that is three extra bytes per element, in every layer.
 
-While `cuda_dropout()` is active, a training dropout that CUDA would fuse runs `native_dropout` on the fake CPU
-tensors (whose CPU kernel also returns a boolean mask), so it keeps what CUDA keeps. In-place dropout, dropout out
-of training or with p of 0 or 1, and the feature dropouts (dropout2d, ...) run as before: CUDA runs those through
-the same unfused path as the CPU.
+While `cuda_dropout()` is active, `aten::dropout` (what nn.Dropout, F.dropout and torch.dropout reach) runs
+Dropout.cpp's `dropout` as it runs for a CUDA tensor: `native_dropout` where the fused kernel is acceptable (whose
+CPU kernel also returns a boolean mask), the unfused path otherwise. It is registered at the dispatcher (replacing
+the op's CompositeImplicitAutograd kernel), not as a torch function mode, so it also holds where a mode would be
+off: in backward, where checkpointing recomputes the forward. In-place dropout (`dropout_`, unfused on CUDA too)
+and the feature dropouts (dropout2d, ...) are left as they are.
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import torch
-import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
-# F.dropout(input, p, training, inplace) (what nn.Dropout calls) and torch.dropout(input, p, train): the names of
-# their arguments after the input, as (p, training, inplace), with their defaults.
-_DROPOUTS = {F.dropout: (("p", 0.5), ("training", True), ("inplace", False)),
-             torch.dropout: (("p", None), ("train", None), (None, False))}
+from membench.trackers.private import destroy_library
 
 
-class _FusedDropout(TorchFunctionMode):
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        names = _DROPOUTS.get(func)
-        if names is not None and args:
-            input, *rest = args
-            given = {name: default for name, default in names} | dict(zip([n for n, _ in names], rest)) | kwargs
-            p, train, inplace = (given[name] for name, _ in names)
-            # Dropout.cpp's is_fused_kernel_acceptable, for a CUDA tensor; and not in place (dropout_ is unfused).
-            if train and 0 < p < 1 and not inplace and input.numel() > 0:
-                return torch.native_dropout(input, p, True)[0]
-        return func(*args, **kwargs)
+def _dropout(input: torch.Tensor, p: float, train: bool) -> torch.Tensor:
+    # Dropout.cpp, torch 2.14: is_fused_kernel_acceptable (for a CUDA tensor), else _dropout_impl.
+    if train and 0 < p < 1 and input.numel() > 0:
+        return torch.native_dropout(input, p, True)[0]
+    if p == 0 or not train or input.numel() == 0:
+        return input
+    return input * torch.zeros((), dtype=input.dtype, device=input.device)  # p == 1
 
 
 @contextlib.contextmanager
 def cuda_dropout():
     """While active, a training dropout keeps a boolean mask, as CUDA's fused dropout does."""
-    with _FusedDropout():
+    library = torch.library.Library("aten", "IMPL")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Overriding a previously registered kernel": that is the point
+            library.impl("dropout", _dropout, "CompositeImplicitAutograd")
         yield
+    finally:
+        destroy_library(library)
