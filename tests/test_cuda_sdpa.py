@@ -73,3 +73,58 @@ def test_softmax_of_a_half_input_reads_it_directly_as_cuda_does(op, dtype):
         assert allocs == ([256_000] if dtype == torch.float16 else [256_000, 256_000])
         y.sum().backward()
         assert x.grad.dtype == dtype
+
+
+N, C = 256, 1024  # a dropout's input: 262,144 elements
+
+
+def _dropout_keeps(cuda: bool, dropout, dtype=torch.float32) -> int:
+    """Bytes a dropout leaves alive (its output and what it keeps for backward), its input made before."""
+    policy = cuda_policy() if cuda else torch.enable_grad()
+    with policy, fake.fake_tensors():
+        x = torch.randn(N, C, dtype=dtype, requires_grad=True)
+        tracker = StorageTracker()
+        with tracker:
+            y = dropout(x)
+            kept = tracker.current
+            y.sum().backward()
+        assert x.grad.shape == x.shape
+        return kept
+
+
+@pytest.mark.parametrize("dropout", [lambda x: F.dropout(x, 0.1), lambda x: torch.dropout(x, 0.1, True),
+                                     torch.nn.Dropout(0.1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_training_dropout_keeps_a_boolean_mask_as_cuda_does(dropout, dtype):
+    # CUDA fuses it (native_dropout): the output in the input's dtype plus a one-byte mask, 262,144 bytes.
+    out = N * C * dtype.itemsize
+    assert _dropout_keeps(True, dropout, dtype) == out + N * C
+    # The CPU keeps a noise tensor of the input's dtype instead: twice the output (what a CUDA prediction kept).
+    assert _dropout_keeps(False, dropout, dtype) == 2 * out
+
+
+@pytest.mark.parametrize("dropout", [lambda x: F.dropout(x, 0.1, training=False),
+                                     lambda x: torch.dropout(x, 0.1, False),
+                                     lambda x: F.dropout(x, 0.0), lambda x: F.dropout(x, 1.0),
+                                     lambda x: F.dropout(x * 1, 0.1, inplace=True)])
+def test_a_dropout_cuda_does_not_fuse_runs_as_before(dropout):
+    # Out of training or with p = 0, dropout returns its input (nothing new); p = 1 multiplies by a zero; in place,
+    # CUDA runs the same unfused path as the CPU: the x * 1 copy (1 MiB) and the noise (1 MiB) it keeps.
+    assert _dropout_keeps(True, dropout) == _dropout_keeps(False, dropout)
+
+
+def test_checkpointing_recomputes_the_same_fused_dropout_in_backward():
+    # Checkpointing reruns the forward inside backward and checks that it saves tensors of the same dtypes: the
+    # boolean mask both times (a torch function mode, off within backward, would recompute the CPU's fp32 noise).
+    # Kept after the forward: the output (1 MiB) only, the mask being recomputed.
+    def kept():
+        with cuda_policy(), fake.fake_tensors():
+            x = torch.randn(N, C, requires_grad=True)
+            tracker = StorageTracker()
+            with tracker:
+                y = torch.utils.checkpoint.checkpoint(lambda t: F.dropout(t, 0.1), x, use_reentrant=False)
+                kept = tracker.current
+                y.sum().backward()
+            assert x.grad.shape == x.shape
+            return kept
+    assert kept() == N * C * 4

@@ -19,6 +19,7 @@ import warnings
 
 import torch
 
+from membench.trackers.cuda_dropout import cuda_dropout
 from membench.trackers.cuda_sdpa import cuda_sdpa
 from membench.trackers.private import AUTOCAST_CPU_KEYS, destroy_library, exclude_dispatch_keys, ops_with_kernel_for
 
@@ -180,8 +181,9 @@ def _kernels(casts: _Casts) -> dict[str, object]:
 @contextlib.contextmanager
 def cuda_policy():
     """While active, torch.autocast("cpu", ...) applies CUDA's autocast policy (see the module's docstring), and
-    scaled_dot_product_attention keeps what CUDA's fused kernels keep (trackers/cuda_sdpa.py)."""
-    with cuda_sdpa(), _autocast_policy():
+    scaled_dot_product_attention and dropout keep what CUDA's fused kernels keep (trackers/cuda_sdpa.py,
+    trackers/cuda_dropout.py)."""
+    with cuda_sdpa(), cuda_dropout(), _autocast_policy():
         yield
 
 

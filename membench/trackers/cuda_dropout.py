@@ -1,0 +1,47 @@
+"""Dropout as a CUDA GPU runs it, on CPU fake tensors.
+
+What dropout keeps for backward depends on the device (aten/src/ATen/native/Dropout.cpp): on CUDA (and XPU) a
+training dropout with 0 < p < 1 runs the fused `native_dropout`, which keeps a boolean mask, one byte per element.
+On CPU it runs `_dropout_impl`: a noise tensor of the input's size and dtype (bernoulli_, then divided by 1 - p),
+multiplied into the input and kept for backward, four bytes per element in fp32, two in fp16. A prediction for a
+CUDA GPU runs on CPU fake tensors, so without this it keeps the CPU's noise: for an attention dropout (batch x heads
+x queries x keys) that is three extra bytes per element, in every layer.
+
+While `cuda_dropout()` is active, `aten::dropout` (what nn.Dropout, F.dropout and torch.dropout reach) runs
+Dropout.cpp's `dropout` as it runs for a CUDA tensor: `native_dropout` where the fused kernel is acceptable (whose
+CPU kernel also returns a boolean mask), the unfused path otherwise. It is registered at the dispatcher (replacing
+the op's CompositeImplicitAutograd kernel), not as a torch function mode, so it also holds where a mode would be
+off: in backward, where checkpointing recomputes the forward. In-place dropout (`dropout_`, unfused on CUDA too)
+and the feature dropouts (dropout2d, ...) are left as they are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import torch
+
+from membench.trackers.private import destroy_library
+
+
+def _dropout(input: torch.Tensor, p: float, train: bool) -> torch.Tensor:
+    # Dropout.cpp, torch 2.14: is_fused_kernel_acceptable (for a CUDA tensor), else _dropout_impl.
+    if train and 0 < p < 1 and input.numel() > 0:
+        return torch.native_dropout(input, p, True)[0]
+    if p == 0 or not train or input.numel() == 0:
+        return input
+    return input * torch.zeros((), dtype=input.dtype, device=input.device)  # p == 1
+
+
+@contextlib.contextmanager
+def cuda_dropout():
+    """While active, a training dropout keeps a boolean mask, as CUDA's fused dropout does."""
+    library = torch.library.Library("aten", "IMPL")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Overriding a previously registered kernel": that is the point
+            library.impl("dropout", _dropout, "CompositeImplicitAutograd")
+        yield
+    finally:
+        destroy_library(library)
