@@ -42,7 +42,8 @@ CANNOT_SEE = (
     "reserved memory is simulated (membench.allocator), from allocations whose sizes are exact but whose order on a "
     "GPU can differ (kernel choice, streams); CUDA graphs and cudaMallocAsync are not modelled",
     "kernel choice: CUDA kernels may save other tensors than the CPU ones (cuDNN convolutions; attention is "
-    "predicted as a fused kernel that keeps the output and a log-sum-exp, as CUDA's do, with or without dropout; "
+    "predicted as a fused kernel that keeps the output and a log-sum-exp, as CUDA's do, with or without dropout, "
+    "except with dropout inside a checkpointed region, where it runs as the CPU's math path; "
     "memory-efficient attention's padding of it to 32 queries and its dropout seed are not counted)",
     "ops whose output size depends on data, and model code that branches on tensor values",
 )

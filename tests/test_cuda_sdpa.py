@@ -128,3 +128,22 @@ def test_checkpointing_recomputes_the_same_fused_dropout_in_backward():
             assert x.grad.shape == x.shape
             return kept
     assert kept() == N * C * 4
+
+
+def test_checkpointed_attention_with_dropout_is_recomputed_as_it_ran():
+    # Backward recomputes a checkpointed forward with the torch function mode off (the math path): the first pass
+    # takes the math path too, as a CPU prediction does, or torch.utils.checkpoint refuses the recomputed tensors
+    # (a CheckpointError in `membench predict --workload hf:gpt2 --techniques ckpt`).
+    def kept(cuda: bool) -> int:
+        with (cuda_policy() if cuda else torch.enable_grad()), fake.fake_tensors():
+            q, k, v = (torch.randn(B, H, L, D, requires_grad=True) for _ in range(3))
+            tracker = StorageTracker()
+            with tracker:
+                out = torch.utils.checkpoint.checkpoint(
+                    lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1), q, k, v,
+                    use_reentrant=False)
+                kept = tracker.current
+                out.sum().backward()
+            assert q.grad.shape == q.shape
+            return kept
+    assert kept(True) == kept(False)

@@ -23,6 +23,8 @@ import contextlib
 import torch
 from torch.overrides import TorchFunctionMode
 
+from membench.trackers.private import saved_tensor_hooks_active
+
 SDPA = torch.nn.functional.scaled_dot_product_attention
 
 
@@ -41,6 +43,12 @@ def _fused(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sc
     if not dropout_p or enable_gqa or query.dim() != 4 or not (query.size(-1) == key.size(-1) == value.size(-1)):
         return None
     if attn_mask is not None and attn_mask.requires_grad:  # the CPU kernel has no gradient for a mask: keep math
+        return None
+    if saved_tensor_hooks_active():
+        # Under checkpointing, backward recomputes this forward with the mode off (a torch function mode does not
+        # reach the autograd engine's thread), on the math path: routing the first pass would make the recomputed
+        # tensors differ and torch.utils.checkpoint refuse them. Inside a checkpointed region nothing is kept
+        # past the forward anyway; only the recomputation's transient weights are over-counted.
         return None
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         # As at::scaled_dot_product_attention does before any kernel (convert_boolean_attn_mask): -inf where False.

@@ -166,3 +166,9 @@ def attach_out_of_memory_observer(observer) -> None:
 # ran last stops owning what is allocated. torch.utils.module_tracker does the same. checked: 2.14.1
 def queue_backward_callback(fn) -> None:
     torch.autograd.Variable._execution_engine.queue_callback(fn)
+
+
+# --- saved-tensor hooks in force (checkpointing's, offloading's): trackers/cuda_sdpa.py -----------------------------
+# checked: 2.14.1
+def saved_tensor_hooks_active() -> bool:
+    return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
