@@ -70,6 +70,10 @@ def test_a_difference_inside_the_noise_is_not_printed_as_fact(sweep):
     assert body[1][9].startswith("within noise")
     text = " ".join(explain.explain(overlapping, base))
     assert "within noise" in text and "faster" not in text
+    # A 5% change inside the noise reads as the table reads it, not as "undecided" (kept for 10% and more).
+    assert "undecided" not in text
+    first = recommend([base, overlapping])[0]
+    assert "its throughput is within noise of the baseline's (+5.3%" in first and "undecided" not in first
     assert "outside the noise" in " ".join(explain.explain(apart, base))
 
 

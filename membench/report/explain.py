@@ -106,8 +106,11 @@ def _throughput(timing: Timing | None, base_timing: Timing | None) -> list[str]:
     if noise.within_noise(timing, base_timing):
         spreads = [s for s in (noise.spread(timing), noise.spread(base_timing)) if s is not None]
         how = (f"±{max(spreads):.0%}" if spreads else "no interval recorded")
-        return [f"Its throughput against the baseline's is undecided: rerun with --min-time ({fmt_number(value)} vs "
-                f"{fmt_number(base)} {unit}, {change:+.1f}%; the step-time intervals overlap, {how}): within noise, "
+        numbers = (f"({fmt_number(value)} vs {fmt_number(base)} {unit}, {change:+.1f}%; the step-time intervals "
+                   f"overlap, {how})")
+        if abs(change) < noise.UNDECIDED_AT_PCT:  # the table's rule (noise.delta): a small change is noise
+            return [f"Its throughput is within noise of the baseline's {numbers}: no difference is shown as a fact."]
+        return [f"Its throughput against the baseline's is undecided: {noise.RERUN} {numbers}: within noise, "
                 "no difference is shown as a fact."]
     how = f"costs {-change:.1f}% of throughput" if change < 0 else f"runs {change:.1f}% faster"
     return [f"It {how} ({fmt_number(value)} vs {fmt_number(base)} {unit}; outside the noise: the step-time "

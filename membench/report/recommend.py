@@ -101,8 +101,10 @@ def _cost(r: RunRecord, base: RunRecord | None) -> str:
     change = pct_change(value, ref)
     if noise.within_noise(t, bt):
         spread = ", ".join(f"±{s:.0%}" for s in (noise.spread(t), noise.spread(bt)) if s is not None)
-        return (f"its throughput{per} against the baseline's is undecided: rerun with --min-time ({change:+.1f}%, "
-                "step-time intervals overlap" + (f": {spread}" if spread else "") + f"){note}")
+        overlap = f"({change:+.1f}%, step-time intervals overlap" + (f": {spread}" if spread else "") + f"){note}"
+        if abs(change) < noise.UNDECIDED_AT_PCT:  # the table's rule (noise.delta): a small change is noise
+            return f"its throughput{per} is within noise of the baseline's {overlap}"
+        return f"its throughput{per} against the baseline's is undecided: {noise.RERUN} {overlap}"
     how = f"costs {-change:.1f}% of throughput{per}" if change < 0 else f"is {change:.1f}% faster{per}"
     return (f"it {how} ({fmt_number(value)} vs {fmt_number(ref)} {t.unit or ''}, outside the noise){note}")
 
