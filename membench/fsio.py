@@ -57,6 +57,20 @@ def make_dir(path: Path) -> Path:
     return path
 
 
+def open_lock_file(folder: Path, name: str) -> int:
+    """The descriptor of <folder>/<name>, created if missing, for an flock: never through a link planted in its
+    place, not inherited by child processes (O_CLOEXEC by default); an unwritable folder is one UserError."""
+    path = Path(folder) / name
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UserError(f"{path} is a symlink: membench does not write through links; remove it") from None
+        if not is_environment_error(exc):
+            raise
+        raise user_error(exc, "write in", Path(folder)) from None
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> int:
     """Write `data` at `path` all or nothing; returns its size. The folder must exist. A symlink at `path` is
     replaced, never written through."""

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import json
 import os
 import stat
@@ -33,7 +32,7 @@ import torch
 
 from membench.check import Rule, parse_rule
 from membench.errors import UserError
-from membench.fsio import atomic_write_text, is_environment_error, make_dir, read_bounded, user_error
+from membench.fsio import atomic_write_text, make_dir, open_lock_file, read_bounded, user_error
 from membench.results.schema import bounded_int, check_values
 from membench.trackers.modules import ModuleScopes, parameter_owners
 from membench.trackers.private import tree_flatten
@@ -170,15 +169,7 @@ def _merge_lock(folder: Path):
     except ImportError:  # Windows: no flock; saves there are not merged concurrently
         yield
         return
-    path = folder / LOCK_FILE
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UserError(f"{path} is a symlink: membench does not write through links; remove it") from None
-        if not is_environment_error(exc):
-            raise
-        raise user_error(exc, "write in", folder) from None
+    fd = open_lock_file(folder, LOCK_FILE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

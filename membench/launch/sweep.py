@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import fcntl
 import os
 import signal
@@ -13,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from membench.errors import UserError
-from membench.fsio import is_environment_error, make_dir, user_error
+from membench.fsio import make_dir, open_lock_file
 from membench.launch.lifeline import Terminated
 from membench.launch.process import launch
 from membench.launch.progress import Stage
@@ -62,16 +61,7 @@ def locked(out_dir: Path):
     if key in _HELD:  # this process holds it already (the CLI locks before its progress display starts)
         yield
         return
-    path = Path(out_dir) / LOCK_NAME
-    try:
-        # Not inherited by workers (O_CLOEXEC by default); never through a link planted in its place.
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UserError(f"{path} is a symlink: membench does not write through links; remove it") from None
-        if not is_environment_error(exc):
-            raise
-        raise user_error(exc, "write in", Path(out_dir)) from None
+    fd = open_lock_file(out_dir, LOCK_NAME)  # not inherited by workers
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
