@@ -142,9 +142,10 @@ def answer_request(request: dict) -> dict:
         return fit_batch(job, budget, by, predict_traced, request["max_batch"], on_probe=probe)
 
     workers = min(request.get("jobs", 1), len(jobs))
-    if workers > 1 and not can_fork():
-        print("membench: the fitting process cannot fork (CUDA initialised, or the workload's code ran a backward "
-              "while loading): techniques fitted one at a time", file=sys.stderr, flush=True)
+    reason = fork_refused() if workers > 1 else None
+    if reason is not None:
+        print(f"membench: the fitting process cannot fork ({reason}): techniques fitted one at a time",
+              file=sys.stderr, flush=True)
         workers = 1
     if workers > 1:
         fits = fit_in_parallel(jobs, fit_one, workers, request["plan"].get("workload"))
@@ -161,26 +162,14 @@ def default_jobs() -> int:
         return os.cpu_count() or 1
 
 
-def can_fork() -> bool:
-    """Whether fit's workers may be forked from this process. Not once CUDA is initialised (a forked child cannot
-    use it), nor once autograd has run here: its engine's threads do not survive a fork, and torch then refuses
-    any backward in the child. Planning does not run one, but the user's factory may; a forked child that runs a
-    one-element backward tells. Where not, the techniques run one at a time."""
+def fork_refused() -> str | None:
+    """Why fit's workers may not be forked from this process, or None. Not once CUDA is initialised, nor once
+    autograd has run here (the user's factory may run a backward): the same probe as a sweep's forked runs."""
     import torch
 
-    if not hasattr(os, "fork") or torch.cuda.is_initialized():
-        return False
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            torch.ones(1, requires_grad=True).sum().backward()
-            code = 0
-        finally:
-            os._exit(code)  # torch's RuntimeError, if any, is the answer: no traceback
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    from membench.launch.fork import why_not_fork
+
+    return why_not_fork("cuda" if torch.cuda.is_initialized() else "cpu")
 
 
 def fit_in_parallel(jobs: list[Job], fit_one: Callable[[Job], Fit], workers: int, workload: str | None) -> list[Fit]:
