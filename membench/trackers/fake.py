@@ -30,6 +30,11 @@ class _AnswerScalars(private.TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in private.SCALAR_OPS:
             return 0 if args[0] in self._inf_flags else 1
+        if private.writes_values_only(func):
+            # An in-place pointwise op (the optimizer's, one tensor or a list at a time) changes values only, which
+            # fake tensors do not have, and allocates nothing: FakeTensorMode's meta kernel would only return its
+            # first argument (a tenth of a prediction went there).
+            return None if func._schema.name.startswith("aten::_foreach_") else args[0]
         out = func(*args, **(kwargs or {}))
         if func is private.AMP_CHECK_AND_UNSCALE:
             self._inf_flags[args[1]] = True

@@ -121,6 +121,30 @@ def is_fake(tensor) -> bool:
     return isinstance(tensor, FakeTensor)
 
 
+@functools.cache
+def writes_values_only(op) -> bool:
+    """An in-place pointwise op on one tensor (add_, lerp_, ...: it returns its first argument) or on lists of them
+    (torch._foreach_add_, ...: it returns nothing): it changes no shape, stride or storage. checked: 2.14.1"""
+    schema = op._schema
+    first = schema.arguments[0].alias_info if schema.arguments else None
+    if first is None or not first.is_write:
+        return False
+    if schema.name.startswith("aten::_foreach_"):
+        return not schema.returns
+    return torch.Tag.pointwise in op.tags and schema.name.endswith("_") and len(schema.returns) == 1
+
+
+PRIM_DEVICE = torch.ops.prim.device.default  # a tensor's device, asked through dispatch of a fake tensor
+
+
+def fake_device(tensor):
+    """A fake tensor's device, answered without going down the dispatch modes; None for any other tensor.
+    FakeTensorMode answers prim.device with this attribute. checked: 2.14.1"""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return tensor.fake_device if type(tensor) is FakeTensor else None
+
+
 def fake_tensor_cache_info():
     """Hits, misses and bypasses of the fake-tensor dispatch cache (shared by every FakeTensorMode in the process)."""
     from torch._subclasses.fake_tensor import FakeTensorMode  # checked: 2.14.1

@@ -22,7 +22,9 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from membench.trackers import recompute
 from membench.trackers.private import (
+    PRIM_DEVICE,
     TorchDispatchMode,
+    fake_device,
     fsdp_storage_modules,
     has_composite_implicit_kernel,
     is_traceable_wrapper_subclass,
@@ -92,6 +94,10 @@ class StorageTracker(TorchDispatchMode):
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is PRIM_DEVICE and (device := fake_device(args[0])) is not None:
+            # The autograd engine and the optimizers ask a fake tensor's device about ten times per op; it
+            # allocates nothing, and passing it down the modes below took a third of a prediction.
+            return device
         if torch.is_inference_mode_enabled() and has_composite_implicit_kernel(func):
             # Under inference_mode a composite op (einsum, linear, matmul) reaches dispatch modes whole, and its
             # decomposition would run below this mode, unseen: its temporaries (layout copies) would be missed.
