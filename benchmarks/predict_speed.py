@@ -3,8 +3,9 @@
 For each configuration (technique stack) of one workload, both start from the model built on `meta` and run the
 same training step code (membench.step) on fake tensors, with the same techniques, batches and optimizer:
 
-- membench: `predict_memory` as `membench predict` runs it (warm-up step and measured step under the storage
-  tracker, every allocation traced, reserved memory from the allocator simulator);
+- membench: `predict_memory` as `membench predict` runs it (the measured step under the storage tracker, every
+  allocation traced, after a warm-up step written from it where membench.steady can, else run; reserved memory
+  from the allocator simulator over both);
 - MemTracker (torch.distributed._tools.mem_tracker) under the same FakeTensorMode: a warm-up step, then the step
   tracked as its documentation shows (track_external on the model and optimizers).
 

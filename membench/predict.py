@@ -12,12 +12,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import os
 import sys
 import time
 import traceback
 from pathlib import Path
 
-from membench import environment, gpus, optimizers
+from membench import environment, gpus, optimizers, steady
 from membench.errors import UserError
 from membench.measure import Session
 from membench.results import Memory, RunRecord, result_path, write_record
@@ -111,10 +112,14 @@ def predict_memory(job: Job, round_to: int | None = None) -> Memory:
     return predict_traced(job, round_to, trace=job.run.device == "cuda").memory
 
 
-def predict_traced(job: Job, round_to: int | None = None, trace: bool = True) -> Traced:
-    """predict_memory, keeping the allocation trace (fit derives other batch sizes from a few of them)."""
+def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, derive_warmup: bool = True) -> Traced:
+    """predict_memory, keeping the allocation trace (fit derives other batch sizes from a few of them).
+
+    derive_warmup: write the warm-up step's allocations from the measured step's instead of running it, where
+    membench.steady can (half the time; checked, and run after all where a check fails)."""
     spec = job.run
     cuda = spec.device == "cuda"
+    keep_trace = trace
     round_to = round_to or (CUDA_BLOCK if cuda else 1)
     run = dataclasses.replace(spec, device="cpu", memory_budget=None)  # fake tensors live on cpu
     stack = resolve(run, target_device=spec.device)
@@ -139,25 +144,51 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True) ->
     with group, fake.fake_tensors(), policy:
         prepared = _Prepared(run, fake.materialize(meta_model), cuda)
         techniques = (prepared, *(_WithRealRanks(t) if t.distributed else t for t in stack.techniques))
-        meter = CpuMeter(round_to=round_to, trace=trace or cuda)
+        meter = CpuMeter(round_to=round_to, trace=keep_trace or cuda or derive_warmup)
         if cuda:
             meter.tracker.kernels = CublasWorkspaces(gpus.gpu(spec.gpu).cublas_workspace_bytes)
         session = Session(run, dataclasses.replace(stack, techniques=techniques), workload, meter,
                           _collected_between(batches(workload, run)), track_host=False)
         with _no_collector_within_steps():
             session.build()
-            session.warm_up(warmup)
+            primed = steady.prime(session) if derive_warmup and _derivable(spec, stack, warmup, ranks) else None
+            if primed is None:
+                session.warm_up(warmup)
+            else:
+                with meter.active():  # its batch is seen: the measured step lets go of it as a run's does
+                    session.skip(warmup)
+                gc.collect()
             measured_from = len(meter.tracker.trace or ())
-            memory, _, _ = session.measure(1)
+            start_bytes = meter.tracker.current
+            with steady.watching(session) if primed is not None else contextlib.nullcontext() as seen:
+                memory, _, _ = session.measure(1)
             # A copy: the tracker's list goes on growing with frees while what the step left is collected later
             # (in another prediction, even), and fit compares traces event for event.
             trace = list(meter.tracker.trace or ())
+            if primed is not None:
+                gc.collect()  # what the step left for the collector: a run's next step frees it as it begins
+                garbage = [e[1] for e in meter.tracker.trace[len(trace):] if e[0] == "free"]
+                written = steady.write_warmup(primed, seen, trace, measured_from, garbage, memory.peak_allocated_bytes,
+                                              start_bytes, round_to)
         session.detach()
+    if primed is not None:
+        if isinstance(written, str):
+            if os.environ.get("MEMBENCH_DEBUG_WARMUP"):
+                print(f"warm-up step run: {written}", file=sys.stderr)
+            return predict_traced(job, round_to, trace=keep_trace, derive_warmup=False)  # the warm-up step is run
+        trace, measured_from = written
     memory.device = spec.device
     memory.method = f"prediction: fake tensors, storage tracker, {round_to}-byte blocks"
     if cuda:
         _add_reserved(memory, trace, stack, spec.memory_budget)
     return Traced(memory, trace, measured_from, round_to)
+
+
+def _derivable(spec: RunSpec, stack: Stack, warmup: int, ranks: int | None) -> bool:
+    """Whether a run's first step differs from its next only by what steady.prime makes: an optimizer step that
+    makes its state first, gradients let go between steps, no process group (FSDP sets itself up lazily)."""
+    return (warmup == 1 and not ranks and not spec.inference and spec.zero_grad == "none"
+            and spec.optimizer in steady.DERIVABLE_OPTIMIZERS and not stack.distributed)
 
 
 @contextlib.contextmanager

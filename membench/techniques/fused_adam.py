@@ -27,3 +27,5 @@ class FusedAdam(Technique):
 
     def configure(self, state) -> None:
         state.optimizer_options["fused"] = True
+        # A CUDA prediction asks for foreach, CUDA's default (predict._Prepared); torch refuses both at once.
+        state.optimizer_options.pop("foreach", None)

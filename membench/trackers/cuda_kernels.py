@@ -33,6 +33,7 @@ class CublasWorkspaces:
     def __init__(self, nbytes: int):
         self.nbytes = nbytes
         self.handles: dict[str, torch.Tensor] = {}
+        self.first_use: dict[str, int] = {}  # thread -> the trace's length at its first matmul (since cleared)
         self.paths = BackwardPaths()
         self.rewrite = self.paths.rewrite  # the op to run instead (in-place where a plain run is)
         self.after = self.paths.made
@@ -41,6 +42,12 @@ class CublasWorkspaces:
         if func not in CUBLAS_OPS:
             return
         thread = "autograd" if in_backward() else "main"
+        if tracker.trace is not None and thread not in self.first_use:
+            self.first_use[thread] = len(tracker.trace)
+        self.make(thread, tracker)
+
+    def make(self, thread: str, tracker) -> None:
+        """The thread's workspace, if it has none yet (a prediction may make both before its first step)."""
         if thread not in self.handles:
             workspace = torch.empty(self.nbytes, dtype=torch.uint8)
             self.handles[thread] = workspace  # kept for the life of the process, as torch keeps it

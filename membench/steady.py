@@ -1,0 +1,184 @@
+"""A prediction's warm-up step, written from its measured step instead of run.
+
+A prediction runs one warm-up step so that the measured step finds what a training loop's steady state holds: the
+optimizer state (the first optimizer step makes it) and the cuBLAS workspaces (the first matmul on each thread makes
+one); reserved memory is simulated over the allocations of both steps. But the warm-up's forward and backward make
+the measured step's allocations, in its order and sizes (the same ops on the same shapes), and running them on fake
+tensors was half of a prediction's time. So the warm-up is primed instead: the workspaces are made, each optimizer
+steps once on zero gradients (making its state), and then the measured step runs. The warm-up's allocations are then
+written from the measured step's: its events under new keys, with each optimizer's state made where that optimizer's
+first step began and each workspace where its thread's first matmul ran, which is where a run's first step makes
+them.
+
+That holds only where the first step differs from the next by exactly those allocations, so it is checked, and a
+prediction that fails a check runs its warm-up step after all (predict.py). What the measured step allocated may
+outlive it only as garbage the cycle collector frees (checkpointing's recomputation state, which a run frees at the
+next step's start, as written here); nothing made before it may be freed in it; every optimizer that made state
+stepped in it, with a gradient for each parameter it made state for (a parameter that gets no gradient gets no
+state in a real first step); every workspace made was used. A first step that makes anything else (a gradient
+scaler's scale, a lazily built buffer) leaves it alive after the measured step, and fails the first check.
+tests/test_predict.py compares the two ways allocation for allocation on every technique.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from dataclasses import dataclass, field
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from membench.measure import Session
+
+Event = tuple  # ("alloc", key, nbytes) or ("free", key), as trackers/storage.py traces them
+
+
+# Optimizers whose first step makes all their state before any other allocation (in _init_group, one parameter
+# group): the state is written at the step's beginning. tests/test_predict.py compares each with a run warm-up step.
+DERIVABLE_OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adafactor")
+
+
+@dataclass
+class Primed:
+    """What the primed warm-up made, for writing the warm-up step's allocations."""
+
+    start: int  # the trace's length before priming: what came before is construction
+    optimizers: list[int]  # ids, in the order the step code steps them
+    state: dict[int, list[Event]] = field(default_factory=dict)  # id(optimizer) -> allocations of its state
+    state_params: dict[int, set[int]] = field(default_factory=dict)  # id(optimizer) -> ids of its parameters
+    workspaces: dict[str, Event] = field(default_factory=dict)  # thread -> its workspace's allocation
+
+
+@dataclass
+class Seen:
+    """Where in the measured step each first happened: the trace's length at each optimizer's first step (with the
+    parameters that had a gradient then), at each thread's first matmul."""
+
+    steps: dict[int, tuple[int, set[int]]] = field(default_factory=dict)
+    first_use: dict[str, int] = field(default_factory=dict)
+
+
+def prime(session: Session) -> Primed | None:
+    """Make what a first step makes and keeps: the workspaces, each optimizer's state (one step on zero gradients,
+    which are let go after). None where that cannot be told apart from the rest (then the warm-up step is run)."""
+    tracker = session.meter.tracker
+    trace = tracker.trace
+    gc.collect()  # what construction left for the collector goes now, as at a run's first step
+    primed = Primed(start=len(trace), optimizers=[id(o) for o in session.state.optimizers])
+    made: dict[int, list[Event]] = {}
+    with session.meter.active(), session.meter.phase("optimizer"):
+        if tracker.kernels is not None:
+            for thread in ("main", "autograd"):
+                before = len(trace)
+                tracker.kernels.make(thread, tracker)
+                primed.workspaces[thread] = trace[before]
+        for optimizer in session.state.optimizers:
+            if len(optimizer.param_groups) != 1:
+                return None  # a group's state is made before that group's step, after the previous group's
+            for p in optimizer.param_groups[0]["params"]:
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
+            before = len(trace)
+            optimizer.step()
+            made[id(optimizer)] = _outliving(trace[before:])
+            optimizer.zero_grad(set_to_none=True)
+            primed.state_params[id(optimizer)] = {id(p) for p, state in optimizer.state.items() if state}
+    gc.collect()
+    kept = {e[1] for e in _outliving(trace[primed.start:])}
+    for key, events in made.items():
+        primed.state[key] = [e for e in events if e[1] in kept]
+    accounted = {e[1] for events in primed.state.values() for e in events} | {
+        e[1] for e in primed.workspaces.values()}
+    return primed if kept == accounted else None
+
+
+@contextlib.contextmanager
+def watching(session: Session):
+    """Around the measured step: note where each optimizer first steps and each thread first runs a matmul."""
+    seen = Seen()
+    trace = session.meter.tracker.trace
+    kernels = session.meter.tracker.kernels
+
+    def began(optimizer, args, kwargs) -> None:
+        if id(optimizer) not in seen.steps:
+            seen.steps[id(optimizer)] = (len(trace), {
+                id(p) for group in optimizer.param_groups for p in group["params"] if p.grad is not None})
+
+    if kernels is not None:
+        kernels.first_use = seen.first_use
+    handle = register_optimizer_step_pre_hook(began)
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+def write_warmup(primed: Primed, seen: Seen, trace: list[Event], measured_from: int, garbage: list[int],
+                 peak_bytes: int, start_bytes: int, round_to: int) -> tuple[list[Event], int] | str:
+    """The trace a prediction that ran its warm-up step would have made, and where its measured step begins; or
+    why that cannot be written.
+
+    trace: construction, priming, then the measured step from measured_from. garbage: keys the measured step
+    allocated that the cycle collector freed after it, in the order it freed them. peak_bytes, start_bytes: the
+    measured step's peak and what was live at its start, in round_to-byte blocks."""
+    measured = trace[measured_from:]
+    made = {e[1]: e[2] for e in measured if e[0] == "alloc"}
+    garbage_keys = set(garbage)
+    # What a step replaces (the batch: the data loader lets go of the last one as it makes the next) is made by
+    # one step and freed by the next; in the primed prediction the one before the measured step's is the batch
+    # session.skip made. Paired in the order they were made, size for size, with what the measured step made and
+    # kept.
+    earlier = {e[1]: e[2] for e in trace[primed.start:measured_from] if e[0] == "alloc"}
+    freed_before = [e[1] for e in measured if e[0] == "free" and e[1] not in made]
+    kept = [e for e in _outliving(measured) if e[1] not in garbage_keys]
+    if any(key not in earlier for key in freed_before):
+        return "the measured step freed storages made before it"
+    made_order = sorted(freed_before)  # keys count up as storages are made
+    if [earlier[key] for key in made_order] != [e[2] for e in kept]:
+        return "the measured step made storages that outlive it, as a first step does"
+    replaced = {old: new[1] for old, new in zip(made_order, kept)}
+    # A run's measured step starts with the warm-up's garbage still live (the collector frees it as the step takes
+    # its batch); a peak no higher than that start would be there, and the primed step cannot see it.
+    if peak_bytes <= start_bytes + sum(-(-made[k] // round_to) * round_to for k in garbage):
+        return "the measured step's peak is not above what a warm-up step would leave at its start"
+    inserts: list[tuple[int, int, list[Event]]] = []  # (index in the measured step, order at that index, events)
+    for optimizer in primed.optimizers:
+        state = primed.state[optimizer]
+        if not state:
+            continue
+        if optimizer not in seen.steps:
+            return "an optimizer with state did not step in the measured step"
+        at, with_grad = seen.steps[optimizer]
+        if with_grad != primed.state_params[optimizer]:
+            return "an optimizer's parameters with gradients are not those it made state for"
+        inserts.append((at - measured_from, 0, state))
+    for thread, event in primed.workspaces.items():
+        if thread not in seen.first_use:
+            return f"no matmul ran on the {thread} thread"
+        inserts.append((seen.first_use[thread] - measured_from, 1, [event]))
+    inserts.sort(key=lambda x: x[:2])
+    offset = 1 + max(e[1] for e in trace)  # the warm-up's storages: the measured step's, under new keys
+    warmup: list[Event] = []
+    for index, event in enumerate(measured):
+        while inserts and inserts[0][0] <= index:
+            warmup.extend(inserts.pop(0)[2])
+        if event[1] not in replaced:  # a first step has no earlier batch to let go of
+            warmup.append((event[0], event[1] + offset, *event[2:]))
+    for _, _, events in inserts:
+        warmup.extend(events)
+    prefix = trace[:primed.start] + warmup
+    collected = [("free", key + offset) for key in garbage]
+    step = [("free", replaced[e[1]] + offset) if e[1] in replaced else e for e in measured]
+    return prefix + collected + step, len(prefix)
+
+
+def _outliving(events: list[Event]) -> list[Event]:
+    """The allocations among events that no later event frees, in order."""
+    alive: dict[int, Event] = {}
+    for e in events:
+        if e[0] == "alloc":
+            alive[e[1]] = e
+        else:
+            alive.pop(e[1], None)
+    return list(alive.values())
