@@ -23,9 +23,10 @@ class _AnswerScalars(private.TorchDispatchMode):
     prediction is of a step whose gradients are finite (the steady state of training; a skipped step only
     allocates less)."""
 
-    def __init__(self):
+    def __init__(self, mode):
         super().__init__()
         self._inf_flags = WeakIdKeyDictionary()
+        self.outputs = _Outputs(mode)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in private.SCALAR_OPS:
@@ -35,17 +36,116 @@ class _AnswerScalars(private.TorchDispatchMode):
             # fake tensors do not have, and allocates nothing: FakeTensorMode's meta kernel would only return its
             # first argument (a tenth of a prediction went there).
             return None if func._schema.name.startswith("aten::_foreach_") else args[0]
-        out = func(*args, **(kwargs or {}))
+        if func.namespace == "profiler":
+            # record_function's ops (every optimizer step and zero_grad opens one) take no tensor and make none:
+            # run as they are, not through FakeTensorMode's slow path for ops it does not know.
+            with private.no_dispatch_modes():
+                return func(*args, **(kwargs or {}))
         if func is private.AMP_CHECK_AND_UNSCALE:
+            out = func(*args, **(kwargs or {}))
             self._inf_flags[args[1]] = True
+            return out
+        return self.outputs.call(func, args, kwargs or {})
+
+
+class _Outputs:
+    """The outputs of an op seen before with the same inputs' shapes, strides, dtypes and arguments, made again
+    without FakeTensorMode. FakeTensorMode caches them too, but building its cache key (every argument checked and
+    hashed, in Python) took half of a prediction's time; this key is a tuple of what decides an output's layout.
+    Only ops whose outputs follow from that alone (private.cacheable_op), whose arguments are fake tensors and
+    plain values, and whose outputs are new tensors or views of an input, are kept; anything else goes to
+    FakeTensorMode every time."""
+
+    def __init__(self, mode):
+        self.mode = mode
+        self.fake = private.fake_tensor_type()
+        self.kept: dict[tuple, tuple | None] = {}
+
+    def call(self, func, args, kwargs):
+        if func is private.LIFT_FRESH and type(args[0]) is torch.Tensor and _fresh(args[0]) and not (
+                torch.is_inference_mode_enabled() or args[0].requires_grad):
+            # torch.tensor(0.0) under fake mode (an optimizer's step count): FakeTensorMode converts the real
+            # tensor, keeping its value as a constant only `.item()` would read, and _AnswerScalars answers that.
+            t = args[0]
+            return private.new_fake_tensor(self.mode, t.shape, t.stride(), t.dtype, t.device)
+        # Under inference_mode, views of tensors made outside it are made differently: left to FakeTensorMode.
+        cacheable = private.cacheable_op(func) and not torch.is_inference_mode_enabled()
+        key = self._key(func, args, kwargs) if cacheable else None
+        kept = self.kept.get(key) if key is not None else None
+        if kept is not None:
+            outputs = tuple(self._make(spec, args) for spec in kept[1])
+            return outputs if kept[0] else outputs[0]
+        out = func(*args, **kwargs)
+        if key is not None and key not in self.kept:
+            self.kept[key] = self._layout(func, args, out)
         return out
+
+    def _key(self, func, args, kwargs):
+        parts = [func, torch.get_default_dtype()]  # a factory op without a dtype makes the default one
+        for value in (*args, *kwargs.items()):
+            part = self._part(value)
+            if part is None:
+                return None
+            parts.append(part)
+        return tuple(parts)
+
+    def _part(self, value):
+        if type(value) is self.fake:
+            if value.layout is not torch.strided or value.constant is not None:
+                return None
+            return (value.shape, value.stride(), value.storage_offset(), value.dtype, value.fake_device,
+                    value.is_conj(), value.is_neg())
+        if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device, torch.layout,
+                                               torch.memory_format)):
+            return (type(value), value)
+        if isinstance(value, (tuple, list)):
+            parts = tuple(self._part(v) for v in value)
+            return None if any(p is None for p in parts) else (type(value), parts)
+        return None  # a generator, a real tensor, a symbolic size: not kept
+
+    def _layout(self, func, args, out):
+        """How to make `out` again: (a tuple?, per output (shape, stride, offset, dtype, device, the input it
+        views or None)); None where the outputs are not all new tensors of their own or views of an input."""
+        outputs = out if isinstance(out, (tuple, list)) else (out,)
+        inputs = {id(a.untyped_storage()): i for i, a in enumerate(args) if type(a) is self.fake}
+        specs, seen = [], set()
+        for t in outputs:
+            if type(t) is not self.fake or t.layout is not torch.strided or t.constant is not None:
+                return None
+            if t.is_conj() or t.is_neg() or t.requires_grad:
+                return None
+            storage = t.untyped_storage()
+            if id(storage) in seen:
+                return None
+            seen.add(id(storage))
+            view_of = inputs.get(id(storage))
+            if view_of is None and (not _fresh(t) or id(storage) in inputs):
+                return None
+            if view_of is not None and not func.is_view:
+                return None
+            specs.append((tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.fake_device, view_of))
+        return (isinstance(out, (tuple, list)), tuple(specs))
+
+    def _make(self, spec, args):
+        shape, stride, offset, dtype, device, view_of = spec
+        storage = args[view_of].untyped_storage() if view_of is not None else None
+        return private.new_fake_tensor(self.mode, shape, stride, dtype, device, storage, offset)
+
+
+def _fresh(t: torch.Tensor) -> bool:
+    """A tensor that owns exactly the storage empty_strided would give it (offset 0, no spare bytes)."""
+    if t.storage_offset() != 0:
+        return False
+    extent = 0 if 0 in t.shape else 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return t.untyped_storage().nbytes() == extent * t.element_size()
 
 
 @contextlib.contextmanager
 def fake_tensors():
     """Every tensor made inside is fake, on its real device (we use cpu: fake cuda fails in backward without a
     GPU and picks other kernels), and real tensors that meet fake ones become fake too."""
-    with private.fake_tensor_mode(allow_non_fake_inputs=True), _AnswerScalars():
+    mode = private.fake_tensor_mode(allow_non_fake_inputs=True)
+    with mode, _AnswerScalars(mode):
         yield
 
 
@@ -58,19 +158,28 @@ def build_on_meta(build) -> nn.Module:
 def materialize(meta_model: nn.Module) -> nn.Module:
     """Inside fake_tensors(): fake cpu storages of the right sizes for every parameter and buffer.
 
-    `to_empty` gives each module its own new tensor, so a parameter shared by two modules (tied input and output
-    embeddings, as in GPT-2 and BERT) would become two and be counted twice, with two gradients and two optimizer
-    states; the sharing is restored here, as transformers does with tie_weights() after its own meta loading.
+    Each meta tensor is replaced by a new fake one of its shape, strides and dtype, once: a parameter shared by two
+    modules (tied input and output embeddings, as in GPT-2 and BERT) stays one, as transformers' tie_weights()
+    makes it after its own meta loading, not two counted twice (with two gradients and two optimizer states).
+    Parameters of a subclass (a lazy or quantized one) go through `to_empty`, which keeps their type; made one by
+    one through FakeTensorMode's conversion of meta tensors, that was a tenth of a prediction.
     """
-    shared = [(module, kind, name, id(tensor)) for module in meta_model.modules()
+    tables = [(getattr(module, kind), name, tensor) for module in meta_model.modules()
               for kind in ("_parameters", "_buffers") for name, tensor in getattr(module, kind).items()
               if tensor is not None]
-    model = meta_model.to_empty(device="cpu")
-    first: dict[int, torch.Tensor] = {}
-    for module, kind, name, key in shared:
-        table = getattr(module, kind)
-        table[name] = first.setdefault(key, table[name])
-    return model
+    plain = all(type(t) in (nn.Parameter, torch.Tensor) for _, _, t in tables)
+    if not plain:
+        meta_model.to_empty(device="cpu")
+    made: dict[int, torch.Tensor] = {}
+    for table, name, tensor in tables:
+        if id(tensor) not in made:
+            new = table[name] if not plain else torch.empty_strided(tensor.shape, tensor.stride(),
+                                                                    dtype=tensor.dtype, device="cpu")
+            if plain and type(tensor) is nn.Parameter:
+                new = nn.Parameter(new, requires_grad=tensor.requires_grad)
+            made[id(tensor)] = new
+        table[name] = made[id(tensor)]
+    return meta_model
 
 
 def real_tensors():

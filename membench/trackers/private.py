@@ -134,6 +134,41 @@ def writes_values_only(op) -> bool:
     return torch.Tag.pointwise in op.tags and schema.name.endswith("_") and len(schema.returns) == 1
 
 
+def cacheable_op(op) -> bool:
+    """An aten op whose outputs' shapes, strides and dtypes follow from its inputs' alone: not random, not
+    data-dependent, writing into none of its arguments. checked: 2.14.1"""
+    if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
+        return False
+    if any(tag in op.tags for tag in (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output,
+                                      torch.Tag.inplace_view, torch.Tag.nondeterministic_seeded)):
+        return False
+    return not any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
+
+
+def fake_tensor_type():
+    from torch._subclasses.fake_tensor import FakeTensor  # checked: 2.14.1
+
+    return FakeTensor
+
+
+def new_fake_tensor(mode, shape, stride, dtype, device, storage=None, storage_offset: int = 0):
+    """A fake tensor as FakeTensorMode's own dispatch cache makes one (fake_tensor.py,
+    _get_output_tensor_from_cache_entry): empty on meta, or a view of `storage`. checked: 2.14.1"""
+    from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
+
+    with in_kernel_invocation_manager(mode):
+        empty = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+        if storage is not None:
+            empty.set_(storage, storage_offset, shape, stride)
+    return FakeTensor(mode, empty, device)
+
+
+def no_dispatch_modes():
+    """Python dispatch modes off for what runs inside (an op with no tensor in or out). checked: 2.14.1"""
+    return torch._C._DisableTorchDispatch()
+
+
+LIFT_FRESH = torch.ops.aten.lift_fresh.default  # torch.tensor(...) under fake mode: a real tensor made fake
 PRIM_DEVICE = torch.ops.prim.device.default  # a tensor's device, asked through dispatch of a fake tensor
 
 
