@@ -28,16 +28,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 import torch  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
+from membench import gpus  # noqa: E402
 from membench.allocator import simulate  # noqa: E402
 from membench.allocator.replay import actual_of, replay  # noqa: E402
 from membench.allocator.snapshot import initial_state, load_snapshot  # noqa: E402
 from membench.trackers import fake  # noqa: E402
 from membench.trackers.cuda_autocast import cuda_policy  # noqa: E402
 from membench.trackers.cuda_kernels import CublasWorkspaces  # noqa: E402
+from membench.trackers.cuda_reductions import KernelScratch  # noqa: E402
 from membench.trackers.storage import StorageTracker  # noqa: E402
 
 DEFAULT_TRUTH = Path(__file__).resolve().parents[1].parent / "shared" / "gpu-truth"
 TRACE_WORKSPACE = 8_519_680  # the traces' GPU gave each cuBLAS handle this (their README): not Hopper
+# Which GPU the traces ran on is not recorded. torch 2.11 gives a cuBLAS handle 32 MiB on sm90/sm100/sm120, so the
+# 8,519,680 B workspace rules out the H100 (SXM and PCIe) and H200; so does cub's 72,191-byte sort storage at
+# ctx1024 (sm90's tuning would take 71,167 B). A GPU of sm70-sm89 with at least 25.2 GB (the peak reserved) and
+# enough multiprocessors (32 at 2048 threads each, 43 at 1536) gives every scratch size seen in the traces:
+# A100, A6000/A40/L40(S), V100-32GB all do. The A100 stands for them.
+TRACE_GPU = gpus.gpu("A100")
 BATCH, WARMUP, VOCAB = 4, 5, 10_000
 CASES = [(ctx, kind, autocast) for ctx in (128, 256, 512, 1024) for kind in ("inference", "training")
          for autocast in [ctx in (512, 1024) and (kind == "training" or ctx == 512)]]
@@ -56,7 +64,7 @@ def predicted(truth: Path, ctx: int, training: bool, autocast: bool) -> tuple[in
                                                           num_layers=24, num_heads=16, d_ff=4096))
     with fake.fake_tensors(), cuda_policy():
         tracker = StorageTracker(round_to=512, trace=True)
-        tracker.kernels = CublasWorkspaces(TRACE_WORKSPACE)
+        tracker.kernels = CublasWorkspaces(TRACE_WORKSPACE, scratch=KernelScratch(TRACE_GPU))
         with tracker:
             model = fake.materialize(meta)
             optimizer = AdamW(model.parameters())
