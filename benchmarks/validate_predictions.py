@@ -8,8 +8,9 @@ code that made them: the CS336 staff `BasicsTransformerLM` "medium" at contexts 
 inference forwards, three of them under bf16 autocast. For each, the script's own sequence (its warm-up batches
 kept on the GPU, its warm-up steps, the recorded step with its output and loss kept alive) runs on membench's
 prediction engine: fake tensors on CPU, the exact storage tracker at the CUDA allocator's 512-byte blocks, CUDA's
-autocast policy (trackers/cuda_autocast.py), cuBLAS's workspaces (trackers/cuda_kernels.py) and the in-place
-backward paths of a plain run (trackers/subclass_like.py), then the
+autocast policy (trackers/cuda_autocast.py), cuBLAS's workspaces (trackers/cuda_kernels.py), the in-place
+backward paths of a plain run (trackers/subclass_like.py) and the scratch CUDA kernels take and free
+(trackers/cuda_reductions.py), then the
 caching-allocator simulator for reserved memory. The real numbers come from the trace: its events replayed from
 the allocator state at its start (the blocks alive before recording began) give the peak allocated and reserved
 that `max_memory_allocated()` / `max_memory_reserved()` reported. Prints predicted vs real and the error; exit 0
@@ -34,8 +35,7 @@ from membench.allocator.replay import actual_of, replay  # noqa: E402
 from membench.allocator.snapshot import initial_state, load_snapshot  # noqa: E402
 from membench.trackers import fake  # noqa: E402
 from membench.trackers.cuda_autocast import cuda_policy  # noqa: E402
-from membench.trackers.cuda_kernels import CublasWorkspaces  # noqa: E402
-from membench.trackers.cuda_reductions import KernelScratch  # noqa: E402
+from membench.trackers.cuda_reductions import CudaKernels  # noqa: E402
 from membench.trackers.storage import StorageTracker  # noqa: E402
 
 DEFAULT_TRUTH = Path(__file__).resolve().parents[1].parent / "shared" / "gpu-truth"
@@ -64,7 +64,7 @@ def predicted(truth: Path, ctx: int, training: bool, autocast: bool) -> tuple[in
                                                           num_layers=24, num_heads=16, d_ff=4096))
     with fake.fake_tensors(), cuda_policy():
         tracker = StorageTracker(round_to=512, trace=True)
-        tracker.kernels = CublasWorkspaces(TRACE_WORKSPACE, scratch=KernelScratch(TRACE_GPU))
+        tracker.kernels = CudaKernels(TRACE_GPU, TRACE_WORKSPACE)
         with tracker:
             model = fake.materialize(meta)
             optimizer = AdamW(model.parameters())

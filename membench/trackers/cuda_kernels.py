@@ -1,5 +1,4 @@
-"""What CUDA kernels take from the caching allocator that CPU kernels do not: cuBLAS workspaces, and (with a
-`scratch` hook, trackers/cuda_reductions.py) the buffers reductions and accumulating index_put_ take and free.
+"""What CUDA kernels take from the caching allocator that CPU kernels do not: cuBLAS workspaces.
 
 torch gives each cuBLAS handle a workspace from the caching allocator the first time the handle runs a matmul
 (aten/src/ATen/cuda/CublasHandlePool.cpp), and keeps it for the life of the process. Handles are per thread: the
@@ -31,28 +30,14 @@ CUBLAS_MODULE = "(cuBLAS workspace)"
 class CublasWorkspaces:
     """The StorageTracker's dispatch hook: a workspace of `nbytes` per thread that runs a matmul (main, autograd)."""
 
-    def __init__(self, nbytes: int, scratch=None):
+    def __init__(self, nbytes: int):
         self.nbytes = nbytes
         self.handles: dict[str, torch.Tensor] = {}
         self.paths = BackwardPaths()
-        self.scratch = scratch  # e.g. cuda_reductions.KernelScratch(gpu): what kernels take and free inside
-        self._tracker = None
-        self._call = None  # the running op's (args, kwargs), for `scratch`; dropped when it returns
-
-    def rewrite(self, func, args, kwargs):
-        """The op to run instead (in-place where a plain run is)."""
-        if self.scratch is not None:
-            self._call = (args, kwargs)
-        return self.paths.rewrite(func, args, kwargs)
-
-    def after(self, func, out) -> None:
-        self.paths.made(func, out)
-        if self.scratch is not None and self._call is not None:
-            (args, kwargs), self._call = self._call, None
-            self.scratch.after(func, args, kwargs, out, self._tracker)
+        self.rewrite = self.paths.rewrite  # the op to run instead (in-place where a plain run is)
+        self.after = self.paths.made
 
     def before(self, func, tracker) -> None:
-        self._tracker = tracker
         if func not in CUBLAS_OPS:
             return
         thread = "autograd" if in_backward() else "main"

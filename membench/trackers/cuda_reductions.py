@@ -1,6 +1,7 @@
 """What CUDA kernels take from the caching allocator inside the kernel, besides their outputs, and free at once.
 
-Fake tensors run no kernel, so a CUDA prediction adds these here, in the order a GPU allocates and frees them.
+Fake tensors run no kernel, so a CUDA prediction adds these here (`CudaKernels`, the storage tracker's `kernels`
+hook), in the order a GPU allocates and frees them.
 They raise the peak only by their own size for a moment, but they change which cached blocks the allocator
 splits, and so the unsplit remainders `max_memory_allocated()` counts and the segments it reserves. Two kinds, as
 torch 2.11 runs them (the version of the real traces that benchmarks/validate_predictions.py checks; the logic
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from membench.trackers.cuda_kernels import CUBLAS_OPS, CublasWorkspaces
 from membench.vocab import OTHER
 
 aten = torch.ops.aten
@@ -351,13 +353,13 @@ def index_put_scratch(func, args, kwargs, gpu) -> list[tuple[str, int | str]]:
 
 
 class KernelScratch:
-    """Called by trackers/cuda_kernels.py after each op (its outputs made): allocates through the tracker what the
-    op's CUDA kernel takes from the caching allocator, and frees it, as the kernel does before returning."""
+    """What each op's CUDA kernel takes from the caching allocator and frees before it returns, on `gpu`."""
 
     def __init__(self, gpu):
         self.gpu = gpu
 
     def events(self, func, args, kwargs, out) -> list[tuple]:
+        """("alloc", name, nbytes) and ("free", name), in the kernel's order; [] for most ops."""
         if func in SUMS or func in MEANS:
             sizes = reduction_scratch(func, args, kwargs or {}, out, self.gpu)
             if not sizes:
@@ -368,13 +370,12 @@ class KernelScratch:
             return index_put_scratch(func, args, kwargs or {}, self.gpu)
         return []
 
-    def after(self, func, args, kwargs, out, tracker) -> None:
+    def run(self, func, args, kwargs, out, tracker) -> None:
+        """Allocates and frees them through the tracker, after the op's outputs (allocated before the kernel)."""
         events = self.events(func, args, kwargs, out)
         if not events:
             return
-        for t in (out if isinstance(out, (tuple, list)) else [out]):
-            if isinstance(t, torch.Tensor):
-                tracker.track(t)  # the outputs are allocated before the kernel runs
+        _track_outputs(out, tracker)
         live = {}
         for event in events:
             if event[0] == "alloc":  # held only in `live`, so that deleting it there frees it
@@ -382,3 +383,44 @@ class KernelScratch:
                 tracker.track(live[event[1]], OTHER, SCRATCH_MODULE)
             else:
                 del live[event[1]]  # its storage's last reference: the tracker sees it freed now
+
+
+class CudaKernels(CublasWorkspaces):
+    """The StorageTracker's `kernels` hook for a CUDA prediction on `gpu`: cuBLAS's workspaces and backward's
+    in-place paths (CublasWorkspaces), and after each op the scratch its kernel takes and frees (KernelScratch).
+
+    A thread's cuBLAS workspace is allocated when its first matmul runs, after that matmul's output: ATen's matmul
+    kernels are structured, so the output exists before the kernel asks for the thread's cuBLAS handle
+    (getCurrentCUDABlasHandle, aten/src/ATen/cuda/CublasHandlePool.cpp), which allocates the workspace; so it is
+    made here after the op. The tracker hands `before` itself and `rewrite` the op's arguments; `after` gets
+    neither, so they are kept from those two calls for it, and dropped once it has run."""
+
+    def __init__(self, gpu, workspace_bytes: int | None = None):
+        super().__init__(gpu.cublas_workspace_bytes if workspace_bytes is None else workspace_bytes)
+        self.scratch = KernelScratch(gpu)
+        self._tracker = None
+        self._call = None
+        self.rewrite, self.after = self._rewrite, self._after  # over the instance attributes the base sets
+
+    def before(self, func, tracker) -> None:
+        self._tracker = tracker  # the workspace: in `after`
+
+    def _rewrite(self, func, args, kwargs):
+        self._call = (args, kwargs)
+        return self.paths.rewrite(func, args, kwargs)
+
+    def _after(self, func, out) -> None:
+        self.paths.made(func, out)
+        call, self._call = self._call, None
+        if func in CUBLAS_OPS:
+            _track_outputs(out, self._tracker)
+            super().before(func, self._tracker)
+        if call is not None:
+            self.scratch.run(func, *call, out, self._tracker)
+
+
+def _track_outputs(out, tracker) -> None:
+    """Count an op's outputs now (the tracker counts them after the hook, and skips what is counted)."""
+    for t in (out if isinstance(out, (tuple, list)) else [out]):
+        if isinstance(t, torch.Tensor):
+            tracker.track(t)
