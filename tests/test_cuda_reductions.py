@@ -152,3 +152,10 @@ def test_a_threads_cublas_workspace_comes_after_its_first_matmuls_output():
             kept = [a @ b, a @ b]
     assert [e[2] for e in tracker.trace if e[0] == "alloc"] == [512, 2048, 1024, 1000, 1024]
     assert len(kept) == 2
+
+
+def test_a_full_sum_with_a_dtype_argument_reduces_every_dim():
+    x = torch.empty(2**20, dtype=torch.bfloat16, device="meta")
+    out = x.sum(dtype=torch.float32)
+    assert reduction_scratch(aten.sum.default, (x, torch.float32), {}, out, H100) == [512, 4]
+    assert reduction_scratch(aten.mean.default, (x.float(),), {}, out, H100) == [512, 4]

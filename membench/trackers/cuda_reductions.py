@@ -219,7 +219,9 @@ def reduction_scratch(func, args, kwargs, out, gpu) -> list[int]:
     if x.is_complex() or x.dtype == torch.bool or not x.is_floating_point():
         return []  # integer sums reduce a converted copy (not modelled); complex: other accumulators
     ndim = x.dim()
-    dims = args[1] if len(args) > 1 else kwargs.get("dim")
+    dims = None  # sum.default and mean.default (whose second argument is a dtype) reduce every dim
+    if func in (aten.sum.dim_IntList, aten.mean.dim):
+        dims = args[1] if len(args) > 1 else kwargs.get("dim")
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
         dims = list(range(ndim))
     elif isinstance(dims, int):
