@@ -1,11 +1,10 @@
 """What CUDA kernels take from the caching allocator inside the kernel, besides their outputs, and free at once.
 
 Fake tensors run no kernel, so a CUDA prediction adds these here (`CudaKernels`, the storage tracker's `kernels`
-hook), in the order a GPU allocates and frees them.
-They raise the peak only by their own size for a moment, but they change which cached blocks the allocator
-splits, and so the unsplit remainders `max_memory_allocated()` counts and the segments it reserves. Two kinds, as
-torch 2.11 runs them (the version of the real traces that benchmarks/validate_predictions.py checks; the logic
-has not changed since torch 2.1):
+hook), in the order a GPU allocates and frees them. They raise the peak only by their own size for a moment, but
+they change which cached blocks the allocator splits, and so the unsplit remainders `max_memory_allocated()`
+counts and the segments it reserves. Two kinds, as torch 2.11 runs them (the version of the real traces
+benchmarks/validate_predictions.py checks, whose recorded steps show exactly these allocations):
 
 - **Reductions** (sum, mean; e.g. the sum that reduces a broadcast weight's gradient, RMSNorm's or a bias's, in
   backward): ATen's `gpu_reduce_kernel` (aten/src/ATen/native/cuda/Reduce.cuh) picks a launch configuration in
@@ -23,8 +22,10 @@ has not changed since torch 2.1):
 Sizes are derived from that code, not fitted; tests/test_cuda_reductions.py works small cases out by hand. Not
 modelled: the other reductions (max/min, norms, var/std, argmax: their own accumulator types), reductions past
 32-bit indexing (split into sub-iterators, each with its own buffers), the `self.to(dtype)` copy a reduction
-makes when its input's dtype is not the one it accumulates in, embedding_dense_backward's (nn.Embedding's) sort
-and segment buffers, and index_put_ on a non-contiguous tensor (the contiguous copy).
+makes of an input whose dtype it does not read (an integer sum, a `dtype=` wider than the input), the range check
+of a direct `index_put_(..., accumulate=True)` (two one-element reductions; backward's skips it),
+embedding_dense_backward's (nn.Embedding's) sort and segment buffers, and index_put_ on a non-contiguous tensor
+(the contiguous copy).
 """
 
 from __future__ import annotations
@@ -94,8 +95,10 @@ def reduction_iterator(shape, in_strides, out_strides, in_itemsize: int):
     strides in bytes, fastest first, reduced dims (output stride 0) first. Returns (shape, input strides, output
     strides); `out_strides` has 0 at the reduced dims and is in elements like `in_strides`."""
     ndim = len(shape)
-    strides = [[s * 8 for s in out_strides], [s * in_itemsize for s in in_strides]]  # output first; any nonzero
-    perm = list(range(ndim - 1, -1, -1))  # itemsize for the output: only zero / nonzero and order matter
+    # The output first, as in the iterator's operands; any itemsize does for it (only which strides are zero and
+    # how they compare matter).
+    strides = [[s * 8 for s in out_strides], [s * in_itemsize for s in in_strides]]
+    perm = list(range(ndim - 1, -1, -1))  # the iterator starts from the last dim
 
     def should_swap(d0: int, d1: int) -> int:
         for arg, st in enumerate(strides):
@@ -244,7 +247,7 @@ def reduction_scratch(func, args, kwargs, out, gpu) -> list[int]:
     if scalar != x.dtype:
         return []  # the input is first converted (`self.to(dtype)`): not modelled
     scalar_size = x.element_size()
-    arg_size = torch.empty((), dtype=_accumulator(scalar), device="meta").element_size()
+    arg_size = _accumulator(scalar).itemsize
     # sum_functor reads 16-bit inputs 8 at a time (vt0 4, input_vec_size 8); mean and the rest 4 (the default).
     input_vec_size = 8 if func in SUMS and scalar_size == 2 else 4
     shape, in_st, out_st = reduction_iterator(list(x.shape), list(x.stride()), out_strides, scalar_size)
