@@ -159,3 +159,11 @@ def test_a_full_sum_with_a_dtype_argument_reduces_every_dim():
     out = x.sum(dtype=torch.float32)
     assert reduction_scratch(aten.sum.default, (x, torch.float32), {}, out, H100) == [512, 4]
     assert reduction_scratch(aten.mean.default, (x.float(),), {}, out, H100) == [512, 4]
+
+
+def test_every_gpu_has_the_threads_per_multiprocessor_of_its_compute_capability():
+    threads = {(7, 0): 2048, (7, 5): 1024, (8, 0): 2048, (8, 6): 1536, (8, 9): 1536, (9, 0): 2048}
+    for gpu in gpus.GPUS.values():
+        assert gpu.max_threads_per_sm == threads[gpu.compute_capability], gpu.name
+        assert gpu.sm_count > 0 and gpu.warp_size == 32
+    assert (gpus.gpu("H100").sm_count, gpus.gpu("h100 pcie").sm_count) == (132, 114)
