@@ -1,6 +1,6 @@
 """Check membench's CUDA predictions against real GPU traces of a model whose exact code is public.
 
-    python benchmarks/validate_predictions.py [--truth ../shared/gpu-truth]
+    python benchmarks/validate_predictions.py [--truth ../shared/gpu-truth] [--skip-hf] [--events]
 
 The folder (development data beside the repository, not shipped; see its README) holds eight
 `torch.cuda.memory._dump_snapshot` pickles recorded on a real GPU (torch 2.11) by a public script, and the model
@@ -8,8 +8,9 @@ code that made them: the CS336 staff `BasicsTransformerLM` "medium" at contexts 
 inference forwards, three of them under bf16 autocast. For each, the script's own sequence (its warm-up batches
 kept on the GPU, its warm-up steps, the recorded step with its output and loss kept alive) runs on membench's
 prediction engine: fake tensors on CPU, the exact storage tracker at the CUDA allocator's 512-byte blocks, CUDA's
-autocast policy (trackers/cuda_autocast.py), cuBLAS's workspaces (trackers/cuda_kernels.py) and the in-place
-backward paths of a plain run (trackers/subclass_like.py), then the
+autocast policy (trackers/cuda_autocast.py), cuBLAS's workspaces (trackers/cuda_kernels.py), the in-place
+backward paths of a plain run (trackers/subclass_like.py) and the scratch CUDA kernels take and free
+(trackers/cuda_reductions.py), then the
 caching-allocator simulator for reserved memory. The real numbers come from the trace: its events replayed from
 the allocator state at its start (the blocks alive before recording began) give the peak allocated and reserved
 that `max_memory_allocated()` / `max_memory_reserved()` reported. Prints predicted vs real and the error; exit 0
@@ -19,6 +20,7 @@ when every peak allocated is equal to the byte, 1 otherwise, 0 with a message wh
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 import time
 from pathlib import Path
@@ -28,16 +30,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 import torch  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
+from membench import gpus  # noqa: E402
 from membench.allocator import simulate  # noqa: E402
 from membench.allocator.replay import actual_of, replay  # noqa: E402
-from membench.allocator.snapshot import initial_state, load_snapshot  # noqa: E402
+from membench.allocator.snapshot import ALLOC, FREE, initial_state, load_snapshot  # noqa: E402
 from membench.trackers import fake  # noqa: E402
 from membench.trackers.cuda_autocast import cuda_policy  # noqa: E402
-from membench.trackers.cuda_kernels import CublasWorkspaces  # noqa: E402
+from membench.trackers.cuda_reductions import CudaKernels  # noqa: E402
 from membench.trackers.storage import StorageTracker  # noqa: E402
 
 DEFAULT_TRUTH = Path(__file__).resolve().parents[1].parent / "shared" / "gpu-truth"
 TRACE_WORKSPACE = 8_519_680  # the traces' GPU gave each cuBLAS handle this (their README): not Hopper
+# Which GPU the traces ran on is not recorded. torch 2.11 gives a cuBLAS handle 32 MiB on sm90/sm100/sm120, so the
+# 8,519,680 B workspace rules out the H100 (SXM and PCIe) and H200; so does cub's 72,191-byte sort storage at
+# ctx1024 (sm90's tuning would take 71,167 B). A GPU of sm70-sm89 with at least 25.2 GB (the peak reserved) and
+# enough multiprocessors (32 at 2048 threads each, 43 at 1536) gives every scratch size seen in the traces:
+# A100, A6000/A40/L40(S), V100-32GB all do. The A100 stands for them.
+TRACE_GPU = gpus.gpu("A100")
 BATCH, WARMUP, VOCAB = 4, 5, 10_000
 CASES = [(ctx, kind, autocast) for ctx in (128, 256, 512, 1024) for kind in ("inference", "training")
          for autocast in [ctx in (512, 1024) and (kind == "training" or ctx == 512)]]
@@ -46,6 +55,12 @@ CASES = [(ctx, kind, autocast) for ctx in (128, 256, 512, 1024) for kind in ("in
 def predicted(truth: Path, ctx: int, training: bool, autocast: bool) -> tuple[int, int]:
     """(peak allocated, peak reserved) after the script's reset_peak_memory_stats(), predicted; see the module's
     docstring."""
+    result = simulate(predicted_trace(truth, ctx, training, autocast))
+    return result.peak_allocated_bytes, result.peak_reserved_bytes
+
+
+def predicted_trace(truth: Path, ctx: int, training: bool, autocast: bool) -> list[tuple]:
+    """The whole process's predicted allocations and frees, with ("reset_peak",) where the script reset them."""
     sys.path.insert(0, str(truth))
     from cs336_basics.model import BasicsTransformerLM
     from cs336_basics.nn_utils import cross_entropy
@@ -56,7 +71,7 @@ def predicted(truth: Path, ctx: int, training: bool, autocast: bool) -> tuple[in
                                                           num_layers=24, num_heads=16, d_ff=4096))
     with fake.fake_tensors(), cuda_policy():
         tracker = StorageTracker(round_to=512, trace=True)
-        tracker.kernels = CublasWorkspaces(TRACE_WORKSPACE)
+        tracker.kernels = CudaKernels(TRACE_GPU, TRACE_WORKSPACE)
         with tracker:
             model = fake.materialize(meta)
             optimizer = AdamW(model.parameters())
@@ -95,8 +110,33 @@ def predicted(truth: Path, ctx: int, training: bool, autocast: bool) -> tuple[in
                         model(inputs[0])
     # The whole process's allocations through the allocator simulator, its peaks reset where the script reset
     # them: max_memory_allocated() counts whole blocks (a large block keeps a remainder of up to 1 MiB unsplit).
-    result = simulate([*tracker.trace[:start], ("reset_peak",), *tracker.trace[start:]])
-    return result.peak_allocated_bytes, result.peak_reserved_bytes
+    return [*tracker.trace[:start], ("reset_peak",), *tracker.trace[start:]]
+
+
+def recorded_step_events(trace: list[tuple]) -> list[tuple[str, int]]:
+    """A predicted trace's events after its reset, as ("alloc" | "free", requested bytes)."""
+    sizes, events, recording = {}, [], False
+    for event in trace:
+        if event[0] == "alloc":
+            sizes[event[1]] = event[2]
+        if recording and event[0] in ("alloc", "free"):
+            events.append((event[0], sizes[event[1]]))
+        recording = recording or event[0] == "reset_peak"
+    return events
+
+
+def real_events(path: Path) -> list[tuple[str, int]]:
+    """The trace's allocations and completed frees, as ("alloc" | "free", requested bytes)."""
+    return [("alloc" if e["action"] == ALLOC else "free", e["size"])
+            for e in load_snapshot(path)["device_traces"][0] if e["action"] in (ALLOC, FREE)]
+
+
+def event_differences(real_step: list, predicted_step: list, most: int = 5) -> list[str]:
+    """Where the two sequences of events differ (difflib's opcodes), a line each, at most `most`."""
+    matcher = difflib.SequenceMatcher(None, real_step, predicted_step, autojunk=False)
+    lines = [f"  {tag}: real[{i1}:{i2}] {real_step[i1:i2][:6]} / predicted[{j1}:{j2}] {predicted_step[j1:j2][:6]}"
+             for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal"]
+    return lines[:most] + ([f"  ... {len(lines) - most} more"] if len(lines) > most else [])
 
 
 def real(path: Path) -> tuple[int, int, int]:
@@ -149,28 +189,42 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--truth", type=Path, default=DEFAULT_TRUTH)
     parser.add_argument("--skip-hf", action="store_true", help="leave out the Hugging Face table (needs transformers)")
     parser.add_argument("--hf-only", action="store_true", help="only the Hugging Face table")
+    parser.add_argument("--events", action="store_true",
+                        help="also compare each recorded step's allocations and frees (requested sizes, in order) "
+                             "with the prediction's, and print where they differ")
     args = parser.parse_args(argv)
     traces = args.truth / "traces"
     if not traces.is_dir():
         print(f"{traces} is absent: the real GPU traces are development data beside the repository, not shipped; "
               "nothing to check")
         return 0
-    rows, exact = [], True
+    rows, exact, compared = [], True, []
     if args.hf_only:
         print(tabulate(hf_rows(), headers=["Trainer setting", "published MB", "predicted MB", "error", "predict s"]))
         return 0
     for ctx, kind, autocast in CASES:
         path = traces / f"medium_{ctx}_{kind}_memory_snapshot.pickle"
         started = time.perf_counter()
-        p_alloc, p_res = predicted(args.truth, ctx, kind == "training", autocast)
+        trace = predicted_trace(args.truth, ctx, kind == "training", autocast)
+        result = simulate(trace)
+        p_alloc, p_res = result.peak_allocated_bytes, result.peak_reserved_bytes
         seconds = time.perf_counter() - started
         r_alloc, r_res, _ = real(path)
         exact &= p_alloc == r_alloc
         rows.append([f"medium ctx{ctx} {kind}" + (" bf16 autocast" if autocast else ""), f"{r_alloc:,}",
                      f"{p_alloc:,}", f"{p_alloc - r_alloc:+,}", f"{(p_alloc - r_alloc) / r_alloc:+.2%}",
                      f"{r_res:,}", f"{p_res:,}", f"{(p_res - r_res) / r_res:+.2%}", f"{seconds:.1f}"])
+        if args.events:
+            real_step, predicted_step = real_events(path), recorded_step_events(trace)
+            differences = event_differences(real_step, predicted_step)
+            compared.append(f"{rows[-1][0]}: {len(real_step)} events recorded, {len(predicted_step)} predicted"
+                            + (", the same" if not differences else "; where they differ:"))
+            compared.extend(differences)
     print(tabulate(rows, headers=["trace", "real peak alloc B", "predicted B", "diff B", "error",
                                   "real peak reserved B", "predicted B", "error", "predict s"]))
+    if compared:
+        print("\nEach recorded step's allocations and frees (requested bytes, in order), real vs predicted:")
+        print("\n".join(compared))
     print(f"\ntorch {torch.__version__} on this machine's CPU (fake tensors); real: the traces' GPU, torch 2.11")
     if not args.skip_hf:
         print("\nHugging Face performance doc (bert-large, seq 512, V100; published NVML MB vs predicted reserved + "

@@ -2,8 +2,10 @@
 
 A prediction runs on CPU fake tensors; what the GPU decides is added from this table: the cuBLAS workspace each
 cuBLAS handle takes from the caching allocator, and the compute capability that decides it (and the attention
-kernel). Memory sizes are the nominal ones the GPUs are sold with (GB as printed on the card's specification); the
-total a process can use is a little less (the CUDA context and the driver take their share).
+kernel); the multiprocessor count and the threads each multiprocessor runs at most, which size the scratch buffers
+CUDA's reductions take (trackers/cuda_reductions.py); the compute capability picks cub's sort tuning there too.
+Memory sizes are the nominal ones the GPUs are sold with (GB as printed on the card's specification); the total a
+process can use is a little less (the CUDA context and the driver take their share).
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ class Gpu:
     name: str
     compute_capability: tuple[int, int]
     memory_gb: int  # nominal, as sold
+    # cudaDeviceProp.multiProcessorCount and .maxThreadsPerMultiProcessor, which ATen's setReduceConfig reads.
+    sm_count: int
+    max_threads_per_sm: int
+    warp_size: int = 32  # every NVIDIA GPU so far
 
     @property
     def cublas_workspace_bytes(self) -> int:
@@ -32,17 +38,21 @@ class Gpu:
                 f"{self.cublas_workspace_bytes:,} B per handle)")
 
 
+# SM counts: NVIDIA's datasheets / whitepapers for each product (H100 SXM5 132, H100 PCIe 114, H200 132, A100 108,
+# V100 80, L4 58, RTX 4090 128, A10G 80, T4 40). Threads per SM: the CUDA C++ Programming Guide's table of
+# technical specifications per compute capability (2048 for 7.0, 8.0 and 9.0; 1536 for 8.6 and 8.9; 1024 for 7.5).
 GPUS = {g.name: g for g in (
-    Gpu("H100", (9, 0), 80),
-    Gpu("H200", (9, 0), 141),
-    Gpu("A100", (8, 0), 80),
-    Gpu("A100-40GB", (8, 0), 40),
-    Gpu("V100", (7, 0), 16),
-    Gpu("V100-32GB", (7, 0), 32),
-    Gpu("L4", (8, 9), 24),
-    Gpu("RTX4090", (8, 9), 24),
-    Gpu("A10G", (8, 6), 24),
-    Gpu("T4", (7, 5), 16),
+    Gpu("H100", (9, 0), 80, 132, 2048),  # SXM5
+    Gpu("H100-PCIe", (9, 0), 80, 114, 2048),
+    Gpu("H200", (9, 0), 141, 132, 2048),
+    Gpu("A100", (8, 0), 80, 108, 2048),
+    Gpu("A100-40GB", (8, 0), 40, 108, 2048),
+    Gpu("V100", (7, 0), 16, 80, 2048),
+    Gpu("V100-32GB", (7, 0), 32, 80, 2048),
+    Gpu("L4", (8, 9), 24, 58, 1536),
+    Gpu("RTX4090", (8, 9), 24, 128, 1536),
+    Gpu("A10G", (8, 6), 24, 80, 1536),
+    Gpu("T4", (7, 5), 16, 40, 1024),
 )}
 
 

@@ -27,7 +27,7 @@ from membench.step import batches
 from membench.techniques import Stack, Technique, resolve
 from membench.trackers import fake
 from membench.trackers.cuda_autocast import cuda_policy
-from membench.trackers.cuda_kernels import CublasWorkspaces
+from membench.trackers.cuda_reductions import CudaKernels
 from membench.trackers.memory import CpuMeter
 from membench.workloads import load_workload
 
@@ -37,9 +37,9 @@ CANNOT_SEE = (
     "CUDA context and loaded kernels (in driver_used, not in allocated)",
     "library workspaces outside the caching allocator (cuDNN, NCCL); cuBLAS's are counted (one per handle: the "
     "main thread's, and the autograd thread's once backward runs a matmul)",
-    "scratch buffers CUDA reductions take from the caching allocator (cross-entropy, norms' backward: a few MiB, "
-    "freed at once; on eight real GPU traces they moved the peak allocated by at most 1.1 MB (0.01%, through the "
-    "blocks the allocator splits) and reserved memory by at most 0.45%)",
+    "scratch CUDA kernels take from the caching allocator and free at once, other than sums' and means' split "
+    "reductions and accumulating index_put_'s sort, which are counted (trackers/cuda_reductions.py): other "
+    "reductions' (max/min, norms, var/std), nn.Embedding's backward sort, cuDNN's",
     "reserved memory is simulated (membench.allocator), from allocations whose sizes are exact but whose order on a "
     "GPU can differ (kernel choice, streams); CUDA graphs and cudaMallocAsync are not modelled",
     "kernel choice: CUDA kernels may save other tensors than the CPU ones (cuDNN convolutions; attention is "
@@ -146,7 +146,7 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
         techniques = (prepared, *(_WithRealRanks(t) if t.distributed else t for t in stack.techniques))
         meter = CpuMeter(round_to=round_to, trace=keep_trace or cuda or derive_warmup)
         if cuda:
-            meter.tracker.kernels = CublasWorkspaces(gpus.gpu(spec.gpu).cublas_workspace_bytes)
+            meter.tracker.kernels = CudaKernels(gpus.gpu(spec.gpu))
         session = Session(run, dataclasses.replace(stack, techniques=techniques), workload, meter,
                           _collected_between(batches(workload, run)), track_host=False)
         with _no_collector_within_steps():

@@ -1,0 +1,431 @@
+"""What CUDA kernels take from the caching allocator inside the kernel, besides their outputs, and free at once.
+
+Fake tensors run no kernel, so a CUDA prediction adds these here (`CudaKernels`, the storage tracker's `kernels`
+hook), in the order a GPU allocates and frees them. They raise the peak only by their own size for a moment, but
+they change which cached blocks the allocator splits, and so the unsplit remainders `max_memory_allocated()`
+counts and the segments it reserves. Two kinds, as torch 2.11 runs them (the version of the real traces
+benchmarks/validate_predictions.py checks, whose recorded steps show exactly these allocations):
+
+- **Reductions** (sum, mean; e.g. the sum that reduces a broadcast weight's gradient, RMSNorm's or a bias's, in
+  backward): ATen's `gpu_reduce_kernel` (aten/src/ATen/native/cuda/Reduce.cuh) picks a launch configuration in
+  `setReduceConfig` from the TensorIterator's shape and strides and from the GPU (multiprocessor count, threads
+  per multiprocessor, warp size). When it splits each output's inputs across several blocks
+  (`ctas_per_output > 1`), it takes a staging buffer (`ReduceConfig::global_memory_size()`) and a semaphore per
+  output block (`semaphore_size()`) from the caching allocator, after the output, and frees them (semaphores first)
+  when the launch returns.
+- **Accumulating `index_put_`** (indexing's backward, `weight[token_ids]` as an embedding; `index_put_(...,
+  accumulate=True)`): `index_put_with_sort_kernel` (aten/src/ATen/native/cuda/Indexing.cu) computes a linear
+  index per indexing tensor (`remainder`, then `* stride`), sorts it with cub's radix sort (`sorted_indices`,
+  `orig_indices`, an `arange` of positions, and cub's temporary storage, aten/src/ATen/cuda/cub.cu), and frees
+  them when it returns.
+
+Sizes are derived from that code, not fitted; tests/test_cuda_reductions.py works small cases out by hand. Not
+modelled: the other reductions (max/min, norms, var/std, argmax: their own accumulator types), reductions past
+32-bit indexing (split into sub-iterators, each with its own buffers), the `self.to(dtype)` copy a reduction
+makes of an input whose dtype it does not read (an integer sum, a `dtype=` wider than the input), the range check
+of a direct `index_put_(..., accumulate=True)` (two one-element reductions; backward's skips it),
+embedding_dense_backward's (nn.Embedding's) sort and segment buffers, and index_put_ on a non-contiguous tensor
+(the contiguous copy).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from membench.trackers.cuda_kernels import CUBLAS_OPS, CublasWorkspaces
+from membench.vocab import OTHER
+
+aten = torch.ops.aten
+SCRATCH_MODULE = "(CUDA kernel scratch)"
+
+# --- reductions: Reduce.cuh ---------------------------------------------------------------------------------------
+
+SUMS = frozenset({aten.sum.default, aten.sum.dim_IntList})
+MEANS = frozenset({aten.mean.default, aten.mean.dim})
+MIN_VALUES_PER_THREAD, MAX_VALUES_PER_THREAD = 16, 256  # setReduceConfig's constants (CUDA; ROCm differs)
+
+
+@dataclass
+class ReduceConfig:
+    """The part of ATen's ReduceConfig that decides its buffers."""
+
+    element_size_bytes: int  # sizeof(arg_t), the accumulator
+    num_outputs: int
+    num_inputs: int  # inputs per output
+    block_width: int = 0
+    block_height: int = 0
+    num_threads: int = 0
+    step_input: int = 1
+    step_output: int = 1
+    ctas_per_output: int = 1
+    input_mult: tuple[int, int, int] = (0, 0, 0)
+    output_vec_size: int = 1
+
+    def split_input(self, parallelism: int) -> int:
+        step, self.step_input = self.step_input, self.step_input * parallelism
+        return step
+
+    def split_output(self, parallelism: int) -> int:
+        step, self.step_output = self.step_output, self.step_output * parallelism
+        return step
+
+    def values_per_thread(self) -> int:
+        return -(-self.num_inputs // self.step_input)
+
+    def grid_x(self) -> int:
+        return -(-(self.num_outputs // self.output_vec_size) // self.step_output)
+
+    def global_memory_size(self) -> int:
+        if not self.input_mult[2]:
+            return 0
+        size = self.element_size_bytes * self.num_outputs * self.ctas_per_output
+        if not self.input_mult[0]:  # no block_x reduction: each lane of a block keeps its own partial outputs
+            size *= self.block_width * self.output_vec_size
+        return size
+
+    def semaphore_size(self) -> int:
+        return 4 * self.grid_x() if self.input_mult[2] else 0  # sizeof(int) per output block
+
+
+def reduction_iterator(shape, in_strides, out_strides, in_itemsize: int):
+    """TensorIterator's dims for a reduction (TensorIteratorBase::reorder_dimensions, then coalesce_dimensions):
+    strides in bytes, fastest first, reduced dims (output stride 0) first. Returns (shape, input strides, output
+    strides); `out_strides` has 0 at the reduced dims and is in elements like `in_strides`."""
+    ndim = len(shape)
+    # The output first, as in the iterator's operands; any itemsize does for it (only which strides are zero and
+    # how they compare matter).
+    strides = [[s * 8 for s in out_strides], [s * in_itemsize for s in in_strides]]
+    perm = list(range(ndim - 1, -1, -1))  # the iterator starts from the last dim
+
+    def should_swap(d0: int, d1: int) -> int:
+        for arg, st in enumerate(strides):
+            s0, s1 = st[d0], st[d1]
+            if arg == 0 and (s0 == 0) != (s1 == 0):  # the output of a reduction: reduced dims to the front
+                return 1 if s1 == 0 else -1
+            if s0 == 0 or s1 == 0:
+                continue
+            if s0 < s1:
+                return -1
+            if s0 > s1:
+                return 1
+            if shape[d0] > shape[d1]:
+                return 1
+        return 0
+
+    for i in range(1, ndim):  # insertion sort with ambiguous comparisons, as torch's
+        dim1 = i
+        for dim0 in range(i - 1, -1, -1):
+            cmp = should_swap(perm[dim0], perm[dim1])
+            if cmp > 0:
+                perm[dim0], perm[dim1] = perm[dim1], perm[dim0]
+                dim1 = dim0
+            elif cmp < 0:
+                break
+    shape = [shape[d] for d in perm]
+    strides = [[st[d] for d in perm] for st in strides]
+    if ndim <= 1:
+        return shape, strides[1], strides[0]
+    prev = 0
+    for dim in range(1, ndim):
+        if shape[prev] == 1 or shape[dim] == 1 or all(shape[prev] * st[prev] == st[dim] for st in strides):
+            if shape[prev] == 1:
+                for st in strides:
+                    st[prev] = st[dim]
+            shape[prev] *= shape[dim]
+        else:
+            prev += 1
+            if prev != dim:
+                for st in strides:
+                    st[prev] = st[dim]
+                shape[prev] = shape[dim]
+    n = prev + 1
+    return shape[:n], strides[1][:n], strides[0][:n]
+
+
+def _last_pow2(n: int) -> int:
+    return max(1, 1 << (n.bit_length() - 1)) if n > 0 else 1
+
+
+def set_reduce_config(shape, in_strides, out_strides, scalar_size: int, arg_size: int, input_vec_size: int,
+                      gpu, input_offset_bytes: int = 0, max_num_threads: int = 512) -> ReduceConfig:
+    """ATen's setReduceConfig<arg_t, scalar_t, vt0=4, input_vec_size> on the iterator `reduction_iterator` makes.
+
+    shape / strides: the iterator's (strides in bytes; the reduced dims first). `input_offset_bytes`: where the
+    input starts in its allocation (allocations are 512-byte aligned), for the vectorized loads' alignment."""
+    reduced = sum(1 for s in out_strides if s == 0)
+    ndim = len(shape)
+    numel = math.prod(shape)
+    num_outputs = math.prod(n for n, s in zip(shape, out_strides) if s != 0)
+    config = ReduceConfig(arg_size, num_outputs, numel // num_outputs)
+    if ndim > 0:
+        on_fastest = reduced == ndim or in_strides[0] < in_strides[reduced]
+        if on_fastest:
+            dim0, dim1, fastest_stride = config.num_inputs, num_outputs, in_strides[0]
+        else:
+            dim0, dim1, fastest_stride = num_outputs, config.num_inputs, in_strides[reduced]
+    else:
+        on_fastest, dim0, dim1, fastest_stride = True, 1, 1, scalar_size
+    if fastest_stride == scalar_size:
+        if on_fastest and dim0 >= 128 and reduced == 1:  # "vectorize along input"
+            dim0 //= input_vec_size
+        elif not on_fastest:  # "vectorize along output": get_output_vec_size
+            vec = 4
+            for n in [input_offset_bytes // scalar_size, shape[reduced],
+                      *(s // scalar_size for j, s in enumerate(in_strides) if j != reduced)]:
+                while n % vec:
+                    vec //= 2
+            config.output_vec_size = vec
+            dim0 //= vec
+    # set_block_dimension
+    most = max_num_threads // config.output_vec_size
+    dim0_pow2 = _last_pow2(dim0) if dim0 < most else most
+    dim1_pow2 = _last_pow2(dim1) if dim1 < most else most
+    width = min(dim0_pow2, gpu.warp_size)
+    height = min(dim1_pow2, most // width)
+    width = min(dim0_pow2, most // height)
+    config.block_width, config.block_height, config.num_threads = width, height, width * height
+    mult = [0, 0, 0]
+    if ndim == 0 or on_fastest:
+        mult[0] = config.split_input(width)
+    else:
+        config.split_output(width)
+    if config.values_per_thread() >= min(height * 16, MAX_VALUES_PER_THREAD):
+        mult[1] = config.split_input(height)
+    else:
+        config.split_output(height)
+    target_grid_size = gpu.sm_count * (gpu.max_threads_per_sm // config.num_threads)
+    grid = config.grid_x()
+    if mult[1] and config.values_per_thread() >= MAX_VALUES_PER_THREAD and grid <= target_grid_size:
+        ctas1 = -(-target_grid_size // grid)
+        ctas2 = -(-config.values_per_thread() // MIN_VALUES_PER_THREAD)
+        ctas3 = -(-config.values_per_thread() // MAX_VALUES_PER_THREAD)
+        config.ctas_per_output = max(min(ctas1, ctas2), ctas3)
+        if config.ctas_per_output > 1:
+            mult[2] = config.split_input(config.ctas_per_output)
+    config.input_mult = tuple(mult)
+    return config
+
+
+def _accumulator(dtype: torch.dtype) -> torch.dtype:
+    """at::opmath / acc type of sum and mean on CUDA: float for half and bfloat16, the dtype itself otherwise."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def reduction_scratch(func, args, kwargs, out, gpu) -> list[int]:
+    """[staging buffer, semaphores] bytes that `func` (a sum or mean) takes on `gpu`, or []."""
+    x = args[0] if args else None
+    if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor) or x.numel() == 0 or out.numel() == 0:
+        return []
+    if x.is_complex() or x.dtype == torch.bool or not x.is_floating_point():
+        return []  # integer sums reduce a converted copy (not modelled); complex: other accumulators
+    ndim = x.dim()
+    dims = None  # sum.default and mean.default (whose second argument is a dtype) reduce every dim
+    if func in (aten.sum.dim_IntList, aten.mean.dim):
+        dims = args[1] if len(args) > 1 else kwargs.get("dim")
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        dims = list(range(ndim))
+    elif isinstance(dims, int):
+        dims = [dims]
+    dims = {d % ndim for d in dims} if ndim else set()
+    if x.numel() > 2**31 - 1 or x.untyped_storage().nbytes() > 2**31 - 1:
+        return []  # past 32-bit indexing the kernel runs per sub-iterator (not modelled)
+    # The (keepdim) output's strides: 0 at the reduced dims, the real output's elsewhere.
+    kept = [d for d in range(ndim) if d not in dims]
+    out_strides_kept = list(out.stride()) if out.dim() == len(kept) else None
+    if out_strides_kept is None:  # keepdim=True: the output has every dim
+        out_strides_kept = [out.stride()[d] for d in kept]
+    out_strides = [0] * ndim
+    for d, s in zip(kept, out_strides_kept):
+        out_strides[d] = s if x.shape[d] != 1 else 1
+    # Which dtype the kernel reads: the output's, except half / bfloat16 summed into float (read as they are).
+    out_dtype = out.dtype
+    lowp_to_f32 = x.dtype in (torch.float16, torch.bfloat16) and out_dtype == torch.float32
+    scalar = x.dtype if lowp_to_f32 else out_dtype
+    if scalar != x.dtype:
+        return []  # the input is first converted (`self.to(dtype)`): not modelled
+    scalar_size = x.element_size()
+    arg_size = _accumulator(scalar).itemsize
+    # sum_functor reads 16-bit inputs 8 at a time (vt0 4, input_vec_size 8); mean and the rest 4 (the default).
+    input_vec_size = 8 if func in SUMS and scalar_size == 2 else 4
+    shape, in_st, out_st = reduction_iterator(list(x.shape), list(x.stride()), out_strides, scalar_size)
+    config = set_reduce_config(shape, in_st, out_st, scalar_size, arg_size, input_vec_size, gpu,
+                               x.storage_offset() * scalar_size)
+    if not config.input_mult[2]:
+        return []
+    return [config.global_memory_size(), config.semaphore_size()]
+
+
+# --- accumulating index_put_: Indexing.cu and cub's radix sort ---------------------------------------------------
+
+INDEX_PUTS = frozenset({aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default})
+CUB_ALIGN = 256  # cub's AliasTemporaries: each part aligned to 256 bytes, plus 255 for the base's alignment
+CUB_MAX_SMEM = 48 * 1024  # cub's max_smem_per_block, which bounds a register-scaled policy's threads
+
+
+def _reg_bound(threads: int, items: int, size: int) -> int:
+    """Tile items of a cub policy given for 4-byte types, scaled to `size`-byte ones (cub's RegBoundScaling)."""
+    items = max(1, items * 4 // max(4, size))
+    threads = min(threads, -(-(CUB_MAX_SMEM // (size * items)) // 32) * 32)
+    return threads * items
+
+
+def _cub_policy(compute_capability: tuple[int, int], key_size: int, value_size: int) -> tuple[int, int]:
+    """(single-tile items, onesweep tile items) of cub's DeviceRadixSortPolicy for pairs (CCCL 2.x,
+    cub/device/dispatch/tuning/tuning_radix_sort.cuh): the single tile is <256 threads, 19 items> on every
+    architecture here; onesweep <256, 23> for sm70/sm75 (Policy700), <384, 21> for sm80/86/89 (Policy800),
+    <384, 24 for 8-byte values, else 30> for 64-bit keys on sm90 (Policy900); each scaled to the larger of the key
+    and value types."""
+    dominant = max(key_size, value_size)
+    single = _reg_bound(256, 19, dominant)
+    if compute_capability >= (9, 0):
+        onesweep = _reg_bound(384, 24 if value_size >= 8 else 30, dominant)
+    elif compute_capability >= (8, 0):
+        onesweep = _reg_bound(384, 21, dominant)
+    else:
+        onesweep = _reg_bound(256, 46 if key_size == 4 and value_size == 4 else 23, dominant)
+    return single, onesweep
+
+
+def cub_sort_pairs_temp_bytes(num_items: int, end_bit: int, gpu, key_size: int = 8, value_size: int = 8) -> int:
+    """cub::DeviceRadixSort::SortPairs's temp_storage_bytes (keys in != keys out, as torch's radix_sort_pairs
+    calls it; its item count is an int64_t, so cub's offsets are 8 bytes, its atomic counters 4): 1 byte when the
+    items fit one tile, else onesweep's bins, lookback, extra key and value buffers and counters."""
+    single, tile = _cub_policy(gpu.compute_capability, key_size, value_size)
+    if num_items <= single:
+        return 1
+    radix_bits, digits = 8, 256
+    portion = ((1 << 28) - 1) // tile * tile
+    passes = -(-end_bit // radix_bits)
+    portions = -(-num_items // portion)
+    blocks = -(-min(num_items, portion) // tile)
+    parts = [portions * passes * digits * 8,  # bins (OffsetT)
+             blocks * digits * 4,  # lookback (AtomicOffsetT)
+             0 if passes <= 1 else num_items * key_size,  # the extra key buffer
+             0 if passes <= 1 else num_items * value_size,  # and value buffer
+             portions * passes * 4]  # counters
+    return sum(-(-p // CUB_ALIGN) * CUB_ALIGN for p in parts) + CUB_ALIGN - 1
+
+
+def _num_bits(max_key: int) -> int:
+    """torch's cuda::cub::get_num_bits."""
+    bits = 1
+    while max_key > 1:
+        max_key >>= 1
+        bits += 1
+    return bits
+
+
+def index_put_scratch(func, args, kwargs, gpu) -> list[tuple[str, int | str]]:
+    """The allocations and frees of index_put_with_sort_kernel, in order: ("alloc", name), nbytes ...; or []."""
+    self, indices = args[0], args[1]
+    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+    if not accumulate and not torch.are_deterministic_algorithms_enabled():
+        return []  # the plain index_put_ kernel: no temporaries
+    defined = [(d, i) for d, i in enumerate(indices) if i is not None]
+    if not defined or any(i.dtype in (torch.bool, torch.uint8) for _, i in defined):
+        return []  # a mask's nonzero() depends on values
+    index_shape = torch.broadcast_shapes(*(i.shape for _, i in defined))
+    num_indices = math.prod(index_shape)
+    if not self.is_contiguous():
+        return []  # the kernel works on a contiguous copy (not modelled)
+    # makeLinearIndex: the indexed dims are a block (moved to the front first when they are not adjacent); the
+    # slice each index addresses is the product of the dims after them.
+    first, last = defined[0][0], defined[-1][0]
+    indexed = {d for d, _ in defined}
+    if last - first + 1 == len(defined):
+        slice_size = math.prod(self.shape[last + 1:])
+    else:
+        slice_size = math.prod(n for d, n in enumerate(self.shape) if d not in indexed)
+    events: list[tuple[str, int | str]] = []
+    for n, (_, index) in enumerate(defined):  # computeLinearIndex: remainder, then * stride, then +=
+        events += [("alloc", f"remainder{n}", num_indices * index.element_size()),
+                   ("alloc", f"linear{n}", num_indices * index.element_size()), ("free", f"remainder{n}")]
+        if n:
+            events.append(("free", f"linear{n}"))  # summed into the first one in place
+    if num_indices == 0 or slice_size == 0:
+        return events + [("free", "linear0")]
+    largest = sum((n - 1) * s for n, s in zip(self.shape, self.stride()))  # largestIndex(self)
+    temp = cub_sort_pairs_temp_bytes(num_indices, _num_bits(largest // slice_size), gpu)
+    return events + [("alloc", "sorted_indices", num_indices * 8), ("alloc", "orig_indices", num_indices * 8),
+                     ("alloc", "range", num_indices * 8), ("alloc", "cub_temp", temp), ("free", "cub_temp"),
+                     ("free", "range"), ("free", "orig_indices"), ("free", "sorted_indices"), ("free", "linear0")]
+
+
+# --- the hook -----------------------------------------------------------------------------------------------------
+
+
+class KernelScratch:
+    """What each op's CUDA kernel takes from the caching allocator and frees before it returns, on `gpu`."""
+
+    def __init__(self, gpu):
+        self.gpu = gpu
+
+    def events(self, func, args, kwargs, out) -> list[tuple]:
+        """("alloc", name, nbytes) and ("free", name), in the kernel's order; [] for most ops."""
+        if func in SUMS or func in MEANS:
+            sizes = reduction_scratch(func, args, kwargs or {}, out, self.gpu)
+            if not sizes:
+                return []
+            return [("alloc", "buffer", sizes[0]), ("alloc", "semaphores", sizes[1]),
+                    ("free", "semaphores"), ("free", "buffer")]
+        if func in INDEX_PUTS:
+            return index_put_scratch(func, args, kwargs or {}, self.gpu)
+        return []
+
+    def run(self, func, args, kwargs, out, tracker) -> None:
+        """Allocates and frees them through the tracker, after the op's outputs (allocated before the kernel)."""
+        events = self.events(func, args, kwargs, out)
+        if not events:
+            return
+        _track_outputs(out, tracker)
+        live = {}
+        for event in events:
+            if event[0] == "alloc":  # held only in `live`, so that deleting it there frees it
+                live[event[1]] = torch.empty(event[2], dtype=torch.uint8)
+                tracker.track(live[event[1]], OTHER, SCRATCH_MODULE)
+            else:
+                del live[event[1]]  # its storage's last reference: the tracker sees it freed now
+
+
+class CudaKernels(CublasWorkspaces):
+    """The StorageTracker's `kernels` hook for a CUDA prediction on `gpu`: cuBLAS's workspaces and backward's
+    in-place paths (CublasWorkspaces), and after each op the scratch its kernel takes and frees (KernelScratch).
+
+    A thread's cuBLAS workspace is allocated when its first matmul runs, after that matmul's output: ATen's matmul
+    kernels are structured, so the output exists before the kernel asks for the thread's cuBLAS handle
+    (getCurrentCUDABlasHandle, aten/src/ATen/cuda/CublasHandlePool.cpp), which allocates the workspace; so it is
+    made here after the op. The tracker hands `before` itself and `rewrite` the op's arguments; `after` gets
+    neither, so they are kept from those two calls for it, and dropped once it has run."""
+
+    def __init__(self, gpu, workspace_bytes: int | None = None):
+        super().__init__(gpu.cublas_workspace_bytes if workspace_bytes is None else workspace_bytes)
+        self.scratch = KernelScratch(gpu)
+        self._tracker = None
+        self._call = None
+        self.rewrite, self.after = self._rewrite, self._after  # over the instance attributes the base sets
+
+    def before(self, func, tracker) -> None:
+        self._tracker = tracker  # the workspace: in `after`
+
+    def _rewrite(self, func, args, kwargs):
+        self._call = (args, kwargs)
+        return self.paths.rewrite(func, args, kwargs)
+
+    def _after(self, func, out) -> None:
+        self.paths.made(func, out)
+        call, self._call = self._call, None
+        if func in CUBLAS_OPS:
+            _track_outputs(out, self._tracker)
+            super().before(func, self._tracker)
+        if call is not None:
+            self.scratch.run(func, *call, out, self._tracker)
+
+
+def _track_outputs(out, tracker) -> None:
+    """Count an op's outputs now (the tracker counts them after the hook, and skips what is counted)."""
+    for t in (out if isinstance(out, (tuple, list)) else [out]):
+        if isinstance(t, torch.Tensor):
+            tracker.track(t)
