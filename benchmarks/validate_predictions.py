@@ -36,7 +36,7 @@ from membench.allocator.replay import actual_of, replay  # noqa: E402
 from membench.allocator.snapshot import ALLOC, FREE, initial_state, load_snapshot  # noqa: E402
 from membench.trackers import fake  # noqa: E402
 from membench.trackers.cuda_autocast import cuda_policy  # noqa: E402
-from membench.trackers.cuda_reductions import CudaKernels  # noqa: E402
+from membench.trackers.cuda_kernels import CudaKernels  # noqa: E402
 from membench.trackers.storage import StorageTracker  # noqa: E402
 
 DEFAULT_TRUTH = Path(__file__).resolve().parents[1].parent / "shared" / "gpu-truth"

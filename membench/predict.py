@@ -27,7 +27,7 @@ from membench.step import batches
 from membench.techniques import Stack, Technique, resolve
 from membench.trackers import fake
 from membench.trackers.cuda_autocast import cuda_policy
-from membench.trackers.cuda_reductions import CudaKernels
+from membench.trackers.cuda_kernels import CudaKernels
 from membench.trackers.memory import CpuMeter
 from membench.workloads import load_workload
 

@@ -53,7 +53,8 @@ class Primed:
 @dataclass
 class Seen:
     """Where in the measured step each first happened: the trace's length at each optimizer's first step (with the
-    parameters that had a gradient then), at each thread's first matmul."""
+    parameters that had a gradient then), and where each thread's workspace is made (after its first matmul's
+    output)."""
 
     steps: dict[int, tuple[int, set[int]]] = field(default_factory=dict)
     first_use: dict[str, int] = field(default_factory=dict)
@@ -71,7 +72,7 @@ def prime(session: Session) -> Primed | None:
         if tracker.kernels is not None:
             for thread in ("main", "autograd"):
                 before = len(trace)
-                tracker.kernels.make(thread, tracker)
+                tracker.kernels.workspaces.make(thread, tracker)
                 primed.workspaces[thread] = trace[before]
         for optimizer in session.state.optimizers:
             if len(optimizer.param_groups) != 1:
@@ -106,7 +107,7 @@ def watching(session: Session):
                 id(p) for group in optimizer.param_groups for p in group["params"] if p.grad is not None})
 
     if kernels is not None:
-        kernels.first_use = seen.first_use
+        kernels.workspaces.first_use = seen.first_use
     handle = register_optimizer_step_pre_hook(began)
     try:
         yield seen

@@ -13,7 +13,7 @@ from torch import nn
 from membench import gpus
 from membench.trackers import fake
 from membench.trackers.cuda_autocast import FP32, FP32_SET_OPT_DTYPE, LOWER_PRECISION_FP, PROMOTE, cuda_policy
-from membench.trackers.cuda_kernels import CUBLAS_MODULE, CublasWorkspaces
+from membench.trackers.cuda_kernels import CUBLAS_MODULE, CudaKernels
 from membench.trackers.storage import StorageTracker
 from membench.vocab import OTHER
 
@@ -98,8 +98,8 @@ def test_one_cublas_workspace_per_handle_main_then_autograd():
         model = nn.Linear(16, 16)
         x = torch.randn(4, 16)
         tracker = StorageTracker()
-        workspaces = CublasWorkspaces(nbytes)
-        tracker.kernels = workspaces
+        tracker.kernels = CudaKernels(gpus.gpu("H100"), workspace_bytes=nbytes)
+        workspaces = tracker.kernels.workspaces
         with tracker:
             loss = model(x).sum()
             assert workspaces.allocated_bytes == _workspace_bytes(tracker) == nbytes

@@ -9,9 +9,9 @@ import torch
 
 from membench import gpus
 from membench.trackers import fake
+from membench.trackers.cuda_kernels import CudaKernels
 from membench.trackers.cuda_reductions import (
     SCRATCH_MODULE,
-    CudaKernels,
     KernelScratch,
     cub_sort_pairs_temp_bytes,
     reduction_scratch,

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import torch
 
+from membench import gpus
 from membench.trackers import fake
-from membench.trackers.cuda_kernels import CublasWorkspaces
+from membench.trackers.cuda_kernels import CudaKernels
 from membench.trackers.storage import StorageTracker
 
 N, V = 64, 1000
@@ -20,7 +21,7 @@ def _backward_peak(reduce, cuda: bool = True) -> tuple[int, int]:
     with fake.fake_tensors():
         tracker = StorageTracker()
         if cuda:
-            tracker.kernels = CublasWorkspaces(0)
+            tracker.kernels = CudaKernels(gpus.gpu("H100"), workspace_bytes=0)
         with tracker:
             x = torch.randn(N, V, requires_grad=True)
             loss = reduce(x).sum()

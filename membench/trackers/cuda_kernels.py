@@ -1,22 +1,26 @@
-"""What CUDA kernels take from the caching allocator that CPU kernels do not: cuBLAS workspaces.
+"""Where CUDA kernels change a step's allocations from what fake tensors on CPU make: the storage tracker's one hook
+for a CUDA prediction (`CudaKernels`, called around every op), of three parts.
 
-torch gives each cuBLAS handle a workspace from the caching allocator the first time the handle runs a matmul
-(aten/src/ATen/cuda/CublasHandlePool.cpp), and keeps it for the life of the process. Handles are per thread: the
-main thread's comes with the first matmul of the forward; the autograd engine runs backward on a thread of its
-own on CUDA, whose handle (and workspace) comes with the first matmul of the first backward. On CPU, fake tensors
-run backward on the calling thread and take no workspace at all, so a CUDA prediction adds them here, in the
-order a GPU would allocate them. Counted as `other` memory.
-
-The same hook makes backward take the in-place paths a plain run takes where the storage tracker, being a dispatch
-mode, makes torch go out of place (trackers/subclass_like.py): a GPU run is measured from the allocator's
-statistics with no dispatch mode, while a CPU run is measured by the tracker itself, whose numbers a CPU prediction
-reproduces, so only a CUDA prediction undoes them.
+- cuBLAS workspaces (`CublasWorkspaces`, here): torch gives each cuBLAS handle a workspace from the caching
+  allocator the first time the handle runs a matmul (aten/src/ATen/cuda/CublasHandlePool.cpp), and keeps it for the
+  life of the process. Handles are per thread: the main thread's comes with the first matmul of the forward; the
+  autograd engine runs backward on a thread of its own on CUDA, whose handle (and workspace) comes with the first
+  matmul of the first backward. ATen's matmuls are structured kernels, so the output exists before the kernel asks
+  for its handle: the workspace comes after the first matmul's output. Fake tensors on CPU run backward on the
+  calling thread and take no workspace at all. Counted as `other` memory.
+- Kernel scratch (trackers/cuda_reductions.py): what reductions and accumulating index_put_ take and free inside
+  the kernel.
+- Backward's in-place paths (trackers/subclass_like.py): where the storage tracker, being a dispatch mode, makes
+  torch go out of place, a plain run takes the in-place path. A GPU run is measured from the allocator's statistics
+  with no dispatch mode, while a CPU run is measured by the tracker itself, whose numbers a CPU prediction
+  reproduces, so only a CUDA prediction undoes them.
 """
 
 from __future__ import annotations
 
 import torch
 
+from membench.trackers.cuda_reductions import KernelScratch
 from membench.trackers.private import in_backward
 from membench.trackers.subclass_like import BackwardPaths
 from membench.vocab import OTHER
@@ -28,19 +32,14 @@ CUBLAS_MODULE = "(cuBLAS workspace)"
 
 
 class CublasWorkspaces:
-    """The StorageTracker's dispatch hook: a workspace of `nbytes` per thread that runs a matmul (main, autograd)."""
+    """A workspace of `nbytes` per thread that runs a matmul (main, autograd), made at its first matmul."""
 
     def __init__(self, nbytes: int):
         self.nbytes = nbytes
         self.handles: dict[str, torch.Tensor] = {}
-        self.first_use: dict[str, int] = {}  # thread -> the trace's length at its first matmul (since cleared)
-        self.paths = BackwardPaths()
-        self.rewrite = self.paths.rewrite  # the op to run instead (in-place where a plain run is)
-        self.after = self.paths.made
+        self.first_use: dict[str, int] = {}  # thread -> the trace's length where its workspace is made (since cleared)
 
-    def before(self, func, tracker) -> None:
-        if func not in CUBLAS_OPS:
-            return
+    def matmul_ran(self, tracker) -> None:
         thread = "autograd" if in_backward() else "main"
         if tracker.trace is not None and thread not in self.first_use:
             self.first_use[thread] = len(tracker.trace)
@@ -56,3 +55,23 @@ class CublasWorkspaces:
     @property
     def allocated_bytes(self) -> int:
         return self.nbytes * len(self.handles)
+
+
+class CudaKernels:
+    """The storage tracker's hook for a CUDA prediction on `gpu`: `rewrite` before each op, `after` it."""
+
+    def __init__(self, gpu, workspace_bytes: int | None = None):
+        self.workspaces = CublasWorkspaces(gpu.cublas_workspace_bytes if workspace_bytes is None else workspace_bytes)
+        self.scratch = KernelScratch(gpu)
+        self.paths = BackwardPaths()
+
+    def rewrite(self, func, args, kwargs):
+        """The op to run instead (in-place where a plain run is)."""
+        return self.paths.rewrite(func, args, kwargs)
+
+    def after(self, func, args, kwargs, out, tracker) -> None:
+        self.paths.made(func, out)
+        if func in CUBLAS_OPS:
+            tracker.track_outputs(out)  # before the workspace, as a GPU allocates them
+            self.workspaces.matmul_ran(tracker)
+        self.scratch.run(func, args, kwargs, out, tracker)

@@ -1,10 +1,11 @@
 """What CUDA kernels take from the caching allocator inside the kernel, besides their outputs, and free at once.
 
-Fake tensors run no kernel, so a CUDA prediction adds these here (`CudaKernels`, the storage tracker's `kernels`
-hook), in the order a GPU allocates and frees them. They raise the peak only by their own size for a moment, but
-they change which cached blocks the allocator splits, and so the unsplit remainders `max_memory_allocated()`
-counts and the segments it reserves. Two kinds, as torch 2.11 runs them (the version of the real traces
-benchmarks/validate_predictions.py checks, whose recorded steps show exactly these allocations):
+Fake tensors run no kernel, so a CUDA prediction adds these (`KernelScratch`, called by
+trackers/cuda_kernels.py's `CudaKernels` after each op), in the order a GPU allocates and frees them. They raise
+the peak only by their own size for a moment, but they change which cached blocks the allocator splits, and so the
+unsplit remainders `max_memory_allocated()` counts and the segments it reserves. Two kinds, as torch 2.11 runs
+them (the version of the real traces benchmarks/validate_predictions.py checks, whose recorded steps show exactly
+these allocations):
 
 - **Reductions** (sum, mean; e.g. the sum that reduces a broadcast weight's gradient, RMSNorm's or a bias's, in
   backward): ATen's `gpu_reduce_kernel` (aten/src/ATen/native/cuda/Reduce.cuh) picks a launch configuration in
@@ -35,7 +36,6 @@ from dataclasses import dataclass
 
 import torch
 
-from membench.trackers.cuda_kernels import CUBLAS_OPS, CublasWorkspaces
 from membench.vocab import OTHER
 
 aten = torch.ops.aten
@@ -380,7 +380,7 @@ class KernelScratch:
         events = self.events(func, args, kwargs, out)
         if not events:
             return
-        _track_outputs(out, tracker)
+        tracker.track_outputs(out)  # allocated before the kernel runs
         live = {}
         for event in events:
             if event[0] == "alloc":  # held only in `live`, so that deleting it there frees it
@@ -388,44 +388,3 @@ class KernelScratch:
                 tracker.track(live[event[1]], OTHER, SCRATCH_MODULE)
             else:
                 del live[event[1]]  # its storage's last reference: the tracker sees it freed now
-
-
-class CudaKernels(CublasWorkspaces):
-    """The StorageTracker's `kernels` hook for a CUDA prediction on `gpu`: cuBLAS's workspaces and backward's
-    in-place paths (CublasWorkspaces), and after each op the scratch its kernel takes and frees (KernelScratch).
-
-    A thread's cuBLAS workspace is allocated when its first matmul runs, after that matmul's output: ATen's matmul
-    kernels are structured, so the output exists before the kernel asks for the thread's cuBLAS handle
-    (getCurrentCUDABlasHandle, aten/src/ATen/cuda/CublasHandlePool.cpp), which allocates the workspace; so it is
-    made here after the op. The tracker hands `before` itself and `rewrite` the op's arguments; `after` gets
-    neither, so they are kept from those two calls for it, and dropped once it has run."""
-
-    def __init__(self, gpu, workspace_bytes: int | None = None):
-        super().__init__(gpu.cublas_workspace_bytes if workspace_bytes is None else workspace_bytes)
-        self.scratch = KernelScratch(gpu)
-        self._tracker = None
-        self._call = None
-        self.rewrite, self.after = self._rewrite, self._after  # over the instance attributes the base sets
-
-    def before(self, func, tracker) -> None:
-        self._tracker = tracker  # the workspace: in `after`
-
-    def _rewrite(self, func, args, kwargs):
-        self._call = (args, kwargs)
-        return self.paths.rewrite(func, args, kwargs)
-
-    def _after(self, func, out) -> None:
-        self.paths.made(func, out)
-        call, self._call = self._call, None
-        if func in CUBLAS_OPS:
-            _track_outputs(out, self._tracker)
-            super().before(func, self._tracker)
-        if call is not None:
-            self.scratch.run(func, *call, out, self._tracker)
-
-
-def _track_outputs(out, tracker) -> None:
-    """Count an op's outputs now (the tracker counts them after the hook, and skips what is counted)."""
-    for t in (out if isinstance(out, (tuple, list)) else [out]):
-        if isinstance(t, torch.Tensor):
-            tracker.track(t)

@@ -59,7 +59,7 @@ class StorageTracker(TorchDispatchMode):
                  device_types: tuple[str, ...] | None = None, trace: bool = False):
         super().__init__()
         self.trace: list[tuple] | None = [] if trace else None
-        self.kernels = None  # e.g. trackers.cuda_kernels.CublasWorkspaces: called around every op
+        self.kernels = None  # a CUDA prediction's trackers.cuda_kernels.CudaKernels: called around every op
         self.device_types = device_types
         self.round_to = round_to
         self.budget = budget
@@ -105,16 +105,19 @@ class StorageTracker(TorchDispatchMode):
             with self:
                 return func.decompose(*args, **(kwargs or {}))
         kernels = self.kernels
-        if kernels is not None:  # a CUDA prediction: what CUDA kernels allocate besides their outputs, and the
-            kernels.before(func, self)  # in-place paths a plain run takes where this mode changes them
+        if kernels is not None:  # a CUDA prediction: the in-place paths a plain run takes where this mode changes them
             func = kernels.rewrite(func, args, kwargs)
         out = func(*args, **(kwargs or {}))
-        if kernels is not None:
-            kernels.after(func, out)
+        if kernels is not None:  # and what CUDA kernels allocate besides their outputs
+            kernels.after(func, args, kwargs, out, self)
+        self.track_outputs(out)
+        return out
+
+    def track_outputs(self, out) -> None:
+        """Count an op's outputs (already counted ones are skipped: a kernel hook may count them first)."""
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self.track(t)
-        return out
 
     # --- registering and categorising ----------------------------------------------------------------------
     def track(self, tensor: torch.Tensor, category: str | None = None, module: str | None = None) -> None:
