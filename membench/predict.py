@@ -157,7 +157,6 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
             else:
                 with meter.active():  # its batch is seen: the measured step lets go of it as a run's does
                     session.skip(warmup)
-                gc.collect()
             measured_from = len(meter.tracker.trace or ())
             start_bytes = meter.tracker.current
             with steady.watching(session) if primed is not None else contextlib.nullcontext() as seen:

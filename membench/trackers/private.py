@@ -7,7 +7,6 @@ not yet run on a GPU (no GPU has been lent to this project's sessions so far).
 
 from __future__ import annotations
 
-import functools
 import sys
 
 import torch
@@ -44,7 +43,22 @@ def destroy_library(library) -> None:
 
 # --- whether an op decomposes (CompositeImplicitAutograd): the storage tracker under inference_mode ----------
 # checked: 2.14.1 (OpOverload.decompose runs that kernel)
-@functools.cache
+def per_op(answer):
+    """answer(op), worked out once per op: asked before every op of a prediction, and an OpOverload's own hash is
+    Python code. Remembered by id, with the op kept, so that an id is never another op's."""
+    memo: dict[int, tuple] = {}
+
+    def remembered(op):
+        entry = memo.get(id(op))
+        if entry is None or entry[0] is not op:
+            entry = memo[id(op)] = (op, answer(op))
+        return entry[1]
+
+    remembered.__doc__ = answer.__doc__
+    return remembered
+
+
+@per_op
 def has_composite_implicit_kernel(op) -> bool:
     return op.namespace == "aten" and torch._C._dispatch_has_kernel_for_dispatch_key(
         op.name(), torch._C.DispatchKey.CompositeImplicitAutograd)
@@ -121,7 +135,7 @@ def is_fake(tensor) -> bool:
     return isinstance(tensor, FakeTensor)
 
 
-@functools.cache
+@per_op
 def writes_values_only(op) -> bool:
     """An in-place pointwise op on one tensor (add_, lerp_, ...: it returns its first argument) or on lists of them
     (torch._foreach_add_, ...: it returns nothing): it changes no shape, stride or storage. checked: 2.14.1"""
@@ -134,6 +148,7 @@ def writes_values_only(op) -> bool:
     return torch.Tag.pointwise in op.tags and schema.name.endswith("_") and len(schema.returns) == 1
 
 
+@per_op
 def cacheable_op(op) -> bool:
     """An aten op whose outputs' shapes, strides and dtypes follow from its inputs' alone: not random, not
     data-dependent, writing into none of its arguments. checked: 2.14.1"""
