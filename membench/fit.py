@@ -5,10 +5,11 @@ with sizes affine in the batch, for most models. That is checked, not assumed: t
 batch steps; one is often special, as a transpose of one sample is already contiguous and copies nothing; where two
 and three differ, three and four are tried) must make the same allocations and frees in the same order, every size
 is derived as a + c x batch, and the search then runs on the derived allocations alone (peak allocated is a sum;
-reserved memory comes from the caching allocator simulator, a fraction of a second per batch). The answer and the
-first batch over are then predicted for real and must match the derived allocations event for event; where anything
-differs (data-dependent shapes, a kernel choice that changes with the size) the full search runs instead, and says
-so.
+reserved memory comes from the caching allocator simulator, a fraction of a second per batch). CUDA kernel scratch
+(a reduction's staging buffers, taken only past some size) is not affine: it is worked out again at each batch
+from its calls' tensor layouts, which are. The answer and the first batch over are then predicted for real and must
+match the derived allocations event for event; where anything differs (data-dependent shapes, a kernel choice that
+changes with the size) the full search runs instead, and says so.
 
 The full search (largest_batch) predicts every batch it tries: exponential (1, 2, 4, ... until one does not fit)
 then binary. Where a CUDA GPU is present, the predicted batch is then run for real in a subprocess under the budget;
@@ -28,10 +29,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from membench import gpus
 from membench.errors import UserError, failure_line
 from membench.predict import Traced
 from membench.spec import Job
 from membench.techniques import resolve
+from membench.trackers.cuda_reductions import KernelScratch
 from membench.workloads import load_workload
 
 
@@ -316,21 +319,28 @@ def _raise_for(job: Job, answer: bytes, status: int | None) -> None:
 
 class AffineTrace:
     """The allocations of a prediction at any batch, derived from two: event i is the same allocation or free at
-    every batch, and an allocation's size is a + c x batch (bytes, integers)."""
+    every batch, and an allocation's size is a + c x batch (bytes, integers). Kernel scratch (a CUDA kernel's own
+    buffers, trackers/cuda_reductions.py) is not affine in the batch: a reduction splits across blocks only past
+    some size, with buffers sized by the GPU. Its calls are kept apart, each with its tensors' layouts (affine in
+    the batch), and their scratch is worked out again at each batch by the same code a prediction runs."""
 
     def __init__(self, kinds: list[tuple], sizes: list[tuple[int, int] | None], measured_from: int, round_to: int,
-                 settings):
-        self.kinds, self.sizes, self.measured_from = kinds, sizes, measured_from
+                 settings, calls: list[tuple] = (), scratch=None):
+        self.kinds, self.sizes, self.measured_from = kinds, sizes, measured_from  # measured_from: among kinds
         self.round_to, self.settings = round_to, settings
+        self.calls, self.scratch = list(calls), scratch  # (index among kinds, KernelCall, affine layout)
+        self.first, self.step = 0, 1
 
     @classmethod
-    def derive(cls, a: Traced, batch_a: int, b: Traced, batch_b: int, settings) -> AffineTrace | str:
-        """The affine trace through a and b, or why there is none (in words)."""
-        if len(a.events) != len(b.events) or a.measured_from != b.measured_from:
-            return (f"batch {batch_a} makes {len(a.events)} allocations and frees, batch {batch_b} makes "
-                    f"{len(b.events)}")
+    def derive(cls, a: Traced, batch_a: int, b: Traced, batch_b: int, settings, scratch=None) -> AffineTrace | str:
+        """The affine trace through a and b, or why there is none (in words). scratch: the prediction's
+        trackers/cuda_reductions.KernelScratch (its GPU), for traces that kept kernel calls."""
+        (events_a, calls_a, from_a), (events_b, calls_b, from_b) = _apart(a), _apart(b)
+        if len(events_a) != len(events_b) or from_a != from_b:
+            return (f"batch {batch_a} makes {len(events_a)} allocations and frees, batch {batch_b} makes "
+                    f"{len(events_b)}")
         kinds, sizes = [], []
-        for i, (x, y) in enumerate(zip(a.events, b.events)):
+        for i, (x, y) in enumerate(zip(events_a, events_b)):
             if x[:2] != y[:2]:
                 return f"event {i} differs between batch {batch_a} and batch {batch_b}: {x[:2]} vs {y[:2]}"
             kinds.append(x[:2])
@@ -341,22 +351,48 @@ class AffineTrace:
             if rest or slope < 0:
                 return f"allocation {i} grows from {x[2]} B to {y[2]} B: not a whole number of bytes per sample"
             sizes.append((x[2] - slope * batch_a, slope))
-        model = cls(kinds, sizes, a.measured_from, a.round_to, settings)
+        if len(calls_a) != len(calls_b):
+            return f"batch {batch_a} makes {len(calls_a)} kernel calls, batch {batch_b} makes {len(calls_b)}"
+        calls = []
+        for (at_a, call_a), (at_b, call_b) in zip(calls_a, calls_b):
+            layout = _affine(call_a.layout, call_b.layout)
+            if at_a != at_b or call_a.func is not call_b.func or layout is None or scratch is None:
+                return f"a kernel call at event {at_a} is not the same op on affine layouts at both batches"
+            calls.append((at_a, call_a, layout))
+        model = cls(kinds, sizes, from_a, a.round_to, settings, calls, scratch)
+        model.first, model.step = batch_a, batch_b - batch_a  # the calls' layouts: per step from the first batch
         for traced, batch in ((a, batch_a), (b, batch_b)):
             if model.peak_allocated(batch) != traced.memory.peak_allocated_bytes:
                 return "the trace does not account for the predicted peak"  # a tracker change fit must follow
         return model
 
-    def events(self, batch: int) -> list[tuple]:
-        return [kind if size is None else (*kind, size[0] + size[1] * batch)
-                for kind, size in zip(self.kinds, self.sizes)]
+    def events(self, batch: int) -> tuple[list[tuple], int]:
+        """The allocations and frees at `batch`, and where the measured step begins among them."""
+        out: list[tuple] = []
+        calls = iter(self.calls)
+        call = next(calls, None)
+        measured_from = None
+        for i, (kind, size) in enumerate(zip([*self.kinds, None], [*self.sizes, None])):
+            while call is not None and call[0] == i:
+                steps, rest = divmod(batch - self.first, self.step)
+                if rest:
+                    raise ValueError(f"batch {batch} is not a whole number of steps of {self.step} from {self.first}")
+                layout = _at(call[2], steps)
+                out += [(e[0], ("scratch", id(call), e[1]), *e[2:]) for e in self.scratch.events_of(call[1], layout)]
+                call = next(calls, None)
+            if i == self.measured_from:
+                measured_from = len(out)
+            if kind is not None:
+                out.append(kind if size is None else (*kind, size[0] + size[1] * batch))
+        return out, measured_from
 
     def matches(self, traced: Traced, batch: int) -> str | None:
         """None when a real prediction at `batch` made exactly the derived allocations; else the first difference."""
-        events = self.events(batch)
-        if len(events) != len(traced.events) or traced.measured_from != self.measured_from:
-            return f"batch {batch} makes {len(traced.events)} allocations and frees, not {len(events)}"
-        for i, (x, y) in enumerate(zip(events, traced.events)):
+        derived, measured_from = self.events(batch)
+        events, real = _keys_in_order(derived), _keys_in_order(traced.events)
+        if len(events) != len(real) or traced.measured_from != measured_from:
+            return f"batch {batch} makes {len(real)} allocations and frees, not {len(events)}"
+        for i, (x, y) in enumerate(zip(events, real)):
             if x != y:
                 return f"event {i} at batch {batch} is {y}, derived {x}"
         return None
@@ -364,26 +400,72 @@ class AffineTrace:
     def peak_allocated(self, batch: int) -> int:
         """The measured step's peak of the sum of live allocations rounded to blocks, as the tracker counts it."""
         r = self.round_to
+        events, measured_from = self.events(batch)
         live: dict = {}
         current = peak = 0
-        for i, (kind, size) in enumerate(zip(self.kinds, self.sizes)):
-            if i == self.measured_from:
+        for i, event in enumerate(events):
+            if i == measured_from:
                 peak = current
-            if size is None:
-                current -= live.pop(kind[1])
+            if event[0] == "free":
+                current -= live.pop(event[1])
             else:
-                n = size[0] + size[1] * batch
-                rounded = -(-n // r) * r
-                live[kind[1]] = rounded
+                rounded = -(-event[2] // r) * r
+                live[event[1]] = rounded
                 current += rounded
-                if i >= self.measured_from and current > peak:
+                if i >= measured_from and current > peak:
                     peak = current
         return peak
 
     def peak_reserved(self, batch: int) -> int:
         from membench.allocator import simulate
 
-        return simulate(self.events(batch), self.settings).peak_reserved_bytes
+        return simulate(self.events(batch)[0], self.settings).peak_reserved_bytes
+
+
+def _apart(traced: Traced) -> tuple[list[tuple], list[tuple], int]:
+    """A trace's events without kernel scratch, keys numbered in order of first use (scratch takes keys from the
+    same counter), its kernel calls (each with its place among those events), and the measured step's place."""
+    scratch_at = {i for call in traced.kernel_calls for i in range(call.at, call.at + call.count)}
+    kept = [i for i in range(len(traced.events)) if i not in scratch_at]
+    place = {index: n for n, index in enumerate(kept)}
+    place[len(traced.events)] = len(kept)
+
+    def placed(index: int) -> int:  # the first kept event at or after index
+        while index not in place:
+            index += 1
+        return place[index]
+
+    events = _keys_in_order([traced.events[i] for i in kept])
+    calls = [(placed(call.at), call) for call in traced.kernel_calls]
+    return events, calls, placed(traced.measured_from)
+
+
+def _keys_in_order(events: list[tuple]) -> list[tuple]:
+    numbers: dict = {}
+    return [(e[0], numbers.setdefault(e[1], len(numbers)), *e[2:]) for e in events]
+
+
+def _affine(x, y):
+    """x and y (a layout at two batches, one batch step apart) as one layout whose integers are (x, y - x): x plus
+    that per batch step (accumulation's micro-batch grows by one sample per step of accum-steps samples)."""
+    if type(x) is int and type(y) is int:
+        return ("affine", x, y - x)
+    if isinstance(x, tuple) and isinstance(y, tuple):
+        if len(x) != len(y):
+            return None
+        parts = tuple(_affine(p, q) for p, q in zip(x, y))
+        return None if any(p is None for p in parts) else ("parts", parts)
+    return ("same", x) if x == y and type(x) is type(y) else None
+
+
+def _at(layout, steps: int):
+    """The layout `steps` batch steps past the first of the two it was derived from."""
+    kind = layout[0]
+    if kind == "affine":
+        return layout[1] + layout[2] * steps
+    if kind == "parts":
+        return tuple(_at(p, steps) for p in layout[1])
+    return layout[1]
 
 
 BELOW_CHECKED = 8  # batches below the answer simulated to say whether smaller ones fail (reserved memory)
@@ -434,11 +516,12 @@ def fit_batch(job: Job, budget: int, by: str, traced: Callable[[Job], Traced], m
         return smallest()
     settings = allocator_settings(resolve(job.run))
     first = 2  # the smallest batch the derived allocations hold for
-    model = AffineTrace.derive(real(2), 2 * step, real(3), 3 * step, settings)
+    scratch = KernelScratch(gpus.gpu(job.run.gpu)) if job.run.device == "cuda" else None
+    model = AffineTrace.derive(real(2), 2 * step, real(3), 3 * step, settings, scratch)
     if isinstance(model, str) and kmax >= 4 and value(3) <= budget:
         # Two batch steps can be special too (a size-2 dimension another kernel path takes): one pair further.
         first, why = 3, model
-        model = AffineTrace.derive(real(3), 3 * step, real(4), 4 * step, settings)
+        model = AffineTrace.derive(real(3), 3 * step, real(4), 4 * step, settings, scratch)
         if isinstance(model, str):
             model = f"{why}; {model}"
     if isinstance(model, str):

@@ -100,6 +100,7 @@ class Traced:
     events: list[tuple]
     measured_from: int
     round_to: int
+    kernel_calls: list = dataclasses.field(default_factory=list)  # calls that may take kernel scratch (fit)
 
 
 def predict_memory(job: Job, round_to: int | None = None) -> Memory:
@@ -164,23 +165,24 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
             # A copy: the tracker's list goes on growing with frees while what the step left is collected later
             # (in another prediction, even), and fit compares traces event for event.
             trace = list(meter.tracker.trace or ())
+            calls = list(meter.tracker.kernel_calls or ())
             if primed is not None:
                 gc.collect()  # what the step left for the collector: a run's next step frees it as it begins
                 garbage = [e[1] for e in meter.tracker.trace[len(trace):] if e[0] == "free"]
                 written = steady.write_warmup(primed, seen, trace, measured_from, garbage, memory.peak_allocated_bytes,
-                                              start_bytes, round_to)
+                                              start_bytes, round_to, calls)
         session.detach()
     if primed is not None:
         if isinstance(written, str):
             if os.environ.get("MEMBENCH_DEBUG_WARMUP"):
                 print(f"warm-up step run: {written}", file=sys.stderr)
             return predict_traced(job, round_to, trace=keep_trace, derive_warmup=False)  # the warm-up step is run
-        trace, measured_from = written
+        trace, measured_from, calls = written
     memory.device = spec.device
     memory.method = f"prediction: fake tensors, storage tracker, {round_to}-byte blocks"
     if cuda:
         _add_reserved(memory, trace, stack, spec.memory_budget)
-    return Traced(memory, trace, measured_from, round_to)
+    return Traced(memory, trace, measured_from, round_to, calls)
 
 
 def _derivable(spec: RunSpec, stack: Stack, warmup: int, ranks: int | None) -> bool:

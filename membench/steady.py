@@ -23,6 +23,7 @@ tests/test_predict.py compares the two ways allocation for allocation on every t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 from dataclasses import dataclass, field
 
@@ -116,9 +117,10 @@ def watching(session: Session):
 
 
 def write_warmup(primed: Primed, seen: Seen, trace: list[Event], measured_from: int, garbage: list[int],
-                 peak_bytes: int, start_bytes: int, round_to: int) -> tuple[list[Event], int] | str:
-    """The trace a prediction that ran its warm-up step would have made, and where its measured step begins; or
-    why that cannot be written.
+                 peak_bytes: int, start_bytes: int, round_to: int, calls: list | None = None
+                 ) -> tuple[list[Event], int, list] | str:
+    """The trace a prediction that ran its warm-up step would have made, where its measured step begins, and its
+    kernel calls (trackers/cuda_reductions.KernelCall, from `calls`: the trace's); or why that cannot be written.
 
     trace: construction, priming, then the measured step from measured_from. garbage: keys the measured step
     allocated that the cycle collector freed after it, in the order it freed them. peak_bytes, start_bytes: the
@@ -161,7 +163,11 @@ def write_warmup(primed: Primed, seen: Seen, trace: list[Event], measured_from: 
     inserts.sort(key=lambda x: x[:2])
     offset = 1 + max(e[1] for e in trace)  # the warm-up's storages: the measured step's, under new keys
     warmup: list[Event] = []
+    # Where a kernel call at each event of the measured step is in the warm-up: before what is inserted there (a
+    # call that took no scratch is where the op ended, and an optimizer stepped in backward after it).
+    at_in_warmup = []
     for index, event in enumerate(measured):
+        at_in_warmup.append(primed.start + len(warmup))
         while inserts and inserts[0][0] <= index:
             warmup.extend(inserts.pop(0)[2])
         if event[1] not in replaced:  # a first step has no earlier batch to let go of
@@ -171,7 +177,13 @@ def write_warmup(primed: Primed, seen: Seen, trace: list[Event], measured_from: 
     prefix = trace[:primed.start] + warmup
     collected = [("free", key + offset) for key in garbage]
     step = [("free", replaced[e[1]] + offset) if e[1] in replaced else e for e in measured]
-    return prefix + collected + step, len(prefix)
+    calls = calls or []
+    shift = len(prefix) + len(collected) - measured_from
+    written_calls = ([c for c in calls if c.at < primed.start]
+                     + [dataclasses.replace(c, at=at_in_warmup[c.at - measured_from]) for c in calls
+                        if c.at >= measured_from]
+                     + [dataclasses.replace(c, at=c.at + shift) for c in calls if c.at >= measured_from])
+    return prefix + collected + step, len(prefix), written_calls
 
 
 def _outliving(events: list[Event]) -> list[Event]:

@@ -225,3 +225,28 @@ def test_jobs_out_of_range_is_one_line_naming_the_range():
     proc = _cli("fit", "--workload", "vit-tiny", "--budget", "1GiB", "--jobs", "0", timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "--jobs" in proc.stderr and "1 or more" in proc.stderr
+
+
+def test_kernel_scratch_only_larger_batches_take_is_worked_out_again_at_each_batch():
+    """gpt-tiny's sums split across blocks on an H100 only at larger batches (their kernel scratch: none at 2 and 3,
+    64 allocations and frees at 64): the trace derived from batches 2 and 3 works each call's scratch out again,
+    and makes a real prediction's allocations at 64 event for event, and its peak."""
+    from membench import gpus
+    from membench.api import plan
+    from membench.fit import AffineTrace
+    from membench.predict import allocator_settings
+    from membench.techniques import resolve
+    from membench.trackers.cuda_reductions import KernelScratch
+
+    def traced(batch: int):
+        job = next(j for j in plan(workload="gpt-tiny", techniques="baseline", batch_size=batch,
+                                   target_device="cuda", in_process=True) if j.name == "baseline")
+        return job, predict_traced(job)
+
+    (job, two), (_, three), (_, big) = traced(2), traced(3), traced(64)
+    assert sum(c.count for c in two.kernel_calls + three.kernel_calls) == 0
+    assert sum(c.count for c in big.kernel_calls) == 64
+    model = AffineTrace.derive(two, 2, three, 3, allocator_settings(resolve(job.run)), KernelScratch(gpus.gpu("H100")))
+    assert not isinstance(model, str), model
+    assert model.matches(big, 64) is None
+    assert model.peak_allocated(64) == big.memory.peak_allocated_bytes

@@ -65,6 +65,7 @@ def test_a_written_warmup_step_is_the_one_a_prediction_runs(workload, technique,
     assert dataclasses.asdict(written.memory) == dataclasses.asdict(run.memory)
     assert written.measured_from == run.measured_from
     assert _canonical(written.events) == _canonical(run.events)
+    assert written.kernel_calls == run.kernel_calls  # where each call's kernel scratch is, for fit
     # Written, not run, except where a first step makes more than state and workspaces (the fp16 scaler's scale).
     assert isinstance(answers[0], str) == (technique == "amp-fp16"), answers[0]
 
@@ -99,8 +100,8 @@ def test_write_warmup_by_hand():
              ("free", 12), ("free", 11)]
     primed = steady.Primed(start=1, optimizers=[7], state={7: [("alloc", 2, 100)]}, state_params={7: {5}})
     seen = steady.Seen(steps={7: (8, {5})})
-    written, measured_from = steady.write_warmup(primed, seen, trace, 3, garbage=[13], peak_bytes=4758,
-                                                 start_bytes=208, round_to=1)
+    written, measured_from, calls = steady.write_warmup(primed, seen, trace, 3, garbage=[13], peak_bytes=4758,
+                                                        start_bytes=208, round_to=1)
     assert written == [("alloc", 1, 100),
                        ("alloc", 24, 8), ("alloc", 25, 4000), ("alloc", 26, 50), ("alloc", 27, 600),
                        ("alloc", 2, 100), ("free", 26), ("free", 25),

@@ -357,6 +357,47 @@ def index_put_scratch(func, args, kwargs, gpu) -> list[tuple[str, int | str]]:
 # --- the hook -----------------------------------------------------------------------------------------------------
 
 
+CANDIDATES = SUMS | MEANS | INDEX_PUTS  # the ops whose kernels may take scratch
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """A call that may take scratch, as a trace keeps it: where in the trace its scratch events begin, how many
+    there are (none, at these sizes), and the layouts of its tensors, from which fit works out its scratch at other
+    batch sizes (the scratch is not affine in the batch: a kernel splits a reduction only past some size)."""
+
+    at: int
+    count: int
+    func: object
+    layout: tuple  # layout_of((args, kwargs, out))
+
+
+def layout_of(value):
+    """A value with each tensor replaced by its layout: ("tensor", shape, strides, offset, dtype, storage bytes)."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), tuple(value.stride()), value.storage_offset(), value.dtype,
+                value.untyped_storage().nbytes())
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(layout_of(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((k, layout_of(v)) for k, v in value.items()))
+    return value
+
+
+def from_layout(layout):
+    """layout_of's value again, with meta tensors of those layouts (nothing allocated)."""
+    if isinstance(layout, tuple) and layout and layout[0] == "tensor":
+        _, shape, stride, offset, dtype, nbytes = layout
+        base = torch.empty(nbytes // dtype.itemsize, dtype=dtype, device="meta")
+        return base.as_strided(shape, stride, offset)
+    if isinstance(layout, tuple) and layout and layout[0] in ("list", "tuple"):
+        items = [from_layout(v) for v in layout[1]]
+        return items if layout[0] == "list" else tuple(items)
+    if isinstance(layout, tuple) and layout and layout[0] == "dict":
+        return {k: from_layout(v) for k, v in layout[1]}
+    return layout
+
+
 class KernelScratch:
     """What each op's CUDA kernel takes from the caching allocator and frees before it returns, on `gpu`."""
 
@@ -375,16 +416,24 @@ class KernelScratch:
             return index_put_scratch(func, args, kwargs or {}, self.gpu)
         return []
 
+    def events_of(self, call: KernelCall, layout: tuple | None = None) -> list[tuple]:
+        """The scratch events of a kept call, or of the same call with other layouts (fit's other batch sizes)."""
+        args, kwargs, out = from_layout(call.layout if layout is None else layout)
+        return self.events(call.func, args, kwargs, out)
+
     def run(self, func, args, kwargs, out, tracker) -> None:
         """Allocates and frees them through the tracker, after the op's outputs (allocated before the kernel)."""
-        events = self.events(func, args, kwargs, out)
-        if not events:
+        if func not in CANDIDATES:
             return
         tracker.track_outputs(out)  # allocated before the kernel runs
+        at = len(tracker.trace) if tracker.trace is not None else 0
         live = {}
-        for event in events:
+        for event in self.events(func, args, kwargs, out):
             if event[0] == "alloc":  # held only in `live`, so that deleting it there frees it
                 live[event[1]] = torch.empty(event[2], dtype=torch.uint8)
                 tracker.track(live[event[1]], OTHER, SCRATCH_MODULE)
             else:
                 del live[event[1]]  # its storage's last reference: the tracker sees it freed now
+        if tracker.kernel_calls is not None:
+            tracker.kernel_calls.append(KernelCall(at, len(tracker.trace) - at, func,
+                                                   layout_of((tuple(args), dict(kwargs or {}), out))))

@@ -60,6 +60,9 @@ class StorageTracker(TorchDispatchMode):
                  device_types: tuple[str, ...] | None = None, trace: bool = False):
         super().__init__()
         self.trace: list[tuple] | None = [] if trace else None
+        # Beside the trace: calls whose allocations depend on more than their outputs' sizes (CUDA kernel scratch,
+        # trackers/cuda_reductions.KernelCall), kept so that fit can work them out at other batch sizes.
+        self.kernel_calls: list | None = [] if trace else None
         self.kernels = None  # a CUDA prediction's trackers.cuda_kernels.CudaKernels: called around every op
         self.device_types = device_types
         self.round_to = round_to
