@@ -15,7 +15,8 @@ their READMEs); without them it says so and exits 0. Table 3 takes about a minut
    a driver that is address-ordered first fit and that also holds, as the real one did, the ranges of (2) that no
    segment holds, and the range below the first parameter's segment until the first segment after the parameters.
    Prints whether the simulated layout when recording starts is the trace's, segment for segment, and both peaks
-   against the trace's; beside them, the simulator's own placement (no knowledge of those ranges).
+   against the trace's; beside them, the simulator's own placement (no knowledge of those ranges). --below-only:
+   the driver holds only the range below the parameters; --below-mib N: that range is N MiB.
 """
 
 from __future__ import annotations
@@ -96,7 +97,9 @@ def first_fit_driver(held: list[tuple[int, int]], below: tuple[int, int], opens_
     return choose, state
 
 
-def diagnostic(truth: Path) -> list[list]:
+def diagnostic(truth: Path, below_only: bool = False, below_mib: int | None = None) -> list[list]:
+    """Table 3's rows; below_only: the driver holds only the range below the parameters (not the others of table
+    2); below_mib: that range's size instead of the trace's."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     sys.path.insert(0, str(truth))
     import validate_predictions as vp
@@ -119,8 +122,10 @@ def diagnostic(truth: Path) -> list[list]:
         opens_at = sum(e.action == "alloc" and e.at_malloc <= moved for e in own.segment_log)
         segments = layout(path)
         first_param = _first_of(own, segments)
-        below = (segments[0][0], first_param - segments[0][0])
-        choose, state = first_fit_driver(unheld(segments), below, opens_at, first_param)
+        bottom = segments[0][0] if below_mib is None else first_param - below_mib * MiB
+        below = (bottom, first_param - bottom)
+        held = [(0, bottom), *([] if below_only else unheld(segments))]
+        choose, state = first_fit_driver(held, below, opens_at, first_param)
         alloc = CachingAllocator(segment_address=choose)
         state["alloc"] = alloc
         live: dict = {}
@@ -149,6 +154,9 @@ def _first_of(own: CachingAllocator, segments: list[tuple[int, int]]) -> int:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-diagnostic", action="store_true", help="leave out table 3 (needs the model's code)")
+    parser.add_argument("--below-only", action="store_true",
+                        help="table 3: the driver holds only the range below the parameters, none of the others")
+    parser.add_argument("--below-mib", type=int, help="table 3: that range's size in MiB instead of the trace's")
     args = parser.parse_args(argv)
     snapshots, truth = SHARED / "cuda-snapshots", SHARED / "gpu-truth"
     if not snapshots.is_dir() and not truth.is_dir():
@@ -172,7 +180,7 @@ def main(argv: list[str]) -> int:
         print("\n3. Diagnostic: each predicted process with an address-ordered first-fit driver that holds what the "
               "real one held\n   (the ranges of 2; the range below the parameters until the first segment after "
               "them), vs the simulator's own placement:\n")
-        print(tabulate(diagnostic(truth), headers=[
+        print(tabulate(diagnostic(truth, args.below_only, args.below_mib), headers=[
             "trace", "below params", "opens at segment", "layout = trace's", "peak alloc diff B",
             "peak reserved diff B", "own placement: alloc diff B", "reserved diff B"]))
     return 0
