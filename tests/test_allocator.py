@@ -263,6 +263,22 @@ def test_new_segments_go_to_the_lowest_released_range_that_holds_them():
                                       base + 72 * MiB, base + 73 * MiB]
 
 
+def test_a_chosen_address_inside_a_released_range_is_taken_out_of_it():
+    chosen = iter([None, None, 2**40 + 4 * MiB])  # the third segment: at base + 4 MiB (a recorded address)
+    alloc = CachingAllocator(segment_address=lambda size: next(chosen, None))
+    a, b = alloc.malloc(20 * MiB), alloc.malloc(12 * MiB)  # base, base + 20 MiB
+    base = a.ptr
+    assert base == 2**40 and b.ptr == base + 20 * MiB
+    alloc.free(a)
+    alloc.empty_cache()  # [base, base + 20 MiB) is free again
+    c = alloc.malloc(12 * MiB)  # at the chosen base + 4 MiB: [base, +4) and [base + 16, +20) stay free
+    assert c.ptr == base + 4 * MiB
+    # 1 MiB requests, two to a 2 MiB small segment: segments at base, base + 2, base + 16, base + 18 MiB, then
+    # after b's end (base + 32 MiB)
+    small = [alloc.malloc(MiB).ptr for _ in range(10)][::2]
+    assert small == [base, base + 2 * MiB, base + 16 * MiB, base + 18 * MiB, base + 32 * MiB]
+
+
 def test_released_range_reused_first_decides_which_equal_block_is_taken():
     """The address order decides between equal-size free blocks; here it decides what empty_cache can release."""
     alloc = CachingAllocator()
