@@ -7,7 +7,8 @@ Reads ../shared/cuda-snapshots and ../shared/gpu-truth: development data beside 
 their READMEs); without them it says so and exits 0. Table 3 takes about a minute (it predicts the eight runs).
 
 1. Every snapshot that records segment_alloc events: each new segment's address against the segment made before it
-   (of any size, and of its own pool), whether it lies in a range a segment_free gave back, its alignment.
+   (of any size, and of its own pool), whether it starts where another segment ends, whether it lies in a range a
+   segment_free gave back, its alignment, and how far below the one before it a segment of the same size lies.
 2. The eight gpu-truth traces record (but for one) no segment_alloc: their segments were all made before recording.
    Their layout at the first recorded event: the lowest address, the first parameter's, the ranges inside the span
    that no segment holds.
@@ -45,7 +46,10 @@ def recorded_placements(path: Path) -> list | None:
     news = [e for e in events if e["action"] == SEGMENT_ALLOC]
     if not news:
         return None
-    count, freed, previous = collections.Counter(), [], None
+    count, steps, freed, previous = collections.Counter(), collections.Counter(), [], None
+    # where any segment of the snapshot ends (those held at the end, and those the events make or free)
+    ends = {seg["address"] + seg["total_size"] for seg in snapshot["segments"]}
+    ends |= {e["addr"] + e["size"] for e in events if e["action"] in (SEGMENT_ALLOC, SEGMENT_FREE)}
     previous_of_pool = {True: None, False: None}
     for event in events:
         if event["action"] == SEGMENT_FREE:
@@ -62,10 +66,14 @@ def recorded_placements(path: Path) -> list | None:
             count["below", small] += address < previous_of_pool[small][0]
         count["reused"] += any(a < address + size and address < a + s for a, s in freed)
         count["aligned"] += address % (2 * MiB) == 0
+        count["after another"] += address in ends
+        if previous is not None and previous[1] == size:
+            steps[size // MiB, (previous[0] - address) // MiB] += 1
         previous = previous_of_pool[small] = address, size
+    common = ", ".join(f"{size}: {step} x{n}" for (size, step), n in steps.most_common(4))
     return [path.name, len(news), len(freed), f"{news[0]['addr']:#x}", f"{count['below']}/{len(news) - 1}",
             f"{count['below', True]}/{count['n', True]}", f"{count['below', False]}/{count['n', False]}",
-            count["contiguous"], count["reused"], f"{count['aligned']}/{len(news)}"]
+            count["contiguous"], count["after another"], count["reused"], f"{count['aligned']}/{len(news)}", common]
 
 
 def layout(path: Path) -> list[tuple[int, int]]:
@@ -167,7 +175,8 @@ def main(argv: list[str]) -> int:
     print("1. New segments in recorded order (each against the one made before it):\n")
     print(tabulate(rows, headers=["snapshot", "segment allocs", "segment frees", "first address", "below previous",
                                   "2 MiB below previous 2 MiB", "large below previous large",
-                                  "adjacent to previous", "in a freed range", "2 MiB aligned"]))
+                                  "adjacent to previous", "at another's end", "in a freed range", "2 MiB aligned",
+                                  "same size as previous: MiB: step down MiB x count"]))
     rows = []
     for path in sorted((truth / "traces").glob("*.pickle")):
         segments = layout(path)
