@@ -239,6 +239,71 @@ def test_empty_cache_releases_only_whole_free_segments():
     assert result.final_reserved_bytes == 2 * MiB and result.segments_released == 0
 
 
+# --- where new segments lie: the driver's address-ordered first fit (docs/predict.md) -----------------------------
+
+def test_new_segments_go_to_the_lowest_released_range_that_holds_them():
+    alloc = CachingAllocator()
+    # a and b (20 MiB each, >= 10 MiB: a segment of their own) and c (12 MiB) lie one after another
+    a, b, c = alloc.malloc(20 * MiB), alloc.malloc(20 * MiB), alloc.malloc(12 * MiB)
+    base = a.ptr
+    assert (b.ptr, c.ptr) == (base + 20 * MiB, base + 40 * MiB)
+    alloc.free(a)
+    alloc.free(b)
+    alloc.empty_cache()  # a's and b's segments go back: [base, base + 40 MiB) is free again, one range
+    # d (36 MiB) fits neither 20 MiB segment's range alone, but the two together: it lies at base
+    d = alloc.malloc(36 * MiB)
+    assert d.ptr == base
+    # e (20 MiB) does not fit the 4 MiB left at base + 36 MiB: after the end of the used space (c's end)
+    e = alloc.malloc(20 * MiB)
+    assert e.ptr == base + 52 * MiB
+    # 1 MiB requests take 2 MiB small segments, two requests each: the first two segments fill the 4 MiB left
+    # below c (as the traces' 2 MiB segments filled what 20 MiB ones left), the third goes after e.
+    small = [alloc.malloc(MiB) for _ in range(6)]
+    assert [s.ptr for s in small] == [base + 36 * MiB, base + 37 * MiB, base + 38 * MiB, base + 39 * MiB,
+                                      base + 72 * MiB, base + 73 * MiB]
+
+
+def test_a_chosen_address_inside_a_released_range_is_taken_out_of_it():
+    chosen = iter([None, None, 2**40 + 4 * MiB])  # the third segment: at base + 4 MiB (a recorded address)
+    alloc = CachingAllocator(segment_address=lambda size: next(chosen, None))
+    a, b = alloc.malloc(20 * MiB), alloc.malloc(12 * MiB)  # base, base + 20 MiB
+    base = a.ptr
+    assert base == 2**40 and b.ptr == base + 20 * MiB
+    alloc.free(a)
+    alloc.empty_cache()  # [base, base + 20 MiB) is free again
+    c = alloc.malloc(12 * MiB)  # at the chosen base + 4 MiB: [base, +4) and [base + 16, +20) stay free
+    assert c.ptr == base + 4 * MiB
+    # 1 MiB requests, two to a 2 MiB small segment: segments at base, base + 2, base + 16, base + 18 MiB, then
+    # after b's end (base + 32 MiB)
+    small = [alloc.malloc(MiB).ptr for _ in range(10)][::2]
+    assert small == [base, base + 2 * MiB, base + 16 * MiB, base + 18 * MiB, base + 32 * MiB]
+
+
+def test_released_range_reused_first_decides_which_equal_block_is_taken():
+    """The address order decides between equal-size free blocks; here it decides what empty_cache can release."""
+    alloc = CachingAllocator()
+    r = alloc.malloc(20 * MiB)  # R: [base, base + 20 MiB)
+    base = r.ptr
+    h = alloc.malloc(12 * MiB)  # H: base + 20 MiB, kept to the end
+    y = alloc.malloc(12 * MiB)  # Y: base + 32 MiB, a whole 12 MiB segment
+    alloc.free(r)
+    alloc.empty_cache()  # R goes back: [base, base + 20 MiB) is free
+    # x1 (8 MiB: a 20 MiB segment X) reuses R's range at base; it is split, leaving a 12 MiB block at base + 8 MiB,
+    # which x2 (12 MiB) takes whole.
+    x1 = alloc.malloc(8 * MiB)
+    x2 = alloc.malloc(12 * MiB)
+    assert (x1.ptr, x2.ptr, h.ptr, y.ptr) == (base, base + 8 * MiB, base + 20 * MiB, base + 32 * MiB)
+    alloc.free(x2)
+    alloc.free(y)
+    # Two free 12 MiB blocks: X's piece at base + 8 MiB and Y at base + 32 MiB. Best fit takes the lower address,
+    # X's piece; Y, whole and free, is released by empty_cache: H 12 + X 20 = 32 MiB stay reserved.
+    # (Were X laid after Y, at base + 44 MiB, z would take Y and empty_cache release nothing: 44 MiB.)
+    z = alloc.malloc(12 * MiB)
+    assert z.ptr == base + 8 * MiB
+    alloc.empty_cache()
+    assert alloc.reserved == 32 * MiB and sorted(alloc.live_segments) == [base, base + 20 * MiB]
+
+
 def test_reserved_summary_for_a_predicted_result():
     from membench.allocator import reserved_summary, settings_from_env
 

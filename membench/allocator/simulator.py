@@ -9,7 +9,8 @@ pages of an expandable segment), release_available_cached_blocks (max_split_size
 
 Not modelled: CUDA graph private pools, cross-stream use (record_stream delays a free until its events complete:
 feed the free at the time it completed), cudaMallocAsync, and memory the driver or other processes hold:
-`capacity` is the memory cudaMalloc can get, all of it for this allocator.
+`capacity` is the memory cudaMalloc can get, all of it for this allocator; nor the address ranges the driver holds
+for itself, which decide where new segments lie (see CachingAllocator and docs/predict.md).
 """
 
 from __future__ import annotations
@@ -151,7 +152,9 @@ class CachingAllocator:
     more than fraction x capacity, and only then does garbage_collection_threshold act (as in PyTorch).
     `segment_address(size)` may choose where a new cudaMalloc segment lies (the driver's choice, which only breaks
     ties between free blocks of equal size); where it returns None, or offers memory still held, or is not given,
-    segments are laid out one after another.
+    the simulator places it as the traces' driver did: address-ordered first fit, at the lowest address range that
+    this allocator released (cudaFree of a segment) and that is big enough, else after everything handed out so far
+    (so, without releases, one after another, ascending). See docs/predict.md, "Where the driver puts segments".
     """
 
     def __init__(self, settings: AllocatorSettings | None = None, capacity: int | None = None,
@@ -164,6 +167,7 @@ class CachingAllocator:
         self.allowed = int(memory_fraction * capacity) if memory_fraction is not None else None
         self.small, self.large = Pool(True), Pool(False)
         self._next_address = 2**40
+        self._released: list[tuple[int, int]] = []  # sorted, coalesced (address, size) ranges cudaFree gave back
         self._chooser = segment_address
         self.reserved = self.allocated = 0
         self.peak_reserved = self.peak_allocated = 0
@@ -183,9 +187,45 @@ class CachingAllocator:
     def _new_address(self, size: int) -> int:
         address = self._chooser(size) if self._chooser else None
         if address is None or any(a < address + size and address < a + s for a, s in self.live_segments.items()):
-            return self._bump_address(size)
+            return self._first_fit(size)
         self._next_address = max(self._next_address, -(-(address + size) // ROUND_LARGE) * ROUND_LARGE)
+        self._take_released(address, address + size)
         return address
+
+    def _first_fit(self, size: int) -> int:
+        """The driver's placement seen in the traces: the lowest released range that holds the segment (2 MiB
+        granules), else the end of the address space used so far."""
+        span = -(-size // ROUND_LARGE) * ROUND_LARGE
+        for address, free in self._released:
+            if free >= span:
+                self._take_released(address, address + span)
+                return address
+        return self._bump_address(size)
+
+    def _take_released(self, start: int, end: int) -> None:
+        kept = []
+        for address, free in self._released:
+            if address < end and start < address + free:  # overlaps: keep what lies outside [start, end)
+                kept += [(address, start - address)] if address < start else []
+                kept += [(end, address + free - end)] if end < address + free else []
+            else:
+                kept.append((address, free))
+        self._released = kept
+
+    def _give_back_range(self, address: int, size: int) -> None:
+        """cudaFree: the segment's range (whole 2 MiB granules) can be handed out again, merged with its free
+        neighbours."""
+        start, end = address, address + -(-size // ROUND_LARGE) * ROUND_LARGE
+        kept = []
+        for a, free in self._released:
+            if a + free == start:
+                start = a
+            elif a == end:
+                end = a + free
+            else:
+                kept.append((a, free))
+        bisect.insort(kept, (start, end - start))
+        self._released = kept
 
     # --- the public operations ---------------------------------------------------------------------------------
     def reset_peak(self) -> None:
@@ -358,6 +398,7 @@ class CachingAllocator:
         self.segment_log.append(SegmentEvent("free", block.ptr, block.size, self.mallocs))
         self.reserved -= block.size
         del self.live_segments[block.ptr]
+        self._give_back_range(block.ptr, block.size)
         block.pool.remove(block)
 
     def _release_available_cached_blocks(self, pool: Pool, stream: int, size: int) -> bool:
