@@ -5,7 +5,8 @@ optimizer state (the first optimizer step makes it) and the cuBLAS workspaces (t
 one); reserved memory is simulated over the allocations of both steps. But the warm-up's forward and backward make
 the measured step's allocations, in its order and sizes (the same ops on the same shapes), and running them on fake
 tensors was half of a prediction's time. So the warm-up is primed instead: the workspaces are made, each optimizer
-steps once on zero gradients (making its state), and then the measured step runs. The warm-up's allocations are then
+makes its state (Adam and AdamW as their first step does, without its arithmetic; others by one step on zero
+gradients), and then the measured step runs. The warm-up's allocations are then
 written from the measured step's: its events under new keys, with each optimizer's state made where that optimizer's
 first step began and each workspace where its thread's first matmul ran, which is where a run's first step makes
 them.
@@ -31,12 +32,14 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from membench.measure import Session
+from membench.trackers import private
 
 Event = tuple  # ("alloc", key, nbytes) or ("free", key), as trackers/storage.py traces them
 
 
-# Optimizers whose first step makes all their state before any other allocation (in _init_group, one parameter
-# group): the state is written at the step's beginning. tests/test_predict.py compares each with a run warm-up step.
+# Optimizers whose first step's state, written where the step begins, gives the trace a run warm-up step gives
+# (one parameter group; SGD with momentum makes its buffer first thing in its arithmetic): tests/test_steady.py
+# compares each, with every technique it takes. A user's optimizer may make its state anywhere: its warm-up is run.
 DERIVABLE_OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adafactor")
 
 
@@ -62,8 +65,8 @@ class Seen:
 
 
 def prime(session: Session) -> Primed | None:
-    """Make what a first step makes and keeps: the workspaces, each optimizer's state (one step on zero gradients,
-    which are let go after). None where that cannot be told apart from the rest (then the warm-up step is run)."""
+    """Make what a first step makes and keeps: the workspaces, each optimizer's state (on zero gradients, let go
+    after). None where that cannot be told apart from the rest (then the warm-up step is run)."""
     tracker = session.meter.tracker
     trace = tracker.trace
     gc.collect()  # what construction left for the collector goes now, as at a run's first step
@@ -82,7 +85,8 @@ def prime(session: Session) -> Primed | None:
                 if p.requires_grad:
                     p.grad = torch.zeros_like(p)
             before = len(trace)
-            optimizer.step()
+            if not private.make_adam_state(optimizer):  # Adam's without its arithmetic: an eighth of opt-in-bwd's
+                optimizer.step()
             made[id(optimizer)] = _outliving(trace[before:])
             optimizer.zero_grad(set_to_none=True)
             primed.state_params[id(optimizer)] = {id(p) for p, state in optimizer.state.items() if state}

@@ -184,6 +184,18 @@ def no_dispatch_modes():
 
 
 LIFT_FRESH = torch.ops.aten.lift_fresh.default  # torch.tensor(...) under fake mode: a real tensor made fake
+def make_adam_state(optimizer) -> bool:
+    """Adam's and AdamW's state for every parameter with a gradient, made as their first step makes it, first and
+    all of it (Adam._init_group), without the step's arithmetic; False (nothing made) for any other optimizer.
+    checked: 2.14.1"""
+    if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
+        return False
+    with torch.no_grad():
+        for group in optimizer.param_groups:
+            optimizer._init_group(group, [], [], [], [], [], [])
+    return True
+
+
 PRIM_DEVICE = torch.ops.prim.device.default  # a tensor's device, asked through dispatch of a fake tensor
 
 
