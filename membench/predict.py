@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import os
 import sys
 import time
 import traceback
@@ -174,8 +173,6 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
         session.detach()
     if primed is not None:
         if isinstance(written, str):
-            if os.environ.get("MEMBENCH_DEBUG_WARMUP"):
-                print(f"warm-up step run: {written}", file=sys.stderr)
             return predict_traced(job, round_to, trace=keep_trace, derive_warmup=False)  # the warm-up step is run
         trace, measured_from, calls = written
     memory.device = spec.device

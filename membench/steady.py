@@ -18,7 +18,7 @@ next step's start, as written here); nothing made before it may be freed in it; 
 stepped in it, with a gradient for each parameter it made state for (a parameter that gets no gradient gets no
 state in a real first step); every workspace made was used. A first step that makes anything else (a gradient
 scaler's scale, a lazily built buffer) leaves it alive after the measured step, and fails the first check.
-tests/test_predict.py compares the two ways allocation for allocation on every technique.
+tests/test_steady.py compares the two ways allocation for allocation on every technique.
 """
 
 from __future__ import annotations

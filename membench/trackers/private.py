@@ -7,6 +7,7 @@ not yet run on a GPU (no GPU has been lent to this project's sessions so far).
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import torch
@@ -129,10 +130,8 @@ def fake_tensor_mode(**kwargs):
 
 
 def is_fake(tensor) -> bool:
-    """A FakeTensor (no data): trackers/subclass_like.py rewrites ops only on these. checked: 2.14.1"""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    return isinstance(tensor, FakeTensor)
+    """A FakeTensor (no data): trackers/subclass_like.py rewrites ops only on these."""
+    return isinstance(tensor, fake_tensor_type())
 
 
 @per_op
@@ -160,8 +159,10 @@ def cacheable_op(op) -> bool:
     return not any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
 
 
+@functools.cache
 def fake_tensor_type():
-    from torch._subclasses.fake_tensor import FakeTensor  # checked: 2.14.1
+    """torch's FakeTensor class, imported when first asked (it pulls in torch._subclasses). checked: 2.14.1"""
+    from torch._subclasses.fake_tensor import FakeTensor
 
     return FakeTensor
 
@@ -202,9 +203,7 @@ PRIM_DEVICE = torch.ops.prim.device.default  # a tensor's device, asked through 
 def fake_device(tensor):
     """A fake tensor's device, answered without going down the dispatch modes; None for any other tensor.
     FakeTensorMode answers prim.device with this attribute. checked: 2.14.1"""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    return tensor.fake_device if type(tensor) is FakeTensor else None
+    return tensor.fake_device if type(tensor) is fake_tensor_type() else None
 
 
 def fake_tensor_cache_info():

@@ -28,7 +28,6 @@ from membench.trackers.private import (
     fsdp_storage_modules,
     has_composite_implicit_kernel,
     is_traceable_wrapper_subclass,
-    no_dispatch_modes,
     tree_flatten,
 )
 from membench.vocab import CATEGORIES, OTHER, PHASE_CATEGORY, RECOMPUTED
@@ -102,9 +101,6 @@ class StorageTracker(TorchDispatchMode):
             # The autograd engine and the optimizers ask a fake tensor's device about ten times per op; it
             # allocates nothing, and passing it down the modes below took a third of a prediction.
             return device
-        if func.namespace == "profiler":  # record_function's ops (each optimizer step opens one): no tensors
-            with no_dispatch_modes():
-                return func(*args, **(kwargs or {}))
         if torch.is_inference_mode_enabled() and has_composite_implicit_kernel(func):
             # Under inference_mode a composite op (einsum, linear, matmul) reaches dispatch modes whole, and its
             # decomposition would run below this mode, unseen: its temporaries (layout copies) would be missed.
