@@ -40,7 +40,10 @@ CANNOT_SEE = (
     "reductions and accumulating index_put_'s sort, which are counted (trackers/cuda_reductions.py): other "
     "reductions' (max/min, norms, var/std), nn.Embedding's backward sort, cuDNN's",
     "reserved memory is simulated (membench.allocator), from allocations whose sizes are exact but whose order on a "
-    "GPU can differ (kernel choice, streams); CUDA graphs and cudaMallocAsync are not modelled",
+    "GPU can differ (kernel choice, streams); CUDA graphs and cudaMallocAsync are not modelled; which of several "
+    "equal cached blocks a request reuses depends on the addresses the CUDA driver gives segments, which a CPU "
+    "cannot know: it can move peak allocated by unsplit remainders (under 1 MiB each; 491,520 B on one of eight "
+    "real traces) and peak reserved by a segment (40 MiB on another)",
     "kernel choice: CUDA kernels may save other tensors than the CPU ones (cuDNN convolutions; attention is "
     "predicted as a fused kernel that keeps the output and a log-sum-exp, as CUDA's do, with or without dropout, "
     "except with dropout inside a checkpointed region, where it runs as the CPU's math path; "

@@ -1,0 +1,79 @@
+"""What the Hugging Face performance doc's run kept that today's torch and transformers do not, to check predictions
+against its published rows (benchmarks/validate_predictions.py).
+
+The doc (transformers v4.18, "Performance and Scalability") shows its machine's `nvidia-smi`, dated 11 January
+2022 (driver 460.91.03, CUDA 11.2, a V100): the torch of that day was 1.10 (1.11 came out on 10 March 2022). Two
+differences from the software a prediction follows change what BERT's training step keeps:
+
+- torch before 1.11 saved softmax's input for backward as well as its output: derivatives.yaml's formula was
+  `_softmax_backward_data(grad, result, dim, self)`; from 1.11 it takes `self.scalar_type()` (pytorch#66018; the
+  transformers of 2022 called `_softmax_backward_data` with the input tensor or its dtype by `torch < 1.11`). So
+  each attention layer kept its scores until backward reached it: one batch x heads x seq x seq matrix per layer.
+- transformers v4.18's BertModel made an all-ones attention mask when given none, and every layer added it to the
+  scores as an fp32 [batch, 1, 1, seq] tensor of zeros: under fp16 autocast the sum, softmax's input, is fp32.
+  Today's BERT adds no mask when given none.
+
+`early_2022()` makes predictions in this process do both: `torch.nn.functional.softmax` becomes an autograd
+function that saves its input and output (for float32 and float16 inputs, the doc's; a bfloat16 input under autocast
+was copied to float32 first, which this does not do), and BERT's eager attention adds that mask. Nothing else of
+the 2022 software is emulated; tests/test_software_2022.py checks both on CPU against counts made by hand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+_softmax = F.softmax
+
+
+class _SoftmaxKeepsInput(torch.autograd.Function):
+    """torch 1.10's softmax autograd: input and output saved; the backward kernel (which reads only the output and
+    the input's dtype) is today's."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, dim: int) -> torch.Tensor:
+        out = _softmax(x, dim=dim)
+        ctx.save_for_backward(x, out)
+        ctx.dim = dim
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, out = ctx.saved_tensors
+        return torch._softmax_backward_data(grad, out, ctx.dim, x.dtype), None
+
+
+def _softmax_keeping_input(input: torch.Tensor, dim: int | None = None, _stacklevel: int = 3,
+                           dtype: torch.dtype | None = None) -> torch.Tensor:
+    if dtype is None and dim is not None and input.requires_grad and torch.is_grad_enabled():
+        return _SoftmaxKeepsInput.apply(input, dim)
+    return _softmax(input, dim=dim, _stacklevel=_stacklevel, dtype=dtype)
+
+
+def _with_v4_18_mask(eager_attention_forward):
+    def attention(module, query, key, value, attention_mask, *args, **kwargs):
+        if attention_mask is None:
+            # BertModel.get_extended_attention_mask of v4.18: (1.0 - ones[:, None, None, :]) * -10000.0, in the
+            # parameters' dtype (float32 under autocast).
+            ones = torch.ones((query.shape[0], key.shape[2]), device=query.device)
+            attention_mask = (1.0 - ones[:, None, None, :]) * -10000.0
+        return eager_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
+    return attention
+
+
+@contextlib.contextmanager
+def early_2022():
+    """Softmax saving its input (torch < 1.11) and BERT's all-zeros fp32 mask (transformers v4.18) while inside."""
+    from transformers.models.bert import modeling_bert
+
+    eager = modeling_bert.eager_attention_forward
+    F.softmax = _softmax_keeping_input
+    modeling_bert.eager_attention_forward = _with_v4_18_mask(eager)
+    try:
+        yield
+    finally:
+        F.softmax = _softmax
+        modeling_bert.eager_attention_forward = eager
