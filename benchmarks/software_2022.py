@@ -2,8 +2,8 @@
 against its published rows (benchmarks/validate_predictions.py).
 
 The doc (transformers v4.18, "Performance and Scalability") shows its machine's `nvidia-smi`, dated 11 January
-2022 (driver 460.91.03, CUDA 11.2, a V100): the torch of that day was 1.10 (1.11 came out on 10 March 2022). Two
-differences from the software a prediction follows change what BERT's training step keeps:
+2022 (driver 460.91.03, CUDA 11.2, a V100): the torch of that day was 1.10 or older (1.11 came out on 10 March
+2022). Two differences from the software a prediction follows change what BERT's training step keeps:
 
 - torch before 1.11 saved softmax's input for backward as well as its output: derivatives.yaml's formula was
   `_softmax_backward_data(grad, result, dim, self)`; from 1.11 it takes `self.scalar_type()` (pytorch#66018; the
@@ -13,10 +13,16 @@ differences from the software a prediction follows change what BERT's training s
   scores as an fp32 [batch, 1, 1, seq] tensor of zeros: under fp16 autocast the sum, softmax's input, is fp32.
   Today's BERT adds no mask when given none.
 
-`early_2022()` makes predictions in this process do both: `torch.nn.functional.softmax` becomes an autograd
-function that saves its input and output (for float32 and float16 inputs, the doc's; a bfloat16 input under autocast
-was copied to float32 first, which this does not do), and BERT's eager attention adds that mask. Nothing else of
-the 2022 software is emulated; tests/test_software_2022.py checks both on CPU against counts made by hand.
+Which torch it was is not printed: the date allows 1.9 as well as 1.10. They differ in one thing that matters
+here: 1.9's CUDA autocast ran gelu in float32 (dropped from its fp32 list in June 2021, pytorch#59639; 1.10's
+sources do not list it), so under fp16 each layer kept a float32 copy of gelu's input, where 1.10 keeps the
+float16 one.
+
+`early_2022(torch)` makes predictions in this process do what that software did: `torch.nn.functional.softmax`
+becomes an autograd function that saves its input and output (for float32 and float16 inputs, the doc's; a
+bfloat16 input under autocast was copied to float32 first, which this does not do), BERT's eager attention adds
+that mask, and with torch="1.9" the CUDA autocast policy of membench's predictions runs gelu in float32. Nothing
+else of that software is emulated; tests/test_software_2022.py checks each on CPU against what is expected by hand.
 """
 
 from __future__ import annotations
@@ -64,16 +70,27 @@ def _with_v4_18_mask(eager_attention_forward):
     return attention
 
 
+TORCH_VERSIONS = ("1.9", "1.10")
+
+
 @contextlib.contextmanager
-def early_2022():
-    """Softmax saving its input (torch < 1.11) and BERT's all-zeros fp32 mask (transformers v4.18) while inside."""
+def early_2022(torch_version: str = "1.10"):
+    """Softmax saving its input (torch < 1.11), BERT's all-zeros fp32 mask (transformers v4.18) and, for torch 1.9,
+    gelu in float32 under CUDA autocast, while inside (membench's CUDA policy reads its op lists on entering)."""
     from transformers.models.bert import modeling_bert
 
-    eager = modeling_bert.eager_attention_forward
+    from membench.trackers import cuda_autocast
+
+    if torch_version not in TORCH_VERSIONS:
+        raise ValueError(f"torch_version {torch_version!r}: one of {', '.join(TORCH_VERSIONS)}")
+    eager, fp32 = modeling_bert.eager_attention_forward, cuda_autocast.FP32
     F.softmax = _softmax_keeping_input
     modeling_bert.eager_attention_forward = _with_v4_18_mask(eager)
+    if torch_version == "1.9":
+        cuda_autocast.FP32 = (*fp32, "gelu")
     try:
         yield
     finally:
         F.softmax = _softmax
         modeling_bert.eager_attention_forward = eager
+        cuda_autocast.FP32 = fp32

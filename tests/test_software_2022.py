@@ -1,6 +1,6 @@
 """benchmarks/software_2022.py, which the Hugging Face table of the real-GPU validation uses to predict what that
-doc's torch 1.10 and transformers 4.18 kept: softmax saving its input, BERT adding an fp32 all-zeros mask. Each
-checked on CPU by what autograd saves, against counts made by hand."""
+doc's torch (1.10 or 1.9) and transformers 4.18 kept: softmax saving its input, BERT adding an fp32 all-zeros mask,
+torch 1.9's CUDA autocast running gelu in fp32. Each checked on CPU against what is expected by hand."""
 
 from __future__ import annotations
 
@@ -65,3 +65,20 @@ def test_bert_keeps_one_fp32_score_matrix_more_per_layer():
         then = saved_bytes(step)
     # Each layer's softmax input (scores + the mask, float32) is kept as well; nothing else changes.
     assert then - today == layers * batch * heads * seq * seq * 4
+
+
+@pytest.mark.parametrize(("version", "gelu_dtype"), [("1.9", torch.float32), ("1.10", torch.float16)])
+def test_torch_1_9s_cuda_autocast_runs_gelu_in_fp32(version, gelu_dtype):
+    from membench.trackers import cuda_autocast
+
+    before = cuda_autocast.FP32
+    x = torch.randn(4, 8, dtype=torch.float16)
+    with early_2022(version), cuda_autocast.cuda_policy(), torch.autocast("cpu", dtype=torch.float16):
+        assert F.gelu(x).dtype == gelu_dtype
+        assert F.layer_norm(x, (8,)).dtype == torch.float32  # the rest of CUDA's policy as before
+    assert cuda_autocast.FP32 is before
+
+
+def test_an_unknown_torch_version_is_refused():
+    with pytest.raises(ValueError, match="one of 1.9, 1.10"), early_2022("2.0"):
+        pass
