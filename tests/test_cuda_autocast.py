@@ -147,3 +147,23 @@ def test_under_inference_mode_no_weight_copy_is_kept():
     assert held == 4 * 256 * 2  # the output only: the weight's and x's bf16 copies were freed after the matmul
     del a
 
+
+
+def test_einsums_casts_are_freed_first_to_last_as_atens_vector_of_casts_is():
+    """CUDA's autocast casts einsum's operands (a tensor list) into one vector, destroyed first to last after the
+    op: a real GPU trace of a bf16 inference forward frees the input's copy before the weight's."""
+    with cuda_policy(), fake.fake_tensors():
+        weight = nn.Parameter(torch.randn(64, 32))  # its bf16 copy: 4 KiB
+        x = torch.randn(4, 16, 64)  # its bf16 copy: 8 KiB
+        tracker = StorageTracker(trace=True)
+        with tracker, torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+            y = torch.einsum("bsd,dk->bsk", x, weight)
+    sizes = {}
+    order = []
+    for event in tracker.trace:
+        if event[0] == "alloc":
+            sizes[event[1]] = event[2]
+        order.append((event[0], sizes[event[1]]))
+    assert order[:2] == [("alloc", 4 * 16 * 64 * 2), ("alloc", 64 * 32 * 2)]
+    assert [e for e in order if e[0] == "free"][:2] == [("free", 4 * 16 * 64 * 2), ("free", 64 * 32 * 2)]
+    del y

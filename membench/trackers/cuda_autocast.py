@@ -101,6 +101,17 @@ def _tensors(values):
             yield value
 
 
+def _call(op, args, kwargs):
+    """op(*args, **kwargs), then the casts of a tensor list freed first to last, as the vector of casts ATen's
+    autocast kernel passes is destroyed (CPython would free a list's items last to first)."""
+    out = op(*args, **kwargs)
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, list):
+            for i in range(len(value)):
+                value[i] = None
+    return out
+
+
 def _kernels(casts: _Casts) -> dict[str, object]:
     """One AutocastCPU kernel per op CUDA autocasts, doing what CUDA's kernel for that op does."""
 
@@ -110,7 +121,7 @@ def _kernels(casts: _Casts) -> dict[str, object]:
             with exclude_dispatch_keys(AUTOCAST_CPU_KEYS):
                 args = casts.cast(args, lower, lower)
                 kwargs = {k: casts.cast(v, lower, lower) for k, v in kwargs.items()}
-                return op(*args, **kwargs)
+                return _call(op, args, kwargs)
         return kernel
 
     def fp32(op):
@@ -119,7 +130,7 @@ def _kernels(casts: _Casts) -> dict[str, object]:
             with exclude_dispatch_keys(AUTOCAST_CPU_KEYS):
                 args = casts.cast(args, torch.float32, lower)
                 kwargs = {k: casts.cast(v, torch.float32, lower) for k, v in kwargs.items()}
-                return op(*args, **kwargs)
+                return _call(op, args, kwargs)
         return kernel
 
     def set_opt_dtype(op, half_to_float=None):
@@ -161,7 +172,7 @@ def _kernels(casts: _Casts) -> dict[str, object]:
             with exclude_dispatch_keys(AUTOCAST_CPU_KEYS):
                 args = casts.cast(args, widest, lower)
                 kwargs = {k: casts.cast(v, widest, lower) for k, v in kwargs.items()}
-                return op(*args, **kwargs)
+                return _call(op, args, kwargs)
         return kernel
 
     kernels = {}
