@@ -1,6 +1,6 @@
 """Check membench's CUDA predictions against real GPU traces of a model whose exact code is public.
 
-    python benchmarks/validate_predictions.py [--truth ../shared/gpu-truth] [--skip-hf] [--events]
+    python benchmarks/validate_predictions.py [--truth ../shared/gpu-truth] [--skip-hf | --hf-only] [--events]
 
 The folder (development data beside the repository, not shipped; see its README) holds eight
 `torch.cuda.memory._dump_snapshot` pickles recorded on a real GPU (torch 2.11) by a public script, and the model
@@ -15,6 +15,10 @@ caching-allocator simulator for reserved memory. The real numbers come from the 
 the allocator state at its start (the blocks alive before recording began) give the peak allocated and reserved
 that `max_memory_allocated()` / `max_memory_reserved()` reported. Prints predicted vs real and the error; exit 0
 when every peak allocated is equal to the byte, 1 otherwise, 0 with a message when the folder is absent.
+
+Then (unless --skip-hf; needs transformers) the seven published rows of the Hugging Face performance doc, each
+predicted as today's torch and transformers train and as the doc's January 2022 software did, for either torch
+its date allows (software_2022.py: what torch 1.10 or 1.9 and transformers 4.18 kept that today's do not).
 """
 
 from __future__ import annotations
@@ -207,15 +211,15 @@ def main(argv: list[str]) -> int:
                         help="also compare each recorded step's allocations and frees (requested sizes, in order) "
                              "with the prediction's, and print where they differ")
     args = parser.parse_args(argv)
+    if args.hf_only:  # the published rows are in this script: no folder needed
+        print(tabulate(hf_rows(), headers=HF_HEADERS))
+        return 0
     traces = args.truth / "traces"
     if not traces.is_dir():
         print(f"{traces} is absent: the real GPU traces are development data beside the repository, not shipped; "
               "nothing to check")
         return 0
     rows, exact, compared = [], True, []
-    if args.hf_only:
-        print(tabulate(hf_rows(), headers=HF_HEADERS))
-        return 0
     for ctx, kind, autocast in CASES:
         path = traces / f"medium_{ctx}_{kind}_memory_snapshot.pickle"
         started = time.perf_counter()
