@@ -49,6 +49,8 @@ class _SoftmaxKeepsInput(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         x, out = ctx.saved_tensors
+        # The private kernel SoftmaxBackward0 runs (one output, no temporaries), not a formula of public ops whose
+        # intermediates a real backward never makes.
         return torch._softmax_backward_data(grad, out, ctx.dim, x.dtype), None
 
 
@@ -63,7 +65,8 @@ def _with_v4_18_mask(eager_attention_forward):
     def attention(module, query, key, value, attention_mask, *args, **kwargs):
         if attention_mask is None:
             # BertModel.get_extended_attention_mask of v4.18: (1.0 - ones[:, None, None, :]) * -10000.0, in the
-            # parameters' dtype (float32 under autocast).
+            # parameters' dtype (float32 under autocast). v4.18 made it once per forward, this once per layer: a
+            # batch x seq float32 temporary (8 KiB at batch 4), freed after the addition.
             ones = torch.ones((query.shape[0], key.shape[2]), device=query.device)
             attention_mask = (1.0 - ones[:, None, None, :]) * -10000.0
         return eager_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
