@@ -185,6 +185,8 @@ def no_dispatch_modes():
 
 
 LIFT_FRESH = torch.ops.aten.lift_fresh.default  # torch.tensor(...) under fake mode: a real tensor made fake
+
+
 def make_adam_state(optimizer) -> bool:
     """Adam's and AdamW's state for every parameter with a gradient, made as their first step makes it, first and
     all of it (Adam._init_group), without the step's arithmetic; False (nothing made) for any other optimizer.
