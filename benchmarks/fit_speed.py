@@ -65,9 +65,9 @@ def main() -> None:
         sys.exit("the answers differ between --jobs settings")
     if args.compare_full:
         from membench.api import plan
-        from membench.fit import largest_batch
-        from membench.predict import predict_memory
-        from membench.units import parse_bytes
+        from membench.common.units import parse_bytes
+        from membench.predict.fit import largest_batch
+        from membench.predict.run import predict_memory
 
         budget = parse_bytes(args.budget)
         for job in plan(args.workload, args.techniques, 4, target_device="cuda", in_process=True, check=False,

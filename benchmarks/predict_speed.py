@@ -4,7 +4,7 @@ For each configuration (technique stack) of one workload, both start from the mo
 same training step code (membench.step) on fake tensors, with the same techniques, batches and optimizer:
 
 - membench: `predict_memory` as `membench predict` runs it (the measured step under the storage tracker, every
-  allocation traced, after a warm-up step written from it where membench.steady can, else run; reserved memory
+  allocation traced, after a warm-up step written from it where membench.predict.steady can, else run; reserved memory
   from the allocator simulator over both);
 - MemTracker (torch.distributed._tools.mem_tracker) under the same FakeTensorMode: a warm-up step, then the step
   tracked as its documentation shows (track_external on the model and optimizers).
@@ -29,11 +29,11 @@ import torch
 from tabulate import tabulate
 
 from membench.api import plan
-from membench.predict import _Prepared, predict_memory
+from membench.common.units import fmt_bytes
+from membench.predict.emulate import fake
+from membench.predict.run import _Prepared, predict_memory
 from membench.step import batches, build_state, train_step
 from membench.techniques import resolve
-from membench.trackers import fake
-from membench.units import fmt_bytes
 from membench.workloads import load_workload
 
 

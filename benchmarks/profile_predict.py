@@ -25,8 +25,8 @@ _start = (time.perf_counter(), time.process_time())
 import torch  # noqa: E402 - timed: imports are part of a prediction's cost
 
 from membench.api import plan  # noqa: E402
-from membench.predict import predict_memory  # noqa: E402
-from membench.trackers.private import fake_tensor_cache_info, set_fake_tensor_cache  # noqa: E402
+from membench.predict.run import predict_memory  # noqa: E402
+from membench.private import fake_tensor_cache_info, set_fake_tensor_cache  # noqa: E402
 
 _imported = (time.perf_counter(), time.process_time())
 

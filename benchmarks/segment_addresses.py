@@ -113,7 +113,7 @@ def diagnostic(truth: Path, below_only: bool = False, below_mib: int | None = No
     import validate_predictions as vp
     from cs336_basics.model import BasicsTransformerLM
 
-    from membench.trackers import fake
+    from membench.predict.emulate import fake
 
     rows = []
     for ctx, kind, autocast in vp.CASES:

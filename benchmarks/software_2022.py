@@ -82,18 +82,18 @@ def early_2022(torch_version: str = "1.10"):
     gelu in float32 under CUDA autocast, while inside (membench's CUDA policy reads its op lists on entering)."""
     from transformers.models.bert import modeling_bert
 
-    from membench.trackers import cuda_autocast
+    from membench.predict.emulate import autocast
 
     if torch_version not in TORCH_VERSIONS:
         raise ValueError(f"torch_version {torch_version!r}: one of {', '.join(TORCH_VERSIONS)}")
-    eager, fp32 = modeling_bert.eager_attention_forward, cuda_autocast.FP32
+    eager, fp32 = modeling_bert.eager_attention_forward, autocast.FP32
     F.softmax = _softmax_keeping_input
     modeling_bert.eager_attention_forward = _with_v4_18_mask(eager)
     if torch_version == "1.9":
-        cuda_autocast.FP32 = (*fp32, "gelu")
+        autocast.FP32 = (*fp32, "gelu")
     try:
         yield
     finally:
         F.softmax = _softmax
         modeling_bert.eager_attention_forward = eager
-        cuda_autocast.FP32 = fp32
+        autocast.FP32 = fp32

@@ -29,7 +29,7 @@ from tabulate import tabulate  # noqa: E402
 
 from membench.allocator.replay import actual_of, compare, replay  # noqa: E402
 from membench.allocator.snapshot import initial_state, load_snapshot  # noqa: E402
-from membench.errors import UserError  # noqa: E402
+from membench.common.errors import UserError  # noqa: E402
 
 DEFAULT_FOLDER = Path(__file__).resolve().parents[1].parent / "shared" / "cuda-snapshots"
 

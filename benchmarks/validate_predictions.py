@@ -8,9 +8,9 @@ code that made them: the CS336 staff `BasicsTransformerLM` "medium" at contexts 
 inference forwards, three of them under bf16 autocast. For each, the script's own sequence (its warm-up batches
 kept on the GPU, its warm-up steps, the recorded step with its output and loss kept alive) runs on membench's
 prediction engine: fake tensors on CPU, the exact storage tracker at the CUDA allocator's 512-byte blocks, CUDA's
-autocast policy (trackers/cuda_autocast.py), cuBLAS's workspaces (trackers/cuda_kernels.py), the in-place
-backward paths of a plain run (trackers/subclass_like.py) and the scratch CUDA kernels take and free
-(trackers/cuda_reductions.py), then the
+autocast policy (predict/emulate/autocast.py), cuBLAS's workspaces (predict/emulate/kernels.py), the in-place
+backward paths of a plain run (predict/emulate/inplace_backward.py) and the scratch CUDA kernels take and free
+(predict/emulate/reductions.py), then the
 caching-allocator simulator for reserved memory. The real numbers come from the trace: its events replayed from
 the allocator state at its start (the blocks alive before recording began) give the peak allocated and reserved
 that `max_memory_allocated()` / `max_memory_reserved()` reported. Prints predicted vs real and the error; exit 0
@@ -35,13 +35,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 import torch  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
-from membench import gpus  # noqa: E402
 from membench.allocator import simulate  # noqa: E402
 from membench.allocator.replay import actual_of, replay  # noqa: E402
 from membench.allocator.snapshot import ALLOC, FREE, initial_state, load_snapshot  # noqa: E402
-from membench.trackers import fake  # noqa: E402
-from membench.trackers.cuda_autocast import cuda_policy  # noqa: E402
-from membench.trackers.cuda_kernels import CudaKernels  # noqa: E402
+from membench.predict import gpus
+from membench.predict.emulate import fake
+from membench.predict.emulate.autocast import cuda_policy  # noqa: E402
+from membench.predict.emulate.kernels import CudaKernels  # noqa: E402
 from membench.trackers.storage import StorageTracker  # noqa: E402
 
 DEFAULT_TRUTH = Path(__file__).resolve().parents[1].parent / "shared" / "gpu-truth"
@@ -177,7 +177,7 @@ def hf_rows() -> list[list]:
     from software_2022 import early_2022
 
     from membench.api import plan
-    from membench.predict import predict_memory
+    from membench.predict.run import predict_memory
 
     def predicted_mb(techniques: str, optimizer: str) -> float:
         # "a+b" is one run with both techniques (a stack); plan puts the baseline first.

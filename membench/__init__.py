@@ -1,6 +1,6 @@
 """membench: measure GPU memory-saving techniques on one PyTorch training workload, side by side."""
 
-from membench.errors import UserError
+from membench.common.errors import UserError
 from membench.spec import Job, LaunchSpec, MeasureSpec, RunSpec
 
 __all__ = ["Job", "LaunchSpec", "MeasureSpec", "RunSpec", "UserError", "run_sweep"]

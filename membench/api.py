@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import torch
 from torch import nn
 
 from membench import environment, optimizers
-from membench.errors import UserError
+from membench.common.errors import UserError
 from membench.launch.probe import probe
 from membench.launch.sweep import run_all
 from membench.report.live import StageLines
@@ -168,10 +169,11 @@ def run_sweep(workload: str | Workload | Callable[[], nn.Module] = DEFAULT_WORKL
     """
     launch = None
     if not isinstance(workload, str):
+        from membench.child import worker
         from membench.launch import fork
 
         workload = register(workload, make_batch, loss_fn, name)
-        launch = fork.launch
+        launch = functools.partial(fork.launch, work=worker.run)
     elif make_batch is not None or loss_fn is not None:
         raise UserError("make_batch and loss_fn go with a model function, not with a workload name")
     jobs = plan(workload, techniques, batch_size, device, **options)

@@ -8,9 +8,9 @@ import re
 import sys
 from pathlib import Path
 
-from membench.errors import UserError
+from membench.common.errors import UserError
+from membench.common.units import parse_bytes
 from membench.spec import CHECKS, MAX_COUNT, Check
-from membench.units import parse_bytes
 
 
 def _typed(check, parse=int):
@@ -55,7 +55,7 @@ def _path(text: str) -> Path:
 
 
 def _size(text: str) -> int:
-    from membench.units import parse_bytes
+    from membench.common.units import parse_bytes
 
     try:
         return parse_bytes(text)
@@ -106,7 +106,7 @@ def add_workload_options(p: argparse.ArgumentParser, batch: bool = True) -> None
 
 
 def _gpu_name(text: str) -> str:
-    from membench.gpus import gpu
+    from membench.predict.gpus import gpu
 
     try:
         return gpu(text).name
@@ -118,7 +118,7 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
     """Where the numbers of a prediction are for (computed on this machine's CPU either way)."""
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                    help="the device predicted for (default cuda; cpu: what the exact CPU tracker would measure)")
-    from membench.gpus import DEFAULT_GPU, GPUS
+    from membench.predict.gpus import DEFAULT_GPU, GPUS
 
     p.add_argument("--gpu", default=DEFAULT_GPU, type=_gpu_name, metavar="NAME",
                    help=f"the GPU a --device cuda prediction is for: its cuBLAS workspace and compute capability "
@@ -192,10 +192,11 @@ def run_options(args) -> dict:
 
 def cmd_run(args) -> int:
     from membench.api import default_out_dir, plan
-    from membench.launch.sweep import Interrupted, check_result_paths, locked, run_all, sigterm_as_interrupt
+    from membench.launch.sweep import Interrupted, locked, run_all, sigterm_as_interrupt
     from membench.report.live import SweepProgress
     from membench.report.recommend import parse_goal, recommend
     from membench.report.table import render, sweeps, top_modules_text
+    from membench.results import check_result_paths
 
     goal = parse_goal(args.goal)
 
@@ -256,7 +257,7 @@ def cmd_report(args) -> int:
         print("\n".join(recommend(group, goal)))
     if args.no_files:
         return 0
-    from membench.fsio import own_dir, safe_component
+    from membench.common.fsio import own_dir, safe_component
 
     out = args.out or (args.results if args.results.is_dir() else args.results.parent) / "report"
     if len(groups) > 1:
@@ -276,8 +277,8 @@ def cmd_report(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from membench.fsio import atomic_write_text, check_regular_target
-    from membench.report.compare import render
+    from membench.common.fsio import atomic_write_text, check_regular_target
+    from membench.gate.compare import render
     from membench.results import load_dir
 
     if args.markdown:  # refused before anything is read or printed
@@ -318,10 +319,10 @@ def _predict_plan(args, batch_size: int) -> dict:
 
 
 def cmd_predict(args) -> int:
-    from membench.fsio import make_dir
+    from membench.common.fsio import make_dir
     from membench.launch.probe import call_isolated
     from membench.launch.sweep import locked
-    from membench.predict import CANNOT_SEE, default_predict_dir
+    from membench.predict.run import CANNOT_SEE, default_predict_dir
     from membench.report.table import render
     from membench.results import read_result, result_path
     from membench.spec import RunSpec
@@ -332,13 +333,13 @@ def cmd_predict(args) -> int:
     out = make_dir(out).resolve()  # an --out that cannot be written: said first; absolute, whatever user code does
     with locked(out):  # a sweep writing there, or another prediction, is refused
         # The user's code (loading the workload) and the predictions run in one child process under --timeout;
-        # it refuses to replace a measurement and archives earlier predictions (predict.answer_request).
+        # it refuses to replace a measurement and archives earlier predictions (child.probe.predict_request).
         answer = call_isolated("predict", {"plan": plan, "out": str(out)}, args.timeout,
                                f"predicting {args.workload!r}")
     results = [read_result(result_path(out, name)) for name in answer["names"]]
     print(render(results))
     if args.device == "cuda":
-        from membench.gpus import gpu
+        from membench.predict.gpus import gpu
 
         print(f"\nPREDICTED cuda memory for an {gpu(args.gpu).describe()}, with CUDA's autocast policy (no "
               "timing); a prediction cannot see: " + "; ".join(CANNOT_SEE))
@@ -350,7 +351,7 @@ def cmd_predict(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from membench.check import check
+    from membench.gate.check import check
 
     code, report = check(args.baseline, args.current, args.rule, allow_machine_mismatch=args.allow_machine_mismatch,
                          allow_predicted_vs_measured=args.allow_predicted_vs_measured,
@@ -363,10 +364,10 @@ def cmd_fit(args) -> int:
     import torch
     from tabulate import tabulate
 
-    from membench.fit import Fit, confirm_on_gpu, default_jobs
+    from membench.common.units import ByteFormat, fmt_bytes, parse_bytes
     from membench.launch.probe import call_isolated
+    from membench.predict.fit import Fit, confirm_on_gpu, default_jobs
     from membench.spec import Job
-    from membench.units import ByteFormat, fmt_bytes, parse_bytes
 
     budget = parse_bytes(args.budget)
     by = args.by or ("reserved" if args.device == "cuda" else "allocated")
@@ -506,7 +507,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from membench.fsio import is_environment_error, user_error
+    from membench.common.fsio import is_environment_error, user_error
 
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from membench.private import DROPOUT_BASE, TorchDispatchMode, has_batchnorm
 from membench.results import Equivalence, StateDiff
 from membench.spec import RunSpec
 from membench.step import batches, build_state, train_step
 from membench.techniques import Stack, resolve
-from membench.trackers.private import DROPOUT_BASE, TorchDispatchMode, has_batchnorm
 from membench.workloads import Workload
 
 # Relative to the largest parameter update: rounding differences of fp32 sums over a few steps stay far below.

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from membench.errors import UserError
+from membench.common.errors import UserError
 from membench.spec import OPTIMIZERS
 from membench.workloads import import_attr
 

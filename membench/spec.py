@@ -15,8 +15,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Literal
 
-from membench.errors import UserError
-from membench.typedjson import build_checked
+from membench.common.errors import UserError
+from membench.common.typedjson import build_checked
 
 Device = Literal["cpu", "cuda"]
 ZeroGrad = Literal["none", "zeros"]
@@ -121,7 +121,7 @@ class RunSpec:
     zero_grad: ZeroGrad = "none"  # after the step, gradients are freed (set_to_none) or kept as zeros (pre-2.0)
     clip_grad_norm: float | None = None  # clip the gradients' total 2-norm to this before the step
     inference: bool = False  # forward only: eval mode, torch.inference_mode, no backward, no optimizer
-    # The GPU a CUDA prediction is for (membench.gpus: its cuBLAS workspace, its kernels); None: measured runs,
+    # The GPU a CUDA prediction is for (membench.predict.gpus: its cuBLAS workspace, its kernels); None: measured runs,
     # and predictions for cpu. Predictions for different GPUs are different sweeps.
     gpu: str | None = None
 
@@ -154,7 +154,7 @@ class RunSpec:
         if self.zero_grad not in ZERO_GRAD:
             raise UserError(f"unknown --zero-grad {self.zero_grad!r}; valid: {', '.join(ZERO_GRAD)}")
         if self.gpu is not None:
-            from membench.gpus import gpu
+            from membench.predict.gpus import gpu
 
             gpu(self.gpu)
         if not isinstance(self.inference, bool):

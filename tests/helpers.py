@@ -12,7 +12,7 @@ import itertools
 import torch
 
 from membench import equivalence
-from membench.launch.worker import Worker
+from membench.child.worker import Worker
 from membench.measure import Session
 from membench.results import Equivalence, Memory, RunRecord
 from membench.spec import Job, MeasureSpec, RunSpec
@@ -129,8 +129,8 @@ def probe_in_process(monkeypatch):
     same planning and the same answer, without starting Python and torch again. tests/test_isolation.py checks
     the child process itself (a factory that hangs, aborts or raises)."""
     from membench import api
-    from membench.errors import UserError
-    from membench.launch.probe_child import plan_here
+    from membench.child.probe import plan_here
+    from membench.common.errors import UserError
 
     def probe(plan_args: dict, timeout_s: float) -> list[Job]:
         answer = plan_here(plan_args)

@@ -8,7 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from membench.launch.worker import run
+from membench.child.worker import run
 from membench.results import RunRecord, load_dir
 from tests.helpers import spec
 

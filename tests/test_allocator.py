@@ -19,7 +19,7 @@ from membench.allocator import CachingAllocator, OutOfMemory, parse_alloc_conf, 
 from membench.allocator.settings import AllocatorSettings, settings_from_snapshot
 from membench.allocator.simulator import get_allocation_size
 from membench.allocator.snapshot import initial_state, load_snapshot
-from membench.errors import UserError
+from membench.common.errors import UserError
 
 MiB = 2**20
 ROOT = Path(__file__).resolve().parents[1]

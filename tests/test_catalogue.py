@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from membench.cli import main
-from membench.errors import UserError
+from membench.common.errors import UserError
 from membench.launch.lifecycle import environment_for
 from membench.techniques import REGISTRY, Technique, check_stack, resolve
 from membench.trackers.memory import CpuMeter

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from membench import cli, environment
-from membench.launch import worker
+from membench.child import worker
 from membench.results import RunRecord, read_result, write_record
 from membench.techniques import REGISTRY
 from membench.techniques.ckpt import ActivationCheckpointing

@@ -8,7 +8,7 @@ import pytest
 
 from membench.api import plan
 from membench.cli import main
-from membench.errors import UserError
+from membench.common.errors import UserError
 from membench.techniques import REGISTRY, check_stack, conflicts_of, parse_techniques
 from tests.helpers import measure, verdict
 

@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-from membench import gpus
-from membench.trackers import fake
-from membench.trackers.cuda_autocast import FP32, FP32_SET_OPT_DTYPE, LOWER_PRECISION_FP, PROMOTE, cuda_policy
-from membench.trackers.cuda_kernels import CUBLAS_MODULE, CudaKernels
+from membench.common.vocab import OTHER
+from membench.predict import gpus
+from membench.predict.emulate import fake
+from membench.predict.emulate.autocast import FP32, FP32_SET_OPT_DTYPE, LOWER_PRECISION_FP, PROMOTE, cuda_policy
+from membench.predict.emulate.kernels import CUBLAS_MODULE, CudaKernels
 from membench.trackers.storage import StorageTracker
-from membench.vocab import OTHER
 
 
 def _workspace_bytes(tracker) -> int:

@@ -18,16 +18,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from membench import api, environment, equivalence
+from membench import api, environment, equivalence, private
+from membench.child import worker
 from membench.cli import main
-from membench.errors import UserError
-from membench.launch import distributed, fork, worker
+from membench.common.errors import UserError
+from membench.launch import distributed, fork
 from membench.launch.lifecycle import environment_for
 from membench.results import Environment, Equivalence, RunRecord, read_result, write_record
 from membench.spec import RunSpec
 from membench.step import batches, build_state, train_step
 from membench.techniques import resolve
-from membench.trackers import cuda, private, timing
+from membench.trackers import cuda, timing
 from membench.trackers.memory import CpuMeter, CudaMeter
 from membench.workloads import load_workload
 from tests.helpers import spec

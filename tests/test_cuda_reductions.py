@@ -1,4 +1,4 @@
-"""The scratch CUDA kernels take from the caching allocator inside the kernel (trackers/cuda_reductions.py), with
+"""The scratch CUDA kernels take from the caching allocator inside the kernel (predict/emulate/reductions.py), with
 sizes worked out by hand from ATen's setReduceConfig / ReduceConfig (aten/src/ATen/native/cuda/Reduce.cuh),
 index_put_with_sort_kernel (Indexing.cu) and cub's radix sort (temp storage of its single-tile and onesweep
 paths), and the order in which a prediction's trace sees them."""
@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from membench import gpus
-from membench.trackers import fake
-from membench.trackers.cuda_kernels import CudaKernels
-from membench.trackers.cuda_reductions import (
+from membench.predict import gpus
+from membench.predict.emulate import fake
+from membench.predict.emulate.kernels import CudaKernels
+from membench.predict.emulate.reductions import (
     SCRATCH_MODULE,
     KernelScratch,
     cub_sort_pairs_temp_bytes,

@@ -1,6 +1,6 @@
 """Attention and softmax in a CUDA prediction, derived by hand: scaled_dot_product_attention keeps what CUDA's fused
-kernels keep (trackers/cuda_sdpa.py), the output and a fp32 log-sum-exp, never the queries x keys weights; softmax
-of a float16 input reads it directly (trackers/cuda_autocast.py)."""
+kernels keep (predict/emulate/sdpa.py), the output and a fp32 log-sum-exp, never the queries x keys weights; softmax
+of a float16 input reads it directly (predict/emulate/autocast.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from membench.trackers import fake
-from membench.trackers.cuda_autocast import cuda_policy
+from membench.predict.emulate import fake
+from membench.predict.emulate.autocast import cuda_policy
 from membench.trackers.storage import StorageTracker
 
 B, H, L, D = 2, 4, 128, 64

@@ -1,4 +1,4 @@
-"""A prediction makes again the outputs of ops it has seen with the same inputs' layouts (trackers/fake.py,
+"""A prediction makes again the outputs of ops it has seen with the same inputs' layouts (predict/emulate/fake.py,
 _Outputs) instead of asking FakeTensorMode each time: every allocation, free and byte must be what FakeTensorMode
 alone gives."""
 
@@ -8,9 +8,9 @@ import dataclasses
 
 import pytest
 
+from membench import private
 from membench.api import plan
-from membench.predict import predict_traced
-from membench.trackers import private
+from membench.predict.run import predict_traced
 from tests.test_steady import _canonical
 
 CASES = [("gpt-tiny", "accum", {}), ("gpt-tiny", "ckpt", {}), ("gpt-tiny", "amp-bf16", {}),

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from membench import cli
-from membench.fit import batch_step, confirm_on_gpu, fit_batch, largest_batch
-from membench.predict import Traced, predict_memory, predict_traced
+from membench.predict.fit import batch_step, confirm_on_gpu, fit_batch, largest_batch
+from membench.predict.run import Traced, predict_memory, predict_traced
 from membench.spec import Job
 from tests.helpers import cli as run_cli
 from tests.helpers import spec as job_spec
@@ -231,12 +231,12 @@ def test_kernel_scratch_only_larger_batches_take_is_worked_out_again_at_each_bat
     """gpt-tiny's sums split across blocks on an H100 only at larger batches (their kernel scratch: none at 2 and 3,
     64 allocations and frees at 64): the trace derived from batches 2 and 3 works each call's scratch out again,
     and makes a real prediction's allocations at 64 event for event, and its peak."""
-    from membench import gpus
     from membench.api import plan
-    from membench.fit import AffineTrace
-    from membench.predict import allocator_settings
+    from membench.predict import gpus
+    from membench.predict.emulate.reductions import KernelScratch
+    from membench.predict.fit import AffineTrace
+    from membench.predict.run import allocator_settings
     from membench.techniques import resolve
-    from membench.trackers.cuda_reductions import KernelScratch
 
     def traced(batch: int):
         job = next(j for j in plan(workload="gpt-tiny", techniques="baseline", batch_size=batch,

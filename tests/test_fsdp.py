@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from membench.cli import main
-from membench.errors import UserError
+from membench.common.errors import UserError
 from membench.launch.process import command_for
 from membench.results import read_result
 from membench.spec import Job, LaunchSpec, RunSpec

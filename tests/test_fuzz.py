@@ -16,9 +16,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from membench.check import REGRESSION, check
-from membench.errors import UserError
-from membench.report import compare, explain
+from membench.common.errors import UserError
+from membench.gate import compare
+from membench.gate.check import REGRESSION, check
+from membench.report import explain
 from membench.report.table import render
 from membench.report.write import write_report
 from membench.results import RunRecord, load_dir, read_result
@@ -194,7 +195,7 @@ class _Config:
 def _plugin_session(folder: Path) -> None:
     """What a pytest session does with DIR/memory_peaks.json: read it at the start (--membench-compare and
     --membench-save), compare a measurement with every saved block, merge and write it at the end."""
-    from membench import pytest_plugin as plugin
+    from membench.gate import pytest_plugin as plugin
 
     try:
         gate = plugin._Gate(_Config(folder, folder))

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from membench import fsio
 from membench.cli import main
-from membench.errors import UserError
+from membench.common import fsio
+from membench.common.errors import UserError
 from membench.results import read_result
 
 TINY = ("--workload", "tests.workloads:mlp", "--batch-size", "4", "--techniques", "baseline", "--steps", "1",
@@ -139,7 +139,7 @@ def _workers(out: Path) -> list[int]:
             cmd = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"membench.launch.worker" in cmd and any(str(out).encode() in part for part in cmd):
+        if b"membench.child.worker" in cmd and any(str(out).encode() in part for part in cmd):
             pids.append(int(proc.name))
     return pids
 
@@ -289,7 +289,7 @@ def test_a_rerun_archives_the_result_with_its_timeline(tmp_path):
 
 
 def test_two_archives_in_the_same_microsecond_do_not_collide(tmp_path):
-    from membench.launch.lifecycle import archive
+    from membench.results import archive
 
     folders = []
     for text in ("first", "second"):

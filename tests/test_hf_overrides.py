@@ -9,7 +9,7 @@ import io
 import pytest
 import torch
 
-from membench.errors import UserError
+from membench.common.errors import UserError
 from membench.workloads import load_workload
 
 pytest.importorskip("transformers")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from membench.launch.worker import run
+from membench.child.worker import run
 from membench.trackers.host import host_refusal
 from membench.workloads import Workload
 from membench.workloads.base import classification_loss, image_batch

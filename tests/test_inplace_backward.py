@@ -1,14 +1,14 @@
-"""Backward paths that go out of place under a dispatch mode (trackers/subclass_like.py): in a CUDA prediction the
-storage tracker counts what a plain run allocates, derived by hand from torch's formulas (FunctionsManual.cpp) and
-the autograd engine's gradient sums (input_buffer.cpp)."""
+"""Backward paths that go out of place under a dispatch mode (predict/emulate/inplace_backward.py): in a CUDA
+prediction the storage tracker counts what a plain run allocates, derived by hand from torch's formulas
+(FunctionsManual.cpp) and the autograd engine's gradient sums (input_buffer.cpp)."""
 
 from __future__ import annotations
 
 import torch
 
-from membench import gpus
-from membench.trackers import fake
-from membench.trackers.cuda_kernels import CudaKernels
+from membench.predict import gpus
+from membench.predict.emulate import fake
+from membench.predict.emulate.kernels import CudaKernels
 from membench.trackers.storage import StorageTracker
 
 N, V = 64, 1000

@@ -151,3 +151,82 @@ def test_function_level_imports_are_counted(tmp_path):
 @pytest.mark.parametrize("edges", [{}, {"a": {"b"}, "b": {"c"}, "d": {"b", "c"}}])
 def test_a_graph_without_circle_has_none(edges):
     assert find_cycle(edges) is None
+
+
+# --- Layers: which parts of the package may never import which -------------------------------------------------
+# Each rule: modules under the first prefix never import a module under any of the others (function-level imports
+# count). The ground floor (`common`) imports nothing else of membench; the child entry points (`child/`), the CLI
+# and the Python API are the only modules that may import commands.
+COMMANDS = ("membench.api", "membench.cli", "membench.child")
+NEVER: dict[str, tuple[str, ...]] = {
+    "membench.launch": COMMANDS + ("membench.predict", "membench.report", "membench.gate", "membench.equivalence",
+                                   "membench.measure", "membench.trackers", "membench.workloads"),
+    "membench.trackers": COMMANDS + ("membench.predict", "membench.launch", "membench.report", "membench.gate",
+                                     "membench.techniques", "membench.equivalence", "membench.measure"),
+    "membench.report": COMMANDS + ("membench.launch", "membench.trackers", "membench.techniques", "membench.predict",
+                                   "membench.gate", "membench.allocator", "membench.workloads"),
+    "membench.results": COMMANDS + ("membench.launch", "membench.trackers", "membench.report", "membench.predict",
+                                    "membench.techniques", "membench.gate", "membench.workloads"),
+    "membench.allocator": COMMANDS + ("membench.launch", "membench.trackers", "membench.report", "membench.predict",
+                                      "membench.techniques", "membench.gate", "membench.workloads"),
+    "membench.techniques": COMMANDS + ("membench.predict", "membench.launch", "membench.report", "membench.gate"),
+    "membench.workloads": COMMANDS + ("membench.techniques", "membench.predict", "membench.launch", "membench.trackers",
+                                      "membench.report", "membench.gate"),
+    "membench.predict": COMMANDS + ("membench.report", "membench.gate"),
+    "membench.gate": COMMANDS + ("membench.predict", "membench.launch"),
+    "membench.child": ("membench.cli",),
+}
+
+
+def under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+# Arrows that still break a rule, each with what removes it. Keep this empty.
+KNOWN: set[tuple[str, str]] = {
+    # which runs change precision, for runs without an equivalence verdict: from the technique registry, which
+    # imports torch; goes when the registry's metadata is read without torch.
+    ("membench.report.recommend", "membench.techniques"),
+}
+
+
+def forbidden_imports(found: list[Import], known: set[tuple[str, str]] = frozenset()) -> list[str]:
+    bad = []
+    for imp in found:
+        if (imp.source, imp.target) in known:
+            continue
+        if under(imp.source, "membench.common") and not under(imp.target, "membench.common"):
+            bad.append(f"{imp.source}:{imp.line} imports {imp.target} (common imports nothing else of membench)")
+        for floor, never in NEVER.items():
+            if under(imp.source, floor) and any(under(imp.target, n) for n in never):
+                bad.append(f"{imp.source}:{imp.line} imports {imp.target} ({floor} never imports it)")
+    return bad
+
+
+def test_no_layer_imports_what_sits_above_it():
+    bad = forbidden_imports(imports(PACKAGE), KNOWN)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_never_import_table_catches_an_arrow_that_runs_back_up(tmp_path):
+    """The check sees a lower floor reaching up, through a function-level import."""
+    pkg = tmp_path / "membench"
+    for folder in ("launch", "common", "predict"):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "api.py").write_text("")
+    (pkg / "launch" / "sweep.py").write_text("def f():\n    from membench import api\n    return api\n")
+    (pkg / "common" / "units.py").write_text("from membench.predict import run\n")
+    (pkg / "predict" / "run.py").write_text("from membench.common import units\n")
+    assert forbidden_imports(imports(pkg)) == [
+        "membench.common.units:1 imports membench.predict.run (common imports nothing else of membench)",
+        "membench.launch.sweep:2 imports membench.api (membench.launch never imports it)",
+    ]
+
+
+def test_the_root_holds_at_most_a_dozen_modules_and_trackers_only_measure():
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(root) <= 12, root
+    emulation = [p.name for p in (PACKAGE / "trackers").glob("*.py") if p.name.startswith(("cuda_", "fake"))]
+    assert not emulation, f"prediction-only modules in trackers/: {emulation}"

@@ -10,12 +10,12 @@ import pytest
 
 from membench import cli
 from membench.api import plan
-from membench.errors import UserError
-from membench.predict import predict_memory
+from membench.common.errors import UserError
+from membench.common.vocab import CATEGORIES
+from membench.predict.run import predict_memory
 from membench.results import read_result
 from membench.spec import Job, RunSpec
 from membench.trackers.memory import CpuMeter
-from membench.vocab import CATEGORIES
 from tests.helpers import measure, session_for, spec
 
 MLP = "tests.workloads:mlp"  # Linear(192, 64), ReLU, Linear(64, 10): 4 parameters

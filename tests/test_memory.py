@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from membench import vocab as cat
+from membench.common import vocab as cat
 from tests.helpers import spec
 from tests.helpers import track_steps as measure
 

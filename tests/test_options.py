@@ -9,7 +9,7 @@ import pytest
 from membench import run_sweep
 from membench.api import plan
 from membench.cli import build_parser, run_options
-from membench.errors import UserError
+from membench.common.errors import UserError
 from tests.helpers import cli, probe_in_process
 
 

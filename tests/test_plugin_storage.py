@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from membench import pytest_plugin as plugin
-from membench.errors import UserError
+from membench.common.errors import UserError
+from membench.gate import pytest_plugin as plugin
 
 GOOD = {"version": 1, "torch": "2.14.1",
         "tests": {"t.py::test_a": {"step": {"peak_bytes": 4000, "breakdown": {"activations": 4000},
@@ -151,7 +151,7 @@ def test_a_full_disk_at_save_is_one_line_and_leaves_the_old_file(tmp_path, monke
     def full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("membench.fsio.os.fsync", full)
+    monkeypatch.setattr("membench.common.fsio.os.fsync", full)
     with pytest.raises(UserError, match="No space left on device"):
         _save(tmp_path, "t.py::test_b", slow=False)
     assert json.loads((tmp_path / plugin.BASELINE_FILE).read_text()) == GOOD

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from membench import cli
-from membench.launch import worker
-from membench.predict import predict, predict_memory
+from membench.child import worker
+from membench.predict.run import predict, predict_memory
 from membench.results import read_result
 from membench.techniques import REGISTRY
 from membench.techniques.base import Technique

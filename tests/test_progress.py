@@ -6,10 +6,11 @@ import io
 
 from membench.launch import progress
 from membench.launch.process import launch
-from membench.launch.progress import Stage, StageReader
+from membench.launch.progress import StageReader
 from membench.launch.sweep import run_all
 from membench.report.live import Estimate, StageLines, SweepProgress
 from membench.results import RunRecord
+from membench.results.progress import Stage
 from tests.helpers import spec
 
 

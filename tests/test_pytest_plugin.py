@@ -17,8 +17,8 @@ pytest_plugins = ["pytester"]
 
 # Installed with the entry point, pytest loads the plugin by itself; in a checkout installed before it existed,
 # name it explicitly (naming it twice would register it twice).
-INSTALLED = any(e.value == "membench.pytest_plugin" for e in importlib.metadata.entry_points(group="pytest11"))
-PLUGIN = [] if INSTALLED else ["-p", "membench.pytest_plugin"]
+INSTALLED = any(e.value == "membench.gate.pytest_plugin" for e in importlib.metadata.entry_points(group="pytest11"))
+PLUGIN = [] if INSTALLED else ["-p", "membench.gate.pytest_plugin"]
 
 USER_TESTS = """
 import torch
@@ -48,7 +48,7 @@ def run(pytester: pytest.Pytester, size: int, *args: str):
 def test_entry_point_is_declared():
     text = (ROOT / "pyproject.toml").read_text()  # (tomllib is 3.11+; membench supports 3.10)
     section = text.split("[project.entry-points.pytest11]", 1)[1].split("\n[", 1)[0]
-    assert 'membench = "membench.pytest_plugin"' in section
+    assert 'membench = "membench.gate.pytest_plugin"' in section
 
 
 def test_save_then_compare_passes_then_a_growth_fails(pytester):

@@ -10,8 +10,9 @@ import pandas as pd
 import pytest
 
 from membench.cli import main
-from membench.errors import UserError
-from membench.report import compare, explain
+from membench.common.errors import UserError
+from membench.gate import compare
+from membench.report import explain
 from membench.report.write import write_report
 from membench.results import load_dir, read_result, write_record
 from tests.sweeps import tiny_sweep
@@ -132,7 +133,7 @@ def test_explanations_come_from_the_numbers(sweep):
     text = " ".join(lines["opt-in-bwd"])
     base, fused = (read_result(sweep / f"{n}.json") for n in ("baseline", "opt-in-bwd"))
     saved = base.memory.peak_allocated_bytes - fused.memory.peak_allocated_bytes
-    from membench.units import fmt_bytes
+    from membench.common.units import fmt_bytes
 
     assert f"{fmt_bytes(saved)} saved" in text
     assert "less gradients" in text and "moves from the optimizer step phase to the backward phase" in text
@@ -210,8 +211,8 @@ def test_report_separates_sweeps_and_never_compares_across(sweep, tmp_path, caps
 
 
 def test_memory_units_follow_the_magnitudes(sweep):
+    from membench.common.units import ByteFormat
     from membench.report.table import rows as table_rows
-    from membench.units import ByteFormat
 
     head, body = table_rows(load_dir(sweep))
     assert head[3] == "peak alloc MiB"  # vit-tiny at batch 1: tens of MiB, not 0.0xx GiB
@@ -225,7 +226,7 @@ def test_memory_units_follow_the_magnitudes(sweep):
 
 
 def test_two_byte_values_in_one_sentence_never_print_alike():
-    from membench.units import fmt_bytes, fmt_bytes_apart
+    from membench.common.units import fmt_bytes, fmt_bytes_apart
 
     assert fmt_bytes(38_232_500) == fmt_bytes(38_232_512) == "36.46 MiB"  # why sentences need more than fmt_bytes
     assert fmt_bytes_apart(38_232_500, 38_232_512) == ("38,232,500 B", "38,232,512 B")

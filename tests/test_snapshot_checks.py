@@ -7,7 +7,7 @@ import pytest
 
 from membench.allocator.settings import parse_alloc_conf
 from membench.allocator.snapshot import initial_state
-from membench.errors import UserError
+from membench.common.errors import UserError
 from tests.test_allocator import S1, MiB, hand_made_snapshot, run_cli
 
 

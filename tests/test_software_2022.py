@@ -69,14 +69,14 @@ def test_bert_keeps_one_fp32_score_matrix_more_per_layer():
 
 @pytest.mark.parametrize(("version", "gelu_dtype"), [("1.9", torch.float32), ("1.10", torch.float16)])
 def test_torch_1_9s_cuda_autocast_runs_gelu_in_fp32(version, gelu_dtype):
-    from membench.trackers import cuda_autocast
+    from membench.predict.emulate import autocast
 
-    before = cuda_autocast.FP32
+    before = autocast.FP32
     x = torch.randn(4, 8, dtype=torch.float16)
-    with early_2022(version), cuda_autocast.cuda_policy(), torch.autocast("cpu", dtype=torch.float16):
+    with early_2022(version), autocast.cuda_policy(), torch.autocast("cpu", dtype=torch.float16):
         assert F.gelu(x).dtype == gelu_dtype
         assert F.layer_norm(x, (8,)).dtype == torch.float32  # the rest of CUDA's policy as before
-    assert cuda_autocast.FP32 is before
+    assert autocast.FP32 is before
 
 
 def test_an_unknown_torch_version_is_refused():

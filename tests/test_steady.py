@@ -1,5 +1,5 @@
-"""A prediction writes its warm-up step from its measured step (membench.steady) instead of running it: its trace
-(every allocation and free, in order) and its memory must be those of a prediction that runs the warm-up step."""
+"""A prediction writes its warm-up step from its measured step (membench.predict.steady) instead of running it: its
+trace (every allocation and free, in order) and its memory must be those of a prediction that runs the warm-up step."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from membench import steady
 from membench.api import plan
-from membench.predict import predict_traced
+from membench.predict import steady
+from membench.predict.run import predict_traced
 
 TECHNIQUES = ["baseline", "accum", "ckpt", "opt-in-bwd", "amp-bf16", "amp-fp16", "bf16", "foreach-off", "fused-adam",
               "init-on-device", "sac", "expandable-segments", "ckpt+opt-in-bwd", "accum+ckpt", "amp-bf16+ckpt"]

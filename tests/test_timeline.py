@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from membench.cli import build_parser
-from membench.errors import UserError
+from membench.common.errors import UserError
 from membench.results import read_result
 from membench.trackers import cuda
 from membench.trackers import timeline as tl

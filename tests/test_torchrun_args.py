@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from membench.cli import main
-from membench.errors import UserError
+from membench.common.errors import UserError
 from membench.spec import LaunchSpec
 from membench.workloads import Workload
 from tests.workloads import mlp

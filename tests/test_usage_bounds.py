@@ -35,7 +35,7 @@ def test_the_largest_valid_values_pass_validation():
 
 
 def test_a_whole_number_of_bytes_is_read_exactly():
-    from membench.units import parse_bytes
+    from membench.common.units import parse_bytes
 
     # Through a float these read as 2**63 and 2**53: a valid --memory-budget would then be refused or moved.
     assert parse_bytes("9223372036854775807") == 2**63 - 1

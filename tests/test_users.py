@@ -16,8 +16,8 @@ from torch import nn
 import membench
 import membench.api
 from membench import optimizers
-from membench.errors import UserError
-from membench.predict import predict_memory
+from membench.common.errors import UserError
+from membench.predict.run import predict_memory
 from membench.spec import OPTIMIZERS
 from membench.workloads import Workload, load_workload
 from tests.helpers import spec, verdict
@@ -215,7 +215,8 @@ def test_a_crash_in_a_notebook_model_ends_only_its_forked_run(tmp_path):
 
 
 def test_when_torch_refuses_autograd_in_the_child_the_run_moves_into_this_process(tmp_path, monkeypatch):
-    from membench.launch import fork, worker
+    from membench.child import worker
+    from membench.launch import fork
 
     parent, real_run = os.getpid(), worker.run
 

@@ -213,7 +213,7 @@ def test_report_and_html_put_the_recommendation_first(tmp_path, capsys):
 
 def test_a_real_oom_baseline_is_not_the_reference(tmp_path):
     """A memory budget between accum's peak and the baseline's: the baseline ends as oom at a partial peak."""
-    from membench.launch.worker import run
+    from membench.child.worker import run
 
     def sweep(out, budget=None):
         return [run(spec("vit-tiny", t, batch_size=4, memory_budget=budget), out / f"{t[0] if t else 'baseline'}.json")

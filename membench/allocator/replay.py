@@ -10,7 +10,7 @@ from membench.allocator import SimulationResult, run_events
 from membench.allocator.settings import AllocatorSettings
 from membench.allocator.simulator import CachingAllocator
 from membench.allocator.snapshot import ALLOC, FREE, SEGMENT_ALLOC, SEGMENT_FREE, Trace
-from membench.typedjson import to_plain
+from membench.common.typedjson import to_plain
 
 
 @dataclasses.dataclass
@@ -224,7 +224,7 @@ def report(path, alloc_confs: list[str] = (), capacity: int | None = None, devic
     """`membench replay`'s answer. Raises UserError on bad input."""
     from membench.allocator.settings import parse_alloc_conf
     from membench.allocator.snapshot import initial_state, load_snapshot
-    from membench.errors import UserError
+    from membench.common.errors import UserError
 
     if memory_fraction is not None and (capacity is None or not 0 < memory_fraction <= 1):
         raise UserError(f"--memory-fraction {memory_fraction} needs --capacity (the device's memory) and must lie "
@@ -265,7 +265,7 @@ def _timed(call):
 def format_report(r: ReplayReport) -> str:
     from tabulate import tabulate
 
-    from membench.units import fmt_bytes
+    from membench.common.units import fmt_bytes
 
     def size(n):
         return f"{fmt_bytes(n)} ({n} B)"

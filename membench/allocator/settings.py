@@ -12,7 +12,7 @@ import dataclasses
 import re
 from collections.abc import Mapping
 
-from membench.errors import UserError
+from membench.common.errors import UserError
 
 MiB = 2**20
 #: "large" requests of 1-10 MiB share 20 MiB segments; also the smallest max_split_size and the default
@@ -217,8 +217,29 @@ def settings_from_snapshot(recorded: dict | None) -> AllocatorSettings:
 def settings_from_env(env: Mapping[str, str]) -> AllocatorSettings:
     """The settings a process started with this environment runs with: its PYTORCH_CUDA_ALLOC_CONF, or default.
 
-    For a membench run that is launch.lifecycle.environment_for(spec): the user's own setting plus the techniques'
-    (the expandable-segments technique adds expandable_segments:True; a later key wins, as in PyTorch).
+    For a membench run that is with_allocator_env(os.environ, stack.env): the user's own setting plus the
+    techniques' (the expandable-segments technique adds expandable_segments:True; a later key wins, as in PyTorch).
     """
     # CUDAAllocatorConfig's order (c10/cuda/CUDAAllocatorConfig.h, torch 2.14): the CUDA name, else the generic one.
     return parse_alloc_conf(env.get("PYTORCH_CUDA_ALLOC_CONF") or env.get("PYTORCH_ALLOC_CONF", ""))
+
+
+# The CUDA allocator's settings go by two names, and torch reads them in different orders: since 2.9
+# AcceleratorAllocatorConfig prefers PYTORCH_ALLOC_CONF ("PYTORCH_CUDA_ALLOC_CONF is also supported with lower
+# priority", c10/core/AllocatorConfig.h), CUDAAllocatorConfig::instance() reads PYTORCH_CUDA_ALLOC_CONF first
+# (c10/cuda/CUDAAllocatorConfig.h, 2.14). A setting made under one name only is ignored wherever the other is set.
+ALLOC_CONF = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def with_allocator_env(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """`base` (an environment) with `extra` (a stack's variables) added: allocator settings to the user's own."""
+    env = dict(base)
+    for key, value in extra.items():
+        # Allocator settings are comma-separated lists: add ours to what the user already set, under both names
+        # (each keeps what the user set under it, else under the other name).
+        names = ALLOC_CONF if key in ALLOC_CONF else (key,)
+        user = {name: env.get(name) for name in names}
+        for name in names:
+            theirs = user[name] or next((user[n] for n in names if user[n]), None)
+            env[name] = f"{theirs},{value}" if theirs else value
+    return env

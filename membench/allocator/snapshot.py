@@ -16,7 +16,7 @@ from pathlib import Path
 
 from membench.allocator.settings import AllocatorSettings, settings_from_snapshot
 from membench.allocator.simulator import SMALL_BUFFER, SMALL_SIZE, round_size
-from membench.errors import UserError
+from membench.common.errors import UserError
 
 _WHAT = "a CUDA memory snapshot (the pickle of torch.cuda.memory._snapshot() or _dump_snapshot)"
 #: events that change what the allocator holds; the others (free_requested, snapshot, oom, user_defined) do not

@@ -1,6 +1,6 @@
 """Runs of a workload that exists only in the caller's memory (a model defined in a notebook or a script).
 
-`python -m membench.launch.worker` rebuilds a workload from its name, which a `Workload` object made in a notebook does
+`python -m membench.child.worker` rebuilds a workload from its name, which a `Workload` object made in a notebook does
 not have. So such a run is isolated by forking the caller instead: the child inherits the object, runs the same
 worker code and writes the same result file; an OOM, a crash or a hang there ends only the child. Fork works for
 this only on Linux, only before the caller asked CUDA anything (a forked child cannot use CUDA once the parent
@@ -17,12 +17,12 @@ import multiprocessing
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from membench.errors import UserError
-from membench.launch import worker
+from membench.common.errors import UserError
 from membench.launch.lifecycle import run_job
 from membench.launch.progress import PROGRESS_ENV
 from membench.results import RunRecord
@@ -89,21 +89,27 @@ def _probe(device: str) -> None:
     os._exit(_FORK_OK)
 
 
-def launch(job: Job, out_dir: Path, on_stage=None) -> RunRecord:
+# The worker's entry (child.worker.run), given by the caller: launch/ starts processes and never imports what runs
+# in them.
+Work = Callable[[Job, Path], None]
+
+
+def launch(job: Job, out_dir: Path, on_stage=None, *, work: Work) -> RunRecord:
     """The sweep's `run_one` for a workload object: a forked child where possible, else this process."""
     if resolve(job.run).distributed or job.run.nproc_per_node > 1:
         raise UserError(f"{job.name} runs through torchrun, which rebuilds the workload by name: give it as "
                         "package.module:factory (membench run --workload ...)")
     reason = why_not_fork(job.run.device)
     if reason is not None:
-        return run_job(job, out_dir, InProcess(reason), on_stage)
-    record = run_job(job, out_dir, Fork(), on_stage)
+        return run_job(job, out_dir, InProcess(reason, work), on_stage)
+    record = run_job(job, out_dir, Fork(work), on_stage)
     if record.status == "error" and AUTOGRAD_FORK in (record.error or ""):
         # The probe's small backward passed, but this model's did not: what this process did with autograd
         # before cannot be forked. Run it here, as when fork is not possible at all; the refused attempt is not
         # a measurement to keep.
         return run_job(job, out_dir, InProcess("autograd refused to run in the forked child (this process used "
-                                               "autograd in a way a fork cannot inherit: " + AUTOGRAD_FORK + ")"),
+                                               "autograd in a way a fork cannot inherit: " + AUTOGRAD_FORK + ")",
+                                     work),
                        on_stage, archive_first=False)
     return record
 
@@ -111,8 +117,12 @@ def launch(job: Job, out_dir: Path, on_stage=None) -> RunRecord:
 class Fork:
     what = "forked worker"
 
+    def __init__(self, work: Work):
+        self.work = work
+
     def start(self, job: Job, stack: Stack, out_path: Path, log: Path, env: dict[str, str]) -> _Forked:
-        child = multiprocessing.get_context("fork").Process(target=_child_main, args=(job, out_path, log, env),
+        child = multiprocessing.get_context("fork").Process(target=_child_main,
+                                                            args=(self.work, job, out_path, log, env),
                                                             daemon=True)
         child.start()
         return _Forked(child)
@@ -134,10 +144,10 @@ class _Forked:
         return self.child.exitcode
 
 
-def _child_main(job: Job, out_path: Path, log: Path, env: dict[str, str]) -> None:
+def _child_main(work: Work, job: Job, out_path: Path, log: Path, env: dict[str, str]) -> None:
     """In the forked child: output to the run's log (in a notebook sys.stdout is the kernel's socket, which the
     child must not write to), the stack's environment (allocator settings act at CUDA's first use), then the
-    worker, exactly as `python -m membench.launch.worker` runs it."""
+    worker, exactly as `python -m membench.child.worker` runs it."""
     out = open(log, "w", buffering=1)  # kept open for the child's whole life
     os.dup2(out.fileno(), 1)
     os.dup2(out.fileno(), 2)
@@ -147,7 +157,7 @@ def _child_main(job: Job, out_path: Path, log: Path, env: dict[str, str]) -> Non
     # first parallel op), and a notebook has usually run the model already. One thread always works; memory is
     # the same, CPU step times are single-threaded (the result's env.cpu_threads says 1).
     torch.set_num_threads(1)
-    worker.run(job, out_path)
+    work(job, out_path)
     out.flush()
 
 
@@ -157,8 +167,8 @@ class InProcess:
 
     what = "the worker in this process"
 
-    def __init__(self, reason: str):
-        self.reason = reason
+    def __init__(self, reason: str, work: Work):
+        self.reason, self.work = reason, work
 
     def start(self, job: Job, stack: Stack, out_path: Path, log: Path, env: dict[str, str]) -> _Done:
         changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
@@ -171,7 +181,7 @@ class InProcess:
         saved = {k: os.environ.get(k) for k in changed}
         os.environ.update(changed)
         try:
-            worker.run(job, out_path)
+            self.work(job, out_path)
         finally:
             for key, value in saved.items():
                 if value is None:

@@ -2,84 +2,36 @@
 log, pass on its stages, wait for it under the timeout, kill it on timeout or Ctrl-C, and make sure a result file
 is left (a failure record with the end of the log when the worker left none).
 
-How the worker's process starts is a `Launcher`: `process.Subprocess` (`python -m membench.launch.worker`, or
+How the worker's process starts is a `Launcher`: `process.Subprocess` (`python -m membench.child.worker`, or
 torchrun for distributed stacks), `fork.Fork` (a forked child, for a workload object with no name) and
 `fork.InProcess` (the caller's own process, where neither is possible). `run_job` is the one lifecycle for all.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
-import re
 import signal
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
 
-from membench.fsio import atomic_write_text, own_dir
+from membench.allocator.settings import with_allocator_env
+from membench.common.fsio import atomic_write_text, own_dir
 from membench.launch.distributed import merge_ranks
-from membench.launch.progress import PROGRESS_ENV, Stage, StageReader
-from membench.results import Environment, RunRecord, read_result, result_path, write_record
+from membench.launch.progress import PROGRESS_ENV, StageReader
+from membench.results import Environment, RunRecord, archive, read_result, result_path, write_record
+from membench.results.progress import Stage
 from membench.spec import Job
 from membench.techniques import Stack, resolve
 
-# The CUDA allocator's settings go by two names, and torch reads them in different orders: since 2.9
-# AcceleratorAllocatorConfig prefers PYTORCH_ALLOC_CONF ("PYTORCH_CUDA_ALLOC_CONF is also supported with lower
-# priority", c10/core/AllocatorConfig.h), CUDAAllocatorConfig::instance() reads PYTORCH_CUDA_ALLOC_CONF first
-# (c10/cuda/CUDAAllocatorConfig.h, 2.14). A setting made under one name only is ignored wherever the other is set.
-ALLOC_CONF = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
-
 
 def environment_for(stack: Stack) -> dict[str, str]:
-    env = dict(os.environ)
-    for key, value in stack.env.items():
-        # Allocator settings are comma-separated lists: add ours to what the user already set, under both names
-        # (each keeps what the user set under it, else under the other name).
-        names = ALLOC_CONF if key in ALLOC_CONF else (key,)
-        user = {name: env.get(name) for name in names}
-        for name in names:
-            theirs = user[name] or next((user[n] for n in names if user[n]), None)
-            env[name] = f"{theirs},{value}" if theirs else value
+    """The worker's environment: this process's, with the stack's allocator settings added to the user's."""
+    env = with_allocator_env(os.environ, stack.env)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
-
-
-# A run's files beside its result: <run>.json, <run>.timeline.json, <run>.snapshot.pickle, <run>.oom.pickle, and
-# the same off rank 0 as <run>.rank<N>.* (worker.stem).
-_RUN_FILE = r"(\.rank\d+)?\.(json|timeline\.json|snapshot\.pickle|oom\.pickle)"
-
-
-def run_files(out_dir: Path, name: str) -> list[Path]:
-    pattern = re.compile(re.escape(name) + _RUN_FILE)
-    return sorted(p for p in Path(out_dir).iterdir() if pattern.fullmatch(p.name) and not p.is_dir())
-
-
-def archive(out_dir: Path, name: str) -> Path | None:
-    """Never lose a measurement: an earlier run's files (result, timeline, snapshots, and its log) move together
-    to previous/<run>.<UTC time of its result, to the microsecond>-<n>/ instead of being overwritten. Together,
-    the archived result's relative file names still point at its own timeline and snapshots; <n> keeps two
-    archives of the same microsecond apart (the folder is created exclusively)."""
-    files = run_files(out_dir, name)
-    if not files:
-        return None
-    result = result_path(out_dir, name)
-    stamp = datetime.fromtimestamp((result if result in files else files[0]).stat().st_mtime, timezone.utc)
-    previous = own_dir(Path(out_dir) / "previous")
-    for n in itertools.count():
-        folder = previous / f"{name}.{stamp:%Y%m%dT%H%M%S.%fZ}-{n}"
-        try:
-            folder.mkdir()
-            break
-        except FileExistsError:
-            continue
-    log = Path(out_dir) / "runs" / f"{name}.log"
-    for path in files + ([log] if log.is_file() and not log.is_symlink() else []):
-        os.replace(path, folder / path.name)
-    return folder
 
 
 def failure_record(job: Job, status: str, message: str, log: Path) -> RunRecord:
@@ -183,7 +135,7 @@ def run_job(job: Job, out_dir: Path, launcher: Launcher, on_stage: Callable[[Sta
 
 
 def spec_file(runs_dir: Path, job: Job) -> Path:
-    """runs/<run>.spec.json: the job as the worker reads it (`python -m membench.launch.worker SPEC RESULT`)."""
+    """runs/<run>.spec.json: the job as the worker reads it (`python -m membench.child.worker SPEC RESULT`)."""
     return runs_dir / f"{job.name}.spec.json"
 
 

@@ -11,13 +11,13 @@ import tempfile
 import threading
 from pathlib import Path
 
-from membench.errors import UserError
+from membench.common.errors import UserError
 from membench.launch.lifeline import child_env, preexec_for
 from membench.launch.process import kill_session
 from membench.launch.sweep import sigterm_as_interrupt
 from membench.spec import Job
 
-CHILD = "membench.launch.probe_child"
+CHILD = "membench.child.probe"
 
 PROBE_MIN_S = 30.0
 
@@ -58,7 +58,7 @@ def probe(plan_args: dict, timeout_s: float) -> list[Job]:
 
 
 def call_isolated(kind: str, request: dict, timeout_s: float, what: str) -> dict:
-    """Run `python -m membench.launch.probe_child --call KIND` on `request` in a child process, under
+    """Run `python -m membench.child.probe --call KIND` on `request` in a child process, under
     `timeout_s`: how predict and fit run a user's code (and everything after it) out of this
     process, as `run` does with its workers.
 

@@ -1,4 +1,4 @@
-"""The usual launcher: the worker in a new Python process (`python -m membench.launch.worker`), or torchrun and
+"""The usual launcher: the worker in a new Python process (`python -m membench.child.worker`), or torchrun and
 its ranks for a distributed stack, in a session of its own (a terminal's Ctrl-C reaches only the sweep, which kills
 the worker's group itself). The worker dies with the sweep however the sweep dies, and torchrun's ranks with
 torchrun (lifeline)."""
@@ -13,15 +13,15 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from membench.fsio import open_fresh
+from membench.common.fsio import open_fresh
 from membench.launch.lifecycle import run_job, spec_file
 from membench.launch.lifeline import child_env, preexec_for
-from membench.launch.progress import Stage
 from membench.results import RunRecord
+from membench.results.progress import Stage
 from membench.spec import Job
 from membench.techniques import Stack
 
-WORKER = "membench.launch.worker"
+WORKER = "membench.child.worker"
 
 
 def command_for(job: Job, stack: Stack, spec_path: Path, out_path: Path) -> list[str]:

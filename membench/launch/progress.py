@@ -11,40 +11,11 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from membench.results.progress import Stage
+
 PROGRESS_ENV = "MEMBENCH_PROGRESS"
-
-STAGE_WORDS = {
-    "start": "starting Python and torch",
-    "build": "building the model",
-    "warmup": "warm-up",
-    "measure": "measuring memory",
-    "timeline": "timeline pass",
-    "time": "timing",
-    "flops": "counting FLOPs",
-    "check": "equivalence check",
-}
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One stage of one run, as the worker reported it. step/steps: 'timing step 3 of 5' (steps is None past
-    --steps, when --min-time keeps timing); elapsed_s: seconds since the run started."""
-
-    run: str
-    stage: str
-    elapsed_s: float = 0.0
-    step: int | None = None
-    steps: int | None = None
-
-    def describe(self) -> str:
-        words = STAGE_WORDS.get(self.stage, self.stage)
-        if self.step is None:
-            return words + (f" ({self.steps} step{'s' if self.steps > 1 else ''})" if self.steps else "")
-        return f"{words} step {self.step}" + (f" of {self.steps}" if self.steps else " (--min-time)")
-
 
 # --- the worker's side ------------------------------------------------------------------------------------------
 

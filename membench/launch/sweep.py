@@ -11,12 +11,12 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from membench.errors import UserError
-from membench.fsio import make_dir, open_lock_file
+from membench.common.errors import UserError
+from membench.common.fsio import make_dir, open_lock_file
 from membench.launch.lifeline import Terminated
 from membench.launch.process import launch
-from membench.launch.progress import Stage
-from membench.results import RunRecord, is_finished, read_result, result_path
+from membench.results import RunRecord, check_result_paths, is_finished, read_result, result_path
+from membench.results.progress import Stage
 from membench.spec import Job
 from membench.techniques import pairing_key
 
@@ -105,22 +105,13 @@ def run_all(jobs: list[Job], out_dir: Path, resume: bool = False,
     with the same job (on_note says why another is run again). on_stage(job, stage): the running job's stages.
 
     run_one(job, out_dir, on_stage): how one job runs (default `process.launch`: its own
-    `python -m membench.launch.worker` process; fork.launch forks, for a workload object that has no name to
+    `python -m membench.child.worker` process; fork.launch forks, for a workload object that has no name to
     rebuild it from).
     """
     # Absolute before any user code runs: a factory that changes the working directory must not move --out.
     out_dir = Path(out_dir).absolute()
     with locked(out_dir):
         return _run_all(jobs, out_dir, resume, on_start, on_done, on_note, run_one or launch, on_stage)
-
-
-def check_result_paths(jobs: list[Job], out_dir: Path) -> None:
-    """Before anything runs: a folder where a result goes would fail its run only after it ran."""
-    for job in jobs:
-        path = result_path(out_dir, job.name)
-        if path.exists() and not path.is_file():
-            raise UserError(f"{path} is not a result file (a folder or a device is in its place): move it away "
-                            "or choose another --out")
 
 
 def _run_all(jobs, out_dir, resume, on_start, on_done, on_note, run_one, on_stage) -> list[RunRecord]:

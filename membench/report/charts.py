@@ -16,15 +16,15 @@ matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from membench import units  # noqa: E402
-from membench.errors import UserError  # noqa: E402
-from membench.fsio import atomic_write_bytes, atomic_write_text, make_dir, read_bounded, side_file  # noqa: E402
+from membench.common import units
+from membench.common.errors import UserError  # noqa: E402
+from membench.common.fsio import atomic_write_bytes, atomic_write_text, make_dir, read_bounded, side_file  # noqa: E402
+from membench.common.vocab import CATEGORIES  # noqa: E402
 from membench.report import noise  # noqa: E402
 from membench.report.explain import breakdown, find_baseline  # noqa: E402
 from membench.report.recommend import changes_precision  # noqa: E402
 from membench.results import RunRecord  # noqa: E402
 from membench.results.timeline import Timeline, parse_timeline  # noqa: E402
-from membench.vocab import CATEGORIES  # noqa: E402
 
 # Categories: the Okabe-Ito palette (told apart with the common colour-vision deficiencies), recomputed
 # activations a lighter shade of activations. Phases: greys only, so a phase never looks like a category (green

@@ -6,10 +6,10 @@ where the peak moved (forward, backward, optimizer step), what it cost in throug
 
 from __future__ import annotations
 
+from membench.common.units import fmt_bytes, fmt_bytes_apart, fmt_number, pct_change
+from membench.common.vocab import CATEGORIES
 from membench.report import noise
 from membench.results import Equivalence, RunRecord, Timing
-from membench.units import fmt_bytes, fmt_bytes_apart, fmt_number, pct_change
-from membench.vocab import CATEGORIES
 
 # A change smaller than this share of the baseline's peak is noise in a sentence (it stays in the tables).
 MENTION_SHARE = 0.01

@@ -14,15 +14,15 @@ import re
 import urllib.parse
 from pathlib import Path
 
-from membench.fsio import side_file
+from membench.common.fsio import side_file
+from membench.common.units import fmt_bytes
+from membench.common.vocab import CATEGORIES
 from membench.report import explain as ex
 from membench.report import timeline_html
 from membench.report.recommend import Goal, recommend
 from membench.report.table import BREAKDOWN_HEADERS, breakdown_rows, reference_note
 from membench.report.table import rows as table_rows
 from membench.results import Environment, RunRecord
-from membench.units import fmt_bytes
-from membench.vocab import CATEGORIES
 
 CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2em auto;max-width:1200px;color:#222;

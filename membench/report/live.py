@@ -17,11 +17,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from membench.launch.progress import STAGE_WORDS, Stage
+from membench.common.units import fmt_bytes, fmt_duration, fmt_number
 from membench.report.noise import step_ms
 from membench.report.table import module_phrase
 from membench.results import RunRecord
-from membench.units import fmt_bytes, fmt_duration, fmt_number
+from membench.results.progress import STAGE_WORDS, Stage
 
 
 class Estimate:

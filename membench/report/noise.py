@@ -6,9 +6,16 @@ intervals overlap are *within noise* of each other: their difference in throughp
 
 from __future__ import annotations
 
+from membench.common.units import pct_change
 from membench.results import Timing
-from membench.trackers.timing import overlap
-from membench.units import pct_change
+
+
+def overlap(a: Timing | None, b: Timing | None) -> bool | None:
+    """Whether two runs' median step times are within noise of each other (their intervals overlap). None when
+    either has no interval (older results)."""
+    if a is None or b is None or a.ci_low_s is None or b.ci_low_s is None:
+        return None
+    return a.ci_low_s <= b.ci_high_s and b.ci_low_s <= a.ci_high_s
 
 
 def spread(timing: Timing | None) -> float | None:

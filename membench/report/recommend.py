@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from membench.errors import UserError
+from membench.common.errors import UserError
+from membench.common.units import fmt_bytes, fmt_bytes_apart, fmt_number, parse_bytes, pct_change
 from membench.report import noise
 from membench.report.explain import PHASE_WORDS, find_baseline
 from membench.results import RunRecord
-from membench.units import fmt_bytes, fmt_bytes_apart, fmt_number, parse_bytes, pct_change
 
 SAME_MODEL = ("bitwise", "equivalent")
 MIN_SAVING_PCT = 5.0  # a saving below this share of the baseline's peak is too small to change a setup for

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
+from membench.common.units import ByteFormat, fmt_bytes, pct_change
+from membench.common.vocab import CATEGORIES
 from membench.report import noise
 from membench.report.explain import breakdown, find_baseline
 from membench.results import RunRecord
-from membench.units import ByteFormat, fmt_bytes, pct_change
-from membench.vocab import CATEGORIES
 
 
 def sweeps(results: list[RunRecord]) -> list[list[RunRecord]]:

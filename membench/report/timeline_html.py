@@ -16,11 +16,11 @@ import html
 import json
 import math
 
+from membench.common.units import fmt_bytes
+from membench.common.vocab import CATEGORIES
 from membench.report.charts import COLORS, PHASE_COLORS, load_timeline, unit_for
 from membench.results import RunRecord
 from membench.results.timeline import Timeline
-from membench.units import fmt_bytes
-from membench.vocab import CATEGORIES
 
 XS = 1000  # SVG units per step
 YS = 1000  # SVG units for the shared maximum

@@ -6,8 +6,10 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from membench.errors import UserError
-from membench.fsio import atomic_write_text, own_dir
+from membench.common.errors import UserError
+from membench.common.fsio import atomic_write_text, own_dir
+from membench.common.units import fmt_bytes
+from membench.common.vocab import CATEGORIES
 from membench.report import charts as ch
 from membench.report import explain as ex
 from membench.report import html
@@ -15,8 +17,6 @@ from membench.report.recommend import Goal, recommend
 from membench.report.table import BREAKDOWN_HEADERS, breakdown_rows, inert_markdown
 from membench.report.table import render as render_table
 from membench.results import RunRecord, to_frame
-from membench.units import fmt_bytes
-from membench.vocab import CATEGORIES
 
 
 def check_one_sweep(results: list[RunRecord]) -> None:

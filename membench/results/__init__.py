@@ -1,11 +1,21 @@
 """Results: the record's schema (`schema`), its files (`files`) and a DataFrame of them (`frame`).
 
-A result file is one `RunRecord` as JSON, read by one typed reader (membench.typedjson) and written atomically.
+A result file is one `RunRecord` as JSON, read by one typed reader (membench.common.typedjson) and written atomically.
 Everything else reads attributes, never dict keys. Import names from here: which module holds them is this
 package's business.
 """
 
-from membench.results.files import MAX_RESULT_BYTES, is_finished, load_dir, read_result, result_path, write_record
+from membench.common.typedjson import build_checked
+from membench.results.files import (
+    MAX_RESULT_BYTES,
+    archive,
+    check_result_paths,
+    is_finished,
+    load_dir,
+    read_result,
+    result_path,
+    write_record,
+)
 from membench.results.frame import to_frame
 from membench.results.schema import (
     FINISHED,
@@ -23,10 +33,10 @@ from membench.results.schema import (
     TimelineInfo,
     Timing,
 )
-from membench.typedjson import build_checked
 
 __all__ = [
     "FINISHED", "MAX_RESULT_BYTES", "SCHEMA_VERSION", "STATUSES", "Environment", "Equivalence", "FileRef", "Memory",
-    "ModuleBytes", "RankSummary", "RunRecord", "SiteBytes", "StateDiff", "TimelineInfo", "Timing", "build_checked",
-    "is_finished", "load_dir", "read_result", "result_path", "to_frame", "write_record",
+    "ModuleBytes", "RankSummary", "RunRecord", "SiteBytes", "StateDiff", "TimelineInfo", "Timing", "archive",
+    "build_checked", "check_result_paths", "is_finished", "load_dir", "read_result", "result_path", "to_frame",
+    "write_record",
 ]

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from membench.errors import UserError
+from membench.common.errors import UserError
+from membench.common.typedjson import build_checked, to_plain
 from membench.spec import Job
-from membench.typedjson import build_checked, to_plain
 
 SCHEMA_VERSION = 2
 STATUSES = ("ok", "oom", "diverged", "error", "timeout")

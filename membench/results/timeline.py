@@ -11,9 +11,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from membench.errors import UserError
-from membench.typedjson import build_checked, to_plain
-from membench.vocab import CATEGORIES
+from membench.common.errors import UserError
+from membench.common.typedjson import build_checked, to_plain
+from membench.common.vocab import CATEGORIES
 
 FORMAT_VERSION = 1
 MAX_STEPS = 10_000  # far beyond the few steps a recording pass records: a file claiming more is not ours

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from membench.errors import UserError
+from membench.common.errors import UserError
 from membench.techniques.accum import GradientAccumulation
 from membench.techniques.act_offload import ActivationOffload
 from membench.techniques.amp import AmpBf16, AmpFp16

@@ -1,4 +1,4 @@
-from membench.errors import UserError
+from membench.common.errors import UserError
 from membench.techniques.base import Technique
 
 

@@ -2,7 +2,7 @@ import functools
 
 from torch.utils.checkpoint import checkpoint
 
-from membench.errors import UserError
+from membench.common.errors import UserError
 from membench.techniques.base import Technique
 from membench.trackers.recompute import marked
 

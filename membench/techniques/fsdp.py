@@ -3,9 +3,9 @@
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from membench.errors import UserError
+from membench.common.errors import UserError
+from membench.private import fsdp_api
 from membench.techniques.base import Technique
-from membench.trackers.private import fsdp_api
 
 
 class Fsdp(Technique):

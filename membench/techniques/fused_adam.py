@@ -19,7 +19,7 @@ class FusedAdam(Technique):
 
     def validate(self, spec, workload) -> None:
         from membench import optimizers
-        from membench.errors import UserError
+        from membench.common.errors import UserError
 
         if not optimizers.supports(spec.optimizer, "fused"):
             raise UserError(f"technique {self.name} needs an optimizer with a fused step (adam, adamw, sgd, "

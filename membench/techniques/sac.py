@@ -2,8 +2,8 @@ import functools
 
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from membench.private import attention_and_matmul_ops
 from membench.techniques.ckpt import ActivationCheckpointing
-from membench.trackers.private import attention_and_matmul_ops
 
 # Expensive to recompute, and their outputs are what the rest of the block is computed from: keep them.
 SAVED_OPS = attention_and_matmul_ops()

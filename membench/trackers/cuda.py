@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from membench.fsio import atomic_write_bytes
+from membench import private
+from membench.common.fsio import atomic_write_bytes
 from membench.results import SiteBytes
-from membench.trackers import private
 
 MAX_ENTRIES = 100_000  # alloc/free events kept (a ring buffer); ~ tens of MB of pickle with stack traces
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from membench import vocab as cat
+from membench.common import vocab as cat
 from membench.results import Memory, ModuleBytes
 from membench.trackers.modules import ModuleScopes, parameter_owners
 from membench.trackers.storage import StorageTracker

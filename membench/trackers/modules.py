@@ -20,7 +20,7 @@ import functools
 import torch
 from torch import nn
 
-from membench.trackers.private import queue_backward_callback
+from membench.private import queue_backward_callback
 from membench.trackers.storage import NO_MODULE
 
 CLAIM = "membench_module"  # key in an autograd node's metadata: the innermost module that produced it

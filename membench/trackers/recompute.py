@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import threading
 
-from membench.trackers.private import in_backward
+from membench.private import in_backward
 
 _state = threading.local()
 

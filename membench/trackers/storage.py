@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from membench.trackers import recompute
-from membench.trackers.private import (
+from membench.common.vocab import CATEGORIES, OTHER, PHASE_CATEGORY, RECOMPUTED
+from membench.private import (
     PRIM_DEVICE,
     TorchDispatchMode,
     fake_device,
@@ -30,7 +30,7 @@ from membench.trackers.private import (
     is_traceable_wrapper_subclass,
     tree_flatten,
 )
-from membench.vocab import CATEGORIES, OTHER, PHASE_CATEGORY, RECOMPUTED
+from membench.trackers import recompute
 
 NO_MODULE = "(no module)"  # allocated outside any tracked module: the loss, the optimizer step, the inputs
 
@@ -60,9 +60,9 @@ class StorageTracker(TorchDispatchMode):
         super().__init__()
         self.trace: list[tuple] | None = [] if trace else None
         # Beside the trace: calls whose allocations depend on more than their outputs' sizes (CUDA kernel scratch,
-        # trackers/cuda_reductions.KernelCall), kept so that fit can work them out at other batch sizes.
+        # predict/emulate/reductions.KernelCall), kept so that fit can work them out at other batch sizes.
         self.kernel_calls: list | None = [] if trace else None
-        self.kernels = None  # a CUDA prediction's trackers.cuda_kernels.CudaKernels: called around every op
+        self.kernels = None  # a CUDA prediction's predict.emulate.kernels.CudaKernels: called around every op
         self.device_types = device_types
         self.round_to = round_to
         self.budget = budget

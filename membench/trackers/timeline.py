@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from membench.fsio import atomic_write_text
+from membench.common.fsio import atomic_write_text
+from membench.common.vocab import CATEGORIES
 from membench.results import ModuleBytes
 from membench.results.timeline import FORMAT_VERSION, Span, Timeline, TimelinePeak, read_timeline
 from membench.trackers.storage import StorageTracker
-from membench.vocab import CATEGORIES
 
 MAX_POINTS = 2000
 TIMELINE_STEPS = 2  # recorded steps: the second shows the steady state, the first what changes across steps

@@ -89,14 +89,6 @@ def summarize(times: list[float]) -> Timing:
                   ci_low_s=low, ci_high_s=high, ci_level=level)
 
 
-def overlap(a: Timing | None, b: Timing | None) -> bool | None:
-    """Whether two runs' median step times are within noise of each other (their intervals overlap). None when
-    either has no interval (older results)."""
-    if a is None or b is None or a.ci_low_s is None or b.ci_low_s is None:
-        return None
-    return a.ci_low_s <= b.ci_high_s and b.ci_low_s <= a.ci_high_s
-
-
 def count_flops(step: Callable[[], object]) -> int:
     with FlopCounterMode(display=False) as counter:
         step()

@@ -11,7 +11,7 @@ import re
 import sys
 from collections.abc import Callable
 
-from membench.errors import UserError
+from membench.common.errors import UserError
 from membench.workloads.base import Batch, Workload
 
 
@@ -29,7 +29,7 @@ BUILTIN = ("vit-tiny", "vit-small", "vit_b_16", "vit_l_16", "gpt-tiny", "gpt-min
            "cnn-bn")
 HF_PREFIX = "hf:"
 # Workload objects given to membench.run_sweep in this process, by the name their runs are recorded under. A
-# forked child inherits them; a fresh `python -m membench.launch.worker` process cannot see them.
+# forked child inherits them; a fresh `python -m membench.child.worker` process cannot see them.
 REGISTERED: dict[str, Workload] = {}
 VALID = f"{', '.join(BUILTIN)}, hf:NAME (Hugging Face), or package.module:factory"
 

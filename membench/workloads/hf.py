@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from membench.errors import UserError
+from membench.common.errors import UserError
 from membench.workloads.base import Batch, Workload
 
 MISSING = "Hugging Face workloads need transformers: pip install membench[hf]"

@@ -3,7 +3,7 @@
 A prediction runs on CPU fake tensors; what the GPU decides is added from this table: the cuBLAS workspace each
 cuBLAS handle takes from the caching allocator, and the compute capability that decides it (and the attention
 kernel); the multiprocessor count and the threads each multiprocessor runs at most, which size the scratch buffers
-CUDA's reductions take (trackers/cuda_reductions.py); the compute capability picks cub's sort tuning there too.
+CUDA's reductions take (predict/emulate/reductions.py); the compute capability picks cub's sort tuning there too.
 Memory sizes are the nominal ones the GPUs are sold with (GB as printed on the card's specification); the total a
 process can use is a little less (the CUDA context and the driver take their share).
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from membench.errors import UserError
+from membench.common.errors import UserError
 
 DEFAULT_GPU = "H100"
 

@@ -15,7 +15,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from membench.errors import UserError
+from membench.common.errors import UserError
 
 # mkstemp creates files 0600; membench's files are as readable as any other file the user creates.
 _UMASK = os.umask(0)

@@ -17,10 +17,10 @@ from pathlib import Path
 from tabulate import tabulate
 
 from membench import environment
-from membench.errors import UserError
+from membench.common.errors import UserError
+from membench.common.units import fmt_bytes, parse_bytes
 from membench.results import RunRecord, load_dir
 from membench.techniques import pairing_key
-from membench.units import fmt_bytes, parse_bytes
 
 OK, REGRESSION = 0, 1
 

@@ -13,7 +13,7 @@ import sys
 import torch
 from torch import nn
 
-# --- dispatch and pytrees: the storage tracker (trackers/storage.py), fake scalars (trackers/fake.py) ------------
+# --- dispatch and pytrees: the storage tracker (trackers/storage.py), fake scalars (predict/emulate/fake.py)
 # checked: 2.14.1
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass  # noqa: E402,F401
 from torch.utils._pytree import tree_flatten  # noqa: E402,F401
@@ -25,7 +25,7 @@ SCALAR_OPS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.de
 # checked: 2.14.1
 AMP_CHECK_AND_UNSCALE = torch.ops.aten._amp_foreach_non_finite_check_and_unscale_.default
 
-# --- the dispatcher's autocast key, for CUDA's autocast policy on CPU fake tensors (trackers/cuda_autocast.py) ---
+# --- the dispatcher's autocast key, for CUDA's autocast policy on CPU fake tensors (predict/emulate/autocast.py) ---
 # checked: 2.14.1 (Library.impl over a key that has a kernel replaces it until the library is destroyed)
 AUTOCAST_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
 exclude_dispatch_keys = torch._C._ExcludeDispatchKeyGuard
@@ -86,7 +86,7 @@ def in_backward() -> bool:
 
 
 # The autograd node whose backward is running (None outside backward), and how many references a tensor's storage
-# has (its tensors and views, and Python's storage objects): trackers/subclass_like.py. checked: 2.14.1
+# has (its tensors and views, and Python's storage objects): predict/emulate/inplace_backward.py. checked: 2.14.1
 def current_autograd_node():
     return torch._C._current_autograd_node()
 
@@ -122,7 +122,7 @@ def fsdp_storage_modules() -> list:
     return [sys.modules[n] for n in names if n in sys.modules]
 
 
-# --- fake tensors and a fake process group: prediction without memory or GPU (trackers/fake.py) ------------------
+# --- fake tensors and a fake process group: prediction without memory or GPU (predict/emulate/fake.py) ------------
 def fake_tensor_mode(**kwargs):
     from torch._subclasses.fake_tensor import FakeTensorMode  # checked: 2.14.1
 
@@ -130,7 +130,7 @@ def fake_tensor_mode(**kwargs):
 
 
 def is_fake(tensor) -> bool:
-    """A FakeTensor (no data): trackers/subclass_like.py rewrites ops only on these."""
+    """A FakeTensor (no data): predict/emulate/inplace_backward.py rewrites ops only on these."""
     return isinstance(tensor, fake_tensor_type())
 
 
@@ -255,7 +255,7 @@ def queue_backward_callback(fn) -> None:
     torch.autograd.Variable._execution_engine.queue_callback(fn)
 
 
-# --- saved-tensor hooks in force (checkpointing's, offloading's): trackers/cuda_sdpa.py -----------------------------
+# --- saved-tensor hooks in force (checkpointing's, offloading's): predict/emulate/sdpa.py -----------------------------
 # checked: 2.14.1
 def saved_tensor_hooks_active() -> bool:
     return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None

@@ -12,21 +12,22 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import sys
+import os
 import time
 import traceback
 from pathlib import Path
 
-from membench import environment, gpus, optimizers, steady
-from membench.errors import UserError
+from membench import environment, optimizers
+from membench.common.errors import UserError
 from membench.measure import Session
+from membench.predict import gpus, steady
+from membench.predict.emulate import fake
+from membench.predict.emulate.autocast import cuda_policy
+from membench.predict.emulate.kernels import CudaKernels
 from membench.results import Memory, RunRecord, result_path, write_record
 from membench.spec import Job, RunSpec
 from membench.step import batches
 from membench.techniques import Stack, Technique, resolve
-from membench.trackers import fake
-from membench.trackers.cuda_autocast import cuda_policy
-from membench.trackers.cuda_kernels import CudaKernels
 from membench.trackers.memory import CpuMeter
 from membench.workloads import load_workload
 
@@ -37,7 +38,7 @@ CANNOT_SEE = (
     "library workspaces outside the caching allocator (cuDNN, NCCL); cuBLAS's are counted (one per handle: the "
     "main thread's, and the autograd thread's once backward runs a matmul)",
     "scratch CUDA kernels take from the caching allocator and free at once, other than sums' and means' split "
-    "reductions and accumulating index_put_'s sort, which are counted (trackers/cuda_reductions.py): other "
+    "reductions and accumulating index_put_'s sort, which are counted (predict/emulate/reductions.py): other "
     "reductions' (max/min, norms, var/std), nn.Embedding's backward sort, cuDNN's",
     "reserved memory is simulated (membench.allocator), from allocations whose sizes are exact but whose order on a "
     "GPU can differ (kernel choice, streams); CUDA graphs and cudaMallocAsync are not modelled; which of several "
@@ -119,7 +120,7 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     """predict_memory, keeping the allocation trace (fit derives other batch sizes from a few of them).
 
     derive_warmup: write the warm-up step's allocations from the measured step's instead of running it, where
-    membench.steady can (half the time; checked, and run after all where a check fails)."""
+    membench.predict.steady can (half the time; checked, and run after all where a check fails)."""
     spec = job.run
     cuda = spec.device == "cuda"
     keep_trace = trace
@@ -240,9 +241,9 @@ def allocator_settings(stack: Stack):
     """The caching allocator's settings a run of this stack gets: the user's PYTORCH_CUDA_ALLOC_CONF plus the
     stack's own (expandable-segments)."""
     from membench.allocator import settings_from_env
-    from membench.launch.lifecycle import environment_for
+    from membench.allocator.settings import with_allocator_env
 
-    return settings_from_env(environment_for(stack))
+    return settings_from_env(with_allocator_env(os.environ, stack.env))
 
 
 class CannotPredict(Exception):
@@ -286,8 +287,7 @@ def predict_all(jobs: list[Job], out_dir: Path | None, on_done=None, on_start=No
 
 def refuse_over_measurements(jobs: list, out: Path) -> None:
     """A prediction never replaces a measurement: refused where a run's result file holds a measured result."""
-    from membench.launch.sweep import check_result_paths
-    from membench.results import read_result, result_path
+    from membench.results import check_result_paths, read_result, result_path
 
     check_result_paths(jobs, out)
     for job in jobs:
@@ -300,29 +300,6 @@ def refuse_over_measurements(jobs: list, out: Path) -> None:
             if measured:
                 raise UserError(f"{path} holds a measured result (or one that cannot be read): a prediction never "
                                 "replaces a measurement; choose another --out")
-
-
-def answer_request(request: dict) -> dict:
-    """In the child process of `membench predict` (launch.probe.call_isolated): plan the runs (loading the user's
-    code), predict each into request["out"], say how each went on stderr; the answer names the result files."""
-    from membench.api import plan
-    from membench.launch.lifecycle import archive
-
-    jobs = plan(**request["plan"], in_process=True)
-    out = Path(request["out"])
-    refuse_over_measurements(jobs, out)
-
-    def start(job) -> None:  # a large model takes a while per run: say which one is going
-        archive(out, job.name)  # an earlier prediction moves to previous/, as a run's result does
-        print(f"predicting {job.name} ...", file=sys.stderr, flush=True)
-
-    def done(job, record) -> None:
-        print(f"predicted {job.name}: {record.status} ({record.wall_s:.1f} s)", file=sys.stderr, flush=True)
-        if record.traceback:  # a membench bug, not the user's: show where
-            print(record.traceback, file=sys.stderr, flush=True)
-
-    predict_all(jobs, out, on_start=start, on_done=done)
-    return {"names": [job.name for job in jobs]}
 
 
 def default_predict_dir(spec: RunSpec, root: Path = Path("results")) -> Path:

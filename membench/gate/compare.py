@@ -7,12 +7,12 @@ partner are listed apart, with the reason.
 
 from __future__ import annotations
 
-from membench.errors import UserError
+from membench.common.errors import UserError
+from membench.common.units import ByteFormat, pct_change
 from membench.report import noise
 from membench.report.table import MARKDOWN_FORMATS, inert_markdown, tabulated
 from membench.results import RunRecord
 from membench.techniques import pairing_key
-from membench.units import ByteFormat, pct_change
 
 
 def _pct(new, old) -> str:

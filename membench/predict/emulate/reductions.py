@@ -1,7 +1,7 @@
 """What CUDA kernels take from the caching allocator inside the kernel, besides their outputs, and free at once.
 
 Fake tensors run no kernel, so a CUDA prediction adds these (`KernelScratch`, called by
-trackers/cuda_kernels.py's `CudaKernels` after each op), in the order a GPU allocates and frees them. They raise
+predict/emulate/kernels.py's `CudaKernels` after each op), in the order a GPU allocates and frees them. They raise
 the peak only by their own size for a moment, but they change which cached blocks the allocator splits, and so the
 unsplit remainders `max_memory_allocated()` counts and the segments it reserves. Two kinds, as torch 2.11 runs
 them (the version of the real traces benchmarks/validate_predictions.py checks, whose recorded steps show exactly
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from membench.vocab import OTHER
+from membench.common.vocab import OTHER
 
 aten = torch.ops.aten
 SCRATCH_MODULE = "(CUDA kernel scratch)"

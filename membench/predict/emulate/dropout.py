@@ -22,7 +22,7 @@ import warnings
 
 import torch
 
-from membench.trackers.private import destroy_library
+from membench.private import destroy_library
 
 
 def _dropout(input: torch.Tensor, p: float, train: bool) -> torch.Tensor:

@@ -12,7 +12,7 @@ first step began and each workspace where its thread's first matmul ran, which i
 them.
 
 That holds only where the first step differs from the next by exactly those allocations, so it is checked, and a
-prediction that fails a check runs its warm-up step after all (predict.py). What the measured step allocated may
+prediction that fails a check runs its warm-up step after all (predict/run.py). What the measured step allocated may
 outlive it only as garbage the cycle collector frees (checkpointing's recomputation state, which a run frees at the
 next step's start, as written here); nothing made before it may be freed in it; every optimizer that made state
 stepped in it, with a gradient for each parameter it made state for (a parameter that gets no gradient gets no
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from membench import private
 from membench.measure import Session
-from membench.trackers import private
 
 Event = tuple  # ("alloc", key, nbytes) or ("free", key), as trackers/storage.py traces them
 
@@ -124,7 +124,7 @@ def write_warmup(primed: Primed, seen: Seen, trace: list[Event], measured_from: 
                  peak_bytes: int, start_bytes: int, round_to: int, calls: list | None = None
                  ) -> tuple[list[Event], int, list] | str:
     """The trace a prediction that ran its warm-up step would have made, where its measured step begins, and its
-    kernel calls (trackers/cuda_reductions.KernelCall, from `calls`: the trace's); or why that cannot be written.
+    kernel calls (predict/emulate/reductions.KernelCall, from `calls`: the trace's); or why that cannot be written.
 
     trace: construction, priming, then the measured step from measured_from. garbage: keys the measured step
     allocated that the cycle collector freed after it, in the order it freed them. peak_bytes, start_bytes: the

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from membench.trackers import private
+from membench import private
 
 
 class _AnswerScalars(private.TorchDispatchMode):

@@ -23,7 +23,7 @@ import contextlib
 import torch
 from torch.overrides import TorchFunctionMode
 
-from membench.trackers.private import saved_tensor_hooks_active
+from membench.private import saved_tensor_hooks_active
 
 SDPA = torch.nn.functional.scaled_dot_product_attention
 

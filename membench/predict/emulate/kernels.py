@@ -8,11 +8,11 @@ for a CUDA prediction (`CudaKernels`, called around every op), of three parts.
   matmul of the first backward. ATen's matmuls are structured kernels, so the output exists before the kernel asks
   for its handle: the workspace comes after the first matmul's output. Fake tensors on CPU run backward on the
   calling thread and take no workspace at all. Counted as `other` memory.
-- Kernel scratch (trackers/cuda_reductions.py): what reductions and accumulating index_put_ take and free inside
+- Kernel scratch (predict/emulate/reductions.py): what reductions and accumulating index_put_ take and free inside
   the kernel.
-- Backward's in-place paths (trackers/subclass_like.py): where the storage tracker, being a dispatch mode, makes
-  torch go out of place, a plain run takes the in-place path. A GPU run is measured from the allocator's statistics
-  with no dispatch mode, while a CPU run is measured by the tracker itself, whose numbers a CPU prediction
+- Backward's in-place paths (predict/emulate/inplace_backward.py): where the storage tracker, being a dispatch
+  mode, makes torch go out of place, a plain run takes the in-place path. A GPU run is measured from the allocator's
+  statistics with no dispatch mode, while a CPU run is measured by the tracker itself, whose numbers a CPU prediction
   reproduces, so only a CUDA prediction undoes them.
 """
 
@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import torch
 
-from membench.trackers.cuda_reductions import KernelScratch
-from membench.trackers.private import in_backward
-from membench.trackers.subclass_like import BackwardPaths
-from membench.vocab import OTHER
+from membench.common.vocab import OTHER
+from membench.predict.emulate.inplace_backward import BackwardPaths
+from membench.predict.emulate.reductions import KernelScratch
+from membench.private import in_backward
 
 # The aten ops that run through cuBLAS on CUDA (matmuls; linear and matmul reach these), float types only.
 CUBLAS_OPS = frozenset(getattr(torch.ops.aten, name).default for name in (

@@ -3,7 +3,7 @@
 import math
 import re
 
-from membench.errors import UserError
+from membench.common.errors import UserError
 
 _UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}

@@ -28,7 +28,7 @@ made by the same node), an over-prediction; and a gradient a node passes on unch
 both still hold it is summed in place here where the engine would not (that second reference is in C++, out of
 Python's sight), an under-prediction. Only fake tensors are
 rewritten: their values do not exist, so nothing a real run computes can change; and only in a CUDA prediction
-(trackers/cuda_kernels.py calls it), as a CPU run is measured by the tracker itself, paths and all.
+(predict/emulate/kernels.py calls it), as a CPU run is measured by the tracker itself, paths and all.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import weakref
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from membench.trackers.private import current_autograd_node, in_backward, is_fake, storage_use_count
+from membench.private import current_autograd_node, in_backward, is_fake, storage_use_count
 
 aten = torch.ops.aten
 ADD, ADD_ = aten.add.Tensor, aten.add_.Tensor

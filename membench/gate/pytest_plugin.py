@@ -14,7 +14,7 @@ such as the model's weights, are not counted unless the block copies them). Like
     pytest --membench-compare=.membench --membench-compare-fail=peak:5%
 
 A measurement that breaks a rule fails its test with one line naming the test, the baseline and the current
-bytes. Rules are `membench check`'s (membench/check.py): `peak:5%`, `peak:0%`, `peak:64MiB`.
+bytes. Rules are `membench check`'s (membench/gate/check.py): `peak:5%`, `peak:0%`, `peak:64MiB`.
 """
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from membench.check import Rule, parse_rule
-from membench.errors import UserError
-from membench.fsio import atomic_write_text, make_dir, open_lock_file, read_bounded, user_error
+from membench.common.errors import UserError
+from membench.common.fsio import atomic_write_text, make_dir, open_lock_file, read_bounded, user_error
+from membench.common.units import fmt_bytes
+from membench.common.vocab import GRADS
+from membench.gate.check import Rule, parse_rule
+from membench.private import tree_flatten
 from membench.results.schema import bounded_int, check_values
 from membench.trackers.modules import ModuleScopes, parameter_owners
-from membench.trackers.private import tree_flatten
 from membench.trackers.storage import StorageTracker
-from membench.units import fmt_bytes
-from membench.vocab import GRADS
 
 BASELINE_FILE = "memory_peaks.json"
 LOCK_FILE = ".memory_peaks.lock"
@@ -107,9 +107,9 @@ class BaselineFile:
 
 
 def read_baselines(path: Path) -> BaselineFile:
-    """The baseline file, every field's type and range checked (membench.typedjson), or one UserError naming
+    """The baseline file, every field's type and range checked (membench.common.typedjson), or one UserError naming
     the file and the field: the same reader and limits as a result file's."""
-    from membench.typedjson import build_checked
+    from membench.common.typedjson import build_checked
 
     where = f"baseline file {path}"
     try:
@@ -311,7 +311,7 @@ class _Gate:
         with _merge_lock(folder):
             tests = {}
             if path.exists():
-                from membench.typedjson import to_plain
+                from membench.common.typedjson import to_plain
 
                 tests = to_plain(read_baselines(path).tests)
             for nodeid, blocks in self.results.items():
@@ -341,7 +341,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture
 def memory_peak(request: pytest.FixtureRequest) -> MemoryPeak:
     """Measure the exact peak of tensor memory (CPU) of a block: `with memory_peak("name") as m:` or
-    `memory_peak(fn, *args)`; see membench.pytest_plugin."""
+    `memory_peak(fn, *args)`; see membench.gate.pytest_plugin."""
     return MemoryPeak(request, request.config.stash[_GATE])
 
 

@@ -1,6 +1,6 @@
 """One run, in its own process: build -> memory -> timeline -> timing -> FLOPs -> equivalence -> record.
 
-Run as `python -m membench.launch.worker JOB.json RESULT.json`. It always tries to leave a result file behind: an
+Run as `python -m membench.child.worker JOB.json RESULT.json`. It always tries to leave a result file behind: an
 out-of-memory error becomes status "oom" with what was measured up to then, any other exception "error" with
 its traceback (in the record and in the run's log).
 """

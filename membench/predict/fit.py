@@ -29,12 +29,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from membench import gpus
-from membench.errors import UserError, failure_line
-from membench.predict import Traced
+from membench.common.errors import UserError, failure_line
+from membench.predict import gpus
+from membench.predict.emulate.reductions import KernelScratch
+from membench.predict.run import Traced
 from membench.spec import Job
 from membench.techniques import resolve
-from membench.trackers.cuda_reductions import KernelScratch
 from membench.workloads import load_workload
 
 
@@ -122,39 +122,6 @@ def confirm_on_gpu(job: Job, fit: Fit, budget: int, out_dir: Path, tries: int = 
     if ok is None:
         fit.note = (fit.note + "; " if fit.note else "") + f"a confirmation run failed (see {out_dir})"
     return fit
-
-
-def answer_request(request: dict) -> dict:
-    """In the child process of `membench fit` (launch.probe.call_isolated): plan the runs (loading the user's code),
-    fit each (request["jobs"] at a time: fit_in_parallel), showing every prediction on stderr as the search goes;
-    the answer is the fits and their jobs."""
-    from membench.api import plan
-    from membench.predict import predict_traced
-    from membench.units import fmt_bytes
-
-    budget, by = request["budget"], request["by"]
-
-    def probe(job: Job, peak: int) -> None:  # each prediction takes a second or more: show the search as it goes
-        verdict = "fits" if peak <= budget else "over"
-        print(f"fit {job.name}: batch {job.run.batch_size} -> {fmt_bytes(peak)} ({verdict})", file=sys.stderr,
-              flush=True)
-
-    jobs = plan(**request["plan"], in_process=True)
-
-    def fit_one(job: Job) -> Fit:
-        return fit_batch(job, budget, by, predict_traced, request["max_batch"], on_probe=probe)
-
-    workers = min(request.get("jobs", 1), len(jobs))
-    reason = fork_refused() if workers > 1 else None
-    if reason is not None:
-        print(f"membench: the fitting process cannot fork ({reason}): techniques fitted one at a time",
-              file=sys.stderr, flush=True)
-        workers = 1
-    if workers > 1:
-        fits = fit_in_parallel(jobs, fit_one, workers, request["plan"].get("workload"))
-    else:
-        fits = [fit_one(job) for job in jobs]
-    return {"fits": [dataclasses.asdict(f) for f in fits], "jobs": [job.to_dict() for job in jobs]}
 
 
 def default_jobs() -> int:
@@ -320,7 +287,7 @@ def _raise_for(job: Job, answer: bytes, status: int | None) -> None:
 class AffineTrace:
     """The allocations of a prediction at any batch, derived from two: event i is the same allocation or free at
     every batch, and an allocation's size is a + c x batch (bytes, integers). Kernel scratch (a CUDA kernel's own
-    buffers, trackers/cuda_reductions.py) is not affine in the batch: a reduction splits across blocks only past
+    buffers, predict/emulate/reductions.py) is not affine in the batch: a reduction splits across blocks only past
     some size, with buffers sized by the GPU. Its calls are kept apart, each with its tensors' layouts (affine in
     the batch), and their scratch is worked out again at each batch by the same code a prediction runs."""
 
@@ -334,7 +301,7 @@ class AffineTrace:
     @classmethod
     def derive(cls, a: Traced, batch_a: int, b: Traced, batch_b: int, settings, scratch=None) -> AffineTrace | str:
         """The affine trace through a and b, or why there is none (in words). scratch: the prediction's
-        trackers/cuda_reductions.KernelScratch (its GPU), for traces that kept kernel calls."""
+        predict/emulate/reductions.KernelScratch (its GPU), for traces that kept kernel calls."""
         (events_a, calls_a, from_a), (events_b, calls_b, from_b) = _apart(a), _apart(b)
         if len(events_a) != len(events_b) or from_a != from_b:
             return (f"batch {batch_a} makes {len(events_a)} allocations and frees, batch {batch_b} makes "
@@ -477,7 +444,7 @@ def fit_batch(job: Job, budget: int, by: str, traced: Callable[[Job], Traced], m
     """The largest batch whose predicted peak `by` ("allocated" or "reserved") fits the budget, from two traces,
     confirmed by real predictions at the answer and the first batch over (see the module docstring); the full
     search where the traces do not allow it. traced(job) is one prediction (predict.predict_traced)."""
-    from membench.predict import allocator_settings
+    from membench.predict.run import allocator_settings
 
     step = batch_step(job)
     kmax = max_batch // step

@@ -15,7 +15,7 @@ import typing
 from pathlib import Path
 from typing import Union
 
-from membench.errors import UserError
+from membench.common.errors import UserError
 
 
 def to_plain(value):

@@ -19,9 +19,9 @@ import warnings
 
 import torch
 
-from membench.trackers.cuda_dropout import cuda_dropout
-from membench.trackers.cuda_sdpa import cuda_sdpa
-from membench.trackers.private import AUTOCAST_CPU_KEYS, destroy_library, exclude_dispatch_keys, ops_with_kernel_for
+from membench.predict.emulate.dropout import cuda_dropout
+from membench.predict.emulate.sdpa import cuda_sdpa
+from membench.private import AUTOCAST_CPU_KEYS, destroy_library, exclude_dispatch_keys, ops_with_kernel_for
 
 LOWER_PRECISION_FP = (
     "_convolution.deprecated", "_convolution", "conv1d", "conv2d", "conv3d", "conv_tbc", "conv_transpose1d",
@@ -192,8 +192,8 @@ def _kernels(casts: _Casts) -> dict[str, object]:
 @contextlib.contextmanager
 def cuda_policy():
     """While active, torch.autocast("cpu", ...) applies CUDA's autocast policy (see the module's docstring), and
-    scaled_dot_product_attention and dropout keep what CUDA's fused kernels keep (trackers/cuda_sdpa.py,
-    trackers/cuda_dropout.py)."""
+    scaled_dot_product_attention and dropout keep what CUDA's fused kernels keep (predict/emulate/sdpa.py,
+    predict/emulate/dropout.py)."""
     with cuda_sdpa(), cuda_dropout(), _autocast_policy():
         yield
 

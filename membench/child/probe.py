@@ -1,0 +1,112 @@
+"""The probes' child side, in their own process, where importing and calling the user's code cannot hang, abort or
+crash the sweep itself (the launcher starts them and waits):
+
+- `python -m membench.child.probe PLAN_ARGS.json` (probe.probe): the arguments of `api.plan` in, one line of JSON
+  out, {"jobs": [...]} or {"error": "one line"}.
+- `python -m membench.child.probe --call KIND REQUEST.json ANSWER.json` (probe.call_isolated): predict or
+  fit, from loading the user's code to the answer, written to a file (the user's prints never mix with it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+from membench.api import plan
+from membench.common.errors import UserError, failure_line
+from membench.common.units import fmt_bytes
+from membench.launch import lifeline
+from membench.predict.fit import Fit, fit_batch, fit_in_parallel, fork_refused
+from membench.predict.run import predict_all, predict_traced, refuse_over_measurements
+from membench.results import archive
+from membench.spec import Job
+
+
+def plan_here(args: dict) -> dict:
+    """The jobs of the sweep `args` describe, planned in this process, or why not."""
+    try:
+        return {"jobs": [job.to_dict() for job in plan(**args, in_process=True)]}
+    except UserError as exc:
+        return {"error": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - the user's factory raising: its message is the answer
+        return {"error": f"workload {args.get('workload')!r} raised {type(exc).__name__}: {exc}"}
+
+
+def call_here(kind: str, request: dict) -> dict:
+    """probe.call_isolated's child: predict or fit, from loading the user's code to the answer."""
+    try:
+        return {"predict": predict_request, "fit": fit_request}[kind](request)
+    except UserError as exc:
+        return {"error": str(exc)}
+    except BaseException as exc:  # noqa: BLE001 - the user's code raising, or SystemExit from it: one line
+        return {"error": failure_line(exc, request.get("workload") or request.get("plan", {}).get("workload"))}
+
+
+def predict_request(request: dict) -> dict:
+    """In the child process of `membench predict` (launch.probe.call_isolated): plan the runs (loading the user's
+    code), predict each into request["out"], say how each went on stderr; the answer names the result files."""
+    jobs = plan(**request["plan"], in_process=True)
+    out = Path(request["out"])
+    refuse_over_measurements(jobs, out)
+
+    def start(job) -> None:  # a large model takes a while per run: say which one is going
+        archive(out, job.name)  # an earlier prediction moves to previous/, as a run's result does
+        print(f"predicting {job.name} ...", file=sys.stderr, flush=True)
+
+    def done(job, record) -> None:
+        print(f"predicted {job.name}: {record.status} ({record.wall_s:.1f} s)", file=sys.stderr, flush=True)
+        if record.traceback:  # a membench bug, not the user's: show where
+            print(record.traceback, file=sys.stderr, flush=True)
+
+    predict_all(jobs, out, on_start=start, on_done=done)
+    return {"names": [job.name for job in jobs]}
+
+
+def fit_request(request: dict) -> dict:
+    """In the child process of `membench fit` (launch.probe.call_isolated): plan the runs (loading the user's code),
+    fit each (request["jobs"] at a time: fit_in_parallel), showing every prediction on stderr as the search goes;
+    the answer is the fits and their jobs."""
+    budget, by = request["budget"], request["by"]
+
+    def probe(job: Job, peak: int) -> None:  # each prediction takes a second or more: show the search as it goes
+        verdict = "fits" if peak <= budget else "over"
+        print(f"fit {job.name}: batch {job.run.batch_size} -> {fmt_bytes(peak)} ({verdict})", file=sys.stderr,
+              flush=True)
+
+    jobs = plan(**request["plan"], in_process=True)
+
+    def fit_one(job: Job) -> Fit:
+        return fit_batch(job, budget, by, predict_traced, request["max_batch"], on_probe=probe)
+
+    workers = min(request.get("jobs", 1), len(jobs))
+    reason = fork_refused() if workers > 1 else None
+    if reason is not None:
+        print(f"membench: the fitting process cannot fork ({reason}): techniques fitted one at a time",
+              file=sys.stderr, flush=True)
+        workers = 1
+    if workers > 1:
+        fits = fit_in_parallel(jobs, fit_one, workers, request["plan"].get("workload"))
+    else:
+        fits = [fit_one(job) for job in jobs]
+    return {"fits": [dataclasses.asdict(f) for f in fits], "jobs": [job.to_dict() for job in jobs]}
+
+
+def main(argv: list[str]) -> int:
+    lifeline.tie_worker_to_sweep()  # a probe never outlives the sweep that started it
+    if argv[0] == "--call":  # KIND REQUEST ANSWER; the answer goes to a file
+        from membench.common.fsio import atomic_write_text
+
+        os.dup2(2, 1)  # the user's prints never mix with anything membench reads: all of it is output to show
+        sys.stdout = sys.stderr
+        answer = call_here(argv[1], json.loads(Path(argv[2]).read_text()))
+        atomic_write_text(Path(argv[3]), json.dumps(answer))
+        return 0
+    print(json.dumps(plan_here(json.loads(Path(argv[0]).read_text()))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
