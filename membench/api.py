@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -16,9 +17,11 @@ from torch import nn
 from membench import environment, optimizers
 from membench.common.errors import UserError
 from membench.launch.probe import probe
-from membench.launch.sweep import run_all
+from membench.launch.sweep import locked, run_all
 from membench.report.live import StageLines
-from membench.results import Environment, to_frame
+from membench.results import Environment, RunRecord, check_result_paths, to_frame
+from membench.results.progress import Stage
+from membench.results.sweep import Sweep
 from membench.spec import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_TECHNIQUES,
@@ -178,25 +181,64 @@ def run_sweep(workload: str | Workload | Callable[[], nn.Module] = DEFAULT_WORKL
         raise UserError("make_batch and loss_fn go with a model function, not with a workload name")
     jobs = plan(workload, techniques, batch_size, device, **options)
     out_dir = Path(out) if out else default_out_dir(jobs[0].run)
-    lines = StageLines() if progress is None else None
-    on_stage = (lambda job, stage: lines(stage)) if lines else (lambda job, stage: progress(stage)) \
-        if callable(progress) else None
+    display = _Callbacks(StageLines() if progress is None else None, progress if callable(progress) else None,
+                         on_start, on_done)
+    return to_frame(list(execute(jobs, out_dir, display, resume, run_one=launch).runs))
 
-    def start(job) -> None:
-        if lines:
-            lines.start(job)
-        if on_start:
-            on_start(job)
 
-    def done(job, result, skipped) -> None:
-        if lines:
-            lines.done(job, result, skipped)
-        if on_done:
-            on_done(job, result, skipped)
+class Display(Protocol):
+    """What a sweep shows as it goes: a run starting, its stages, a note about it, its end (skipped: kept from an
+    earlier sweep by --resume). `membench run`'s live display (report.live.SweepProgress) is one."""
 
-    results = run_all(jobs, out_dir, resume=resume, on_start=start, on_done=done, run_one=launch,
-                      on_stage=on_stage)
-    return to_frame(results)
+    def start(self, job: Job) -> None: ...
+
+    def stage(self, job: Job, stage: Stage) -> None: ...
+
+    def note(self, job: Job, message: str) -> None: ...
+
+    def done(self, job: Job, result: RunRecord, skipped: bool) -> None: ...
+
+
+def execute(jobs: list[Job], out_dir: Path, display: Display, resume: bool = False,
+            run_one: Callable[..., RunRecord] | None = None) -> Sweep:
+    """Run planned jobs into out_dir, holding its lock (launch.sweep.run_all): the one sweep behind `membench
+    run` and `run_sweep`. run_one: how one job runs (default: its own process)."""
+    with locked(out_dir):
+        check_result_paths(jobs, out_dir)
+        results = run_all(jobs, out_dir, resume=resume, on_start=display.start, on_done=display.done,
+                          on_note=display.note, run_one=run_one, on_stage=display.stage)
+    return Sweep.of(results)
+
+
+class _Callbacks:
+    """run_sweep's display: one line per stage on stderr (StageLines) or the caller's progress function, and the
+    caller's on_start / on_done."""
+
+    def __init__(self, lines: StageLines | None, progress: Callable | None, on_start: Callable | None,
+                 on_done: Callable | None):
+        self.lines, self.progress, self.on_start, self.on_done = lines, progress, on_start, on_done
+
+    def start(self, job: Job) -> None:
+        if self.lines:
+            self.lines.start(job)
+        if self.on_start:
+            self.on_start(job)
+
+    def stage(self, job: Job, stage: Stage) -> None:
+        if self.lines:
+            self.lines(stage)
+        if self.progress:
+            self.progress(stage)
+
+    def note(self, job: Job, message: str) -> None:
+        if self.lines:
+            self.lines.note(job, message)
+
+    def done(self, job: Job, result: RunRecord, skipped: bool) -> None:
+        if self.lines:
+            self.lines.done(job, result, skipped)
+        if self.on_done:
+            self.on_done(job, result, skipped)
 
 
 def _default_loss(model: nn.Module, batch) -> torch.Tensor:

@@ -191,15 +191,14 @@ def run_options(args) -> dict:
 
 
 def cmd_run(args) -> int:
-    from membench.api import default_out_dir, plan
-    from membench.launch.sweep import Interrupted, locked, run_all, sigterm_as_interrupt
+    from membench.api import default_out_dir, execute, plan
+    from membench.launch.sweep import Interrupted, locked, sigterm_as_interrupt
     from membench.report.live import SweepProgress
-    from membench.report.recommend import parse_goal, recommend
-    from membench.report.table import render, sweeps, top_modules_text
+    from membench.report.recommend import parse_goal
+    from membench.report.terminal import summary
     from membench.results import check_result_paths
 
     goal = parse_goal(args.goal)
-
     jobs = plan(args.workload, args.techniques, args.batch_size, args.device, **run_options(args))
     out = args.out or default_out_dir(jobs[0].run)
     # The folder is locked and checked before the progress display starts: a refusal is then the only line.
@@ -207,24 +206,18 @@ def cmd_run(args) -> int:
         check_result_paths(jobs, out)
         with SweepProgress(jobs, out) as progress, sigterm_as_interrupt():
             try:
-                results = run_all(jobs, out, resume=args.resume, on_start=progress.start, on_done=progress.done,
-                                  on_note=progress.note, on_stage=progress.stage)
+                sweep = execute(jobs, out, progress, resume=args.resume)
             except Interrupted as stop:
                 progress.console.print(f"{stop}: {len(stop.results)} finished run(s) kept in {out}", markup=False)
                 return 143 if stop.terminated else 130  # 128 + the signal's number, as a shell reports it
-    print(render(results))
-    top = next((t for r in results if r.name == "baseline" for t in [top_modules_text(r)] if t), None)
-    if top:
-        print("\n" + top)
-    for group in sweeps(results):
-        print("\n" + "\n".join(recommend(group, goal)))
+    print(summary([sweep], goal))
     print(f"\nresults: {out}")
-    if any(r.finished for r in results):
-        from membench.report.write import ordered, write_report
+    if any(r.finished for r in sweep.runs):
+        from membench.report.write import write_report
 
-        written = write_report(ordered(results), out / "report")
+        written = write_report(sweep, out / "report", goal)
         print(f"open {written['report.html']}")
-    return 0 if all(r.finished for r in results) else 1
+    return 0 if all(r.finished for r in sweep.runs) else 1
 
 
 def cmd_techniques(args) -> int:
@@ -239,39 +232,30 @@ def cmd_techniques(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from membench.report.recommend import parse_goal, recommend
-    from membench.report.table import render, sweep_title, sweeps, top_modules_text
-    from membench.report.write import ordered, write_report
+    from membench.common.fsio import own_dir
+    from membench.report.recommend import parse_goal
+    from membench.report.terminal import summary
+    from membench.report.write import write_report
     from membench.results import load_dir
+    from membench.results.sweep import Sweep
 
     goal = parse_goal(args.goal)
-    results = ordered(load_dir(args.results))
-    groups = sweeps(results)
-    print(render(results, fmt=args.format))
-    for group in groups:
-        print(f"\n{sweep_title(group)}:" if len(groups) > 1 else "")
-        # the same "where the peak comes from" block that `membench run` prints, for each sweep's baseline
-        top = next((t for r in group if r.name == "baseline" for t in [top_modules_text(r)] if t), None)
-        if top:
-            print(top + "\n")
-        print("\n".join(recommend(group, goal)))
+    sweeps = Sweep.group(load_dir(args.results))
+    print(summary(sweeps, goal, fmt=args.format))
     if args.no_files:
         return 0
-    from membench.common.fsio import own_dir, safe_component
-
     out = args.out or (args.results if args.results.is_dir() else args.results.parent) / "report"
-    if len(groups) > 1:
+    if len(sweeps) > 1:
         own_dir(out)
-    # One report per sweep: runs of different workloads, batch sizes or devices never share a baseline. The
-    # subfolder's name comes from result files: one harmless path component, whatever they hold.
+    # One report per sweep, each in a folder its key names (a prediction's and a measurement's never clash): runs
+    # of different sweeps never share a baseline.
     used: set[str] = set()
-    for group in groups:
-        run = group[0].spec.run
-        name = safe_component(f"{run.workload}-bs{run.batch_size}-{group[0].sweep_key[2]}")
-        name = next(n for i in range(len(groups) + 1) for n in [name + (f"-{i}" if i else "")] if n not in used)
+    for sweep in sweeps:
+        name = next(n for i in range(len(sweeps) + 1) for n in [sweep.key.folder() + (f"-{i}" if i else "")]
+                    if n not in used)
         used.add(name)
-        where = out if len(groups) == 1 else out / name
-        written = write_report(group, where, goal)
+        where = out if len(sweeps) == 1 else out / name
+        written = write_report(sweep, where, goal)
         print(f"\nwrote {', '.join(sorted(written))} to {where}\nopen {written['report.html']}")
     return 0
 
@@ -325,6 +309,7 @@ def cmd_predict(args) -> int:
     from membench.predict.run import CANNOT_SEE, default_predict_dir
     from membench.report.table import render
     from membench.results import read_result, result_path
+    from membench.results.sweep import Sweep
     from membench.spec import RunSpec
 
     plan = _predict_plan(args, args.batch_size)
@@ -337,7 +322,7 @@ def cmd_predict(args) -> int:
         answer = call_isolated("predict", {"plan": plan, "out": str(out)}, args.timeout,
                                f"predicting {args.workload!r}")
     results = [read_result(result_path(out, name)) for name in answer["names"]]
-    print(render(results))
+    print(render(Sweep.group(results)))
     if args.device == "cuda":
         from membench.predict.gpus import gpu
 

@@ -23,6 +23,7 @@ from membench.report import explain
 from membench.report.table import render
 from membench.report.write import write_report
 from membench.results import RunRecord, load_dir, read_result
+from membench.results.sweep import Sweep
 from tests.sweeps import tiny_sweep
 
 HOSTILE_TEXT = ["", "$\\frac{", "$\\frac{$", "$x^{2}$", "[bold]x[/bold]", "<script>alert(1)</script>",
@@ -89,8 +90,8 @@ def test_a_mutated_result_loads_typed_or_is_refused(valid, data, value, delete):
     mutated = _mutate(record, path, value, delete)
     loaded = _loads_or_refuses(json.dumps(mutated))
     if loaded is not None:
-        render([loaded])
-        explain.explain_all([loaded])
+        render(Sweep.group([loaded]))
+        explain.explain_all(Sweep.of([loaded]))
         compare.render([loaded], [loaded])
 
 
@@ -116,7 +117,7 @@ def test_whatever_loads_renders_a_report_and_passes_through_the_gate(valid, data
     except UserError:
         return
     try:
-        write_report(results, folder / "report")
+        write_report(Sweep.of(results), folder / "report")
     except UserError:
         pass
     # Against the untouched sweep, not against itself: a run whose peak grew never passes a 0% gate.
@@ -135,7 +136,7 @@ def test_a_truncated_timeline_does_not_break_the_report(valid, tmp_path):
     shutil.copytree(valid["_dir"], folder)
     timeline = folder / read_result(folder / "baseline.json").timeline.file
     timeline.write_text(timeline.read_text()[: timeline.stat().st_size // 2])
-    written = write_report(load_dir(folder), folder / "report")
+    written = write_report(Sweep.of(load_dir(folder)), folder / "report")
     assert Path(written["report.html"]).exists()
 
 
@@ -146,7 +147,7 @@ def test_hostile_names_and_units_render_in_every_chart(valid, tmp_path, text):
     record = copy.deepcopy(valid["opt-in-bwd.json"])
     record["name"], record["timing"]["unit"] = text, text
     (folder / "opt-in-bwd.json").write_text(json.dumps(record))
-    written = write_report(load_dir(folder), folder / "report")
+    written = write_report(Sweep.of(load_dir(folder)), folder / "report")
     assert {"peak.png", "timelines.png", "pareto.png", "report.html"} <= set(written)
 
 

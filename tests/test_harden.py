@@ -344,6 +344,7 @@ def test_crafted_side_file_names_are_neither_linked_nor_read(sweep, name):
     from membench.report import charts
     from membench.report.write import write_report
     from membench.results import load_dir
+    from membench.results.sweep import Sweep
 
     (sweep / "javascript:alert(1)").write_text("not a timeline")  # even with a file of that name in the folder
     record = json.loads((sweep / "opt-in-bwd.json").read_text())
@@ -351,7 +352,7 @@ def test_crafted_side_file_names_are_neither_linked_nor_read(sweep, name):
     (sweep / "opt-in-bwd.json").write_text(json.dumps(record))
     results = load_dir(sweep)
     assert charts.load_timeline(next(r for r in results if r.name == "opt-in-bwd")) is None
-    write_report(results, sweep)  # the report next to the results: relative links have no '../' in front
+    write_report(Sweep.of(results), sweep)  # the report next to the results: relative links have no '../' in front
     hrefs = _hrefs((sweep / "report.html").read_text())
     assert "baseline.timeline.json" in hrefs
     assert not [h for h in hrefs if ":" in h.split("/")[0] or "passwd" in h or "zero" in h], hrefs

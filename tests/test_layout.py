@@ -183,11 +183,7 @@ def under(module: str, prefix: str) -> bool:
 
 
 # Arrows that still break a rule, each with what removes it. Keep this empty.
-KNOWN: set[tuple[str, str]] = {
-    # which runs change precision, for runs without an equivalence verdict: from the technique registry, which
-    # imports torch; goes when the registry's metadata is read without torch.
-    ("membench.report.recommend", "membench.techniques"),
-}
+KNOWN: set[tuple[str, str]] = set()
 
 
 def forbidden_imports(found: list[Import], known: set[tuple[str, str]] = frozenset()) -> list[str]:

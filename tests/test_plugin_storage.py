@@ -51,7 +51,7 @@ def test_a_valid_file_reads_typed(tmp_path):
     ('{"tests": {}}', "field version is missing"),
     ("[" * 100_000 + "]" * 100_000, "baseline file"),
     ('{"version": 1, "tests": ' + "[" * 5000 + "]" * 5000 + "}", "baseline file"),
-    ("\udcff", "not JSON"),
+    ("\udcff", "not UTF-8"),
     ("", "not JSON"),
 ])
 def test_a_corrupt_file_is_one_line_naming_it_and_the_field(tmp_path, text, named):

@@ -169,15 +169,16 @@ def test_fsdp_prediction_at_world_size_1_equals_a_real_gloo_run(shard_technique)
 
 def test_a_table_mixing_kinds_labels_each_prediction(tmp_path):
     from membench.report.table import render
+    from membench.results.sweep import Sweep
 
     job = spec("vit-tiny", batch_size=2)
     measured = worker.run(job, tmp_path / "baseline.json")
     predicted = predict(job.with_run(techniques=("ckpt",)))
-    text = render([measured, predicted])
+    text = render(Sweep.group([measured, predicted]))
     # Apart: a prediction is never compared with a measurement, and its table says "predicted".
     measured_table, predicted_table = text.split("\n\n")[:2]
-    assert "vit-tiny, batch 2, cpu:" in measured_table and "peak alloc MiB" in measured_table
-    assert "vit-tiny, batch 2, cpu (predicted):" in predicted_table and "predicted alloc MiB" in predicted_table
+    assert "vit-tiny, batch 2, cpu:" in measured_table and "peak MiB" in measured_table
+    assert "vit-tiny, batch 2, cpu (predicted):" in predicted_table and "predicted peak MiB" in predicted_table
     assert "ckpt" in predicted_table and "ckpt" not in measured_table
 
 

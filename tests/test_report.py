@@ -12,9 +12,11 @@ import pytest
 from membench.cli import main
 from membench.common.errors import UserError
 from membench.gate import compare
-from membench.report import explain
+from membench.report.explain import explain, explain_all
+from membench.report.words import story_lines
 from membench.report.write import write_report
 from membench.results import load_dir, read_result, write_record
+from membench.results.sweep import Sweep
 from tests.sweeps import tiny_sweep
 
 HOSTILE = '<script>alert("x")</script><img src=http://evil.example/x.png onerror=alert(1)>'
@@ -56,7 +58,7 @@ def sweep(tmp_path) -> Path:
 
 def test_report_writes_every_file(sweep, tmp_path):
     out = tmp_path / "report"
-    written = write_report(load_dir(sweep), out)
+    written = write_report(Sweep.of(load_dir(sweep)), out)
     expected = {"report.html", "report.md", "results.csv"} | {f"{c}.{e}" for c in ("peak", "timelines", "pareto")
                                                               for e in ("png", "svg")}
     assert set(written) == expected
@@ -72,7 +74,7 @@ def test_report_writes_every_file(sweep, tmp_path):
 
 
 def test_html_is_self_contained_and_complete(sweep, tmp_path):
-    write_report(load_dir(sweep), tmp_path / "r")
+    write_report(Sweep.of(load_dir(sweep)), tmp_path / "r")
     page = (tmp_path / "r" / "report.html").read_text()
     assert external_refs(page) == []
     # The peak and pareto charts, and the interactive timeline: two SVGs (phase band, plot) per run.
@@ -111,7 +113,7 @@ def test_hostile_text_from_results_is_escaped(sweep, tmp_path):
     planted.equivalence.detail = HOSTILE
     planted.env.device_name = HOSTILE
     write_record(sweep / "planted.json", planted)
-    write_report(load_dir(sweep), tmp_path / "r")
+    write_report(Sweep.of(load_dir(sweep)), tmp_path / "r")
     page = (tmp_path / "r" / "report.html").read_text()
     refs = Refs()
     refs.feed(page)
@@ -123,13 +125,13 @@ def test_hostile_text_from_results_is_escaped(sweep, tmp_path):
 def test_a_sentence_tells_apart_peaks_a_few_bytes_apart(sweep):
     base, fused = (read_result(sweep / f"{n}.json") for n in ("baseline", "opt-in-bwd"))
     base.memory.peak_allocated_bytes, fused.memory.peak_allocated_bytes = 38_232_512, 38_232_500
-    text = " ".join(explain.explain(fused, base))
+    text = " ".join(story_lines(explain(fused, base)))
     assert "lowers the peak from 38,232,512 B to 38,232,500 B" in text
 
 
 def test_explanations_come_from_the_numbers(sweep):
-    results = load_dir(sweep)
-    lines = explain.explain_all(results)
+    stories = explain_all(Sweep.of(load_dir(sweep)))
+    lines = {name: story_lines(story) for name, story in stories.items()}
     text = " ".join(lines["opt-in-bwd"])
     base, fused = (read_result(sweep / f"{n}.json") for n in ("baseline", "opt-in-bwd"))
     saved = base.memory.peak_allocated_bytes - fused.memory.peak_allocated_bytes
@@ -147,7 +149,7 @@ def test_report_refuses_two_sweeps(sweep, tmp_path):
     (sweep / "other").mkdir()
     write_record(sweep / "other" / "baseline.json", other)
     with pytest.raises(UserError, match="more than one sweep"):
-        write_report(load_dir(sweep), tmp_path / "r")
+        Sweep.of(load_dir(sweep))
 
 
 def test_report_cli(sweep, capsys):
@@ -171,7 +173,7 @@ def test_compare_shows_deltas(sweep, tmp_path, capsys):
     assert rows["baseline"]["workload"] == "vit-tiny bs1"
     assert rows["baseline"]["Δ peak %"] == f"{pct:+.1f}%"
     assert rows["baseline"]["peak phase old → new"] == "optimizer → backward"
-    assert rows["baseline"]["Δ throughput %"] == "within noise (+0.0%)"  # the same timing: no difference
+    assert rows["baseline"]["Δ throughput % (separate runs)"] == "within noise (+0.0%)"  # the same timing
     assert "opt-in-bwd" not in rows and any("OLD's opt-in-bwd" in n for n in notes)
     md = tmp_path / "cmp.md"
     assert main(["compare", str(sweep), str(new), "--markdown", str(md)]) == 0
@@ -214,8 +216,8 @@ def test_memory_units_follow_the_magnitudes(sweep):
     from membench.common.units import ByteFormat
     from membench.report.table import rows as table_rows
 
-    head, body = table_rows(load_dir(sweep))
-    assert head[3] == "peak alloc MiB"  # vit-tiny at batch 1: tens of MiB, not 0.0xx GiB
+    head, body = table_rows(Sweep.of(load_dir(sweep)))
+    assert head[2] == "peak MiB"  # vit-tiny at batch 1: about a MiB, not 0.00xx GiB
     assert ByteFormat([512, 900]).unit == "B" and ByteFormat([3 * 2**10]).unit == "KiB"
     # Values either side of a boundary must not print the same.
     fmt = ByteFormat([2 * 2**30 - 2**20, 2 * 2**30 + 2**20])

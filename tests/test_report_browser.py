@@ -14,6 +14,7 @@ import pytest
 
 from membench.report.write import write_report
 from membench.results import load_dir
+from membench.results.sweep import Sweep
 from membench.trackers import timeline as tl
 from tests.sweeps import tiny_sweep
 
@@ -46,7 +47,7 @@ def chromium(page: Path, tmp_path: Path, *args: str) -> tuple[str, list[dict]]:
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("browser")
-    write_report(load_dir(tiny_sweep(tmp)), tmp / "report")
+    write_report(Sweep.of(load_dir(tiny_sweep(tmp))), tmp / "report")
     return tmp / "report" / "report.html"
 
 

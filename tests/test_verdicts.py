@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 
 import pytest
 
 from membench.cli import main
-from membench.report import charts, explain, noise
+from membench.report import charts, noise
+from membench.report.explain import explain
 from membench.report.live import SweepProgress
 from membench.report.recommend import Goal, parse_goal, recommend
 from membench.report.table import render, rows
-from membench.results import Equivalence, RunRecord, load_dir
+from membench.report.words import recommendation_lines, speed_cell, speed_phrase, story_lines
+from membench.results import Equivalence, Interleaved, RunRecord, load_dir
+from membench.results.sweep import Sweep
 from membench.trackers import timing
 from tests.helpers import spec
 from tests.sweeps import tiny_sweep
@@ -31,13 +35,31 @@ def _timed(record: RunRecord, median: float, low: float, high: float) -> RunReco
     return r
 
 
+def _against_base(record: RunRecord, ratio: float, low: float, high: float, pairs: int = 6) -> RunRecord:
+    """The record with an interleaved timing against the baseline: its step / the baseline's, and that interval."""
+    r = copy.deepcopy(record)
+    r.timing.vs_baseline = Interleaved(pairs=pairs, ratio=ratio, ratio_low=low, ratio_high=high, level=0.969,
+                                       run_median_s=0.1 * ratio, baseline_median_s=0.1)
+    r.timing.not_interleaved = None
+    return r
+
+
+def _advice(*runs: RunRecord, goal: Goal = Goal("lowest-peak")) -> list[str]:
+    return recommendation_lines(recommend(Sweep.of(runs), goal))
+
+
+def _cells(*runs: RunRecord) -> dict[str, dict[str, str]]:
+    head, body = rows(Sweep.of(runs))
+    return {row[0]: dict(zip(head, row)) for row in body}
+
+
 @pytest.fixture()
 def sweep(tmp_path):
     results = {r.name: r for r in load_dir(tiny_sweep(tmp_path))}
     return results["baseline"], results["opt-in-bwd"]
 
 
-# --- timing: an interval, calibration, within noise ------------------------------------------------------------
+# --- timing: an interval, calibration ---------------------------------------------------------------------------
 def test_median_interval_from_order_statistics():
     low, high, level = timing.median_ci([5.0, 1.0, 4.0, 2.0, 3.0])
     assert (low, high) == (1.0, 5.0) and level == pytest.approx(1 - 2 / 32)  # 5 values: min to max, 93.75%
@@ -58,23 +80,75 @@ def test_timing_is_calibrated_to_a_time_budget_within_a_cap():
     assert len(times) == 3 * timing.MAX_STEPS_FACTOR
 
 
-def test_a_difference_inside_the_noise_is_not_printed_as_fact(sweep):
+def test_the_plus_minus_is_the_half_width_of_the_interval(sweep):
+    base, _ = sweep
+    lopsided = _timed(base, 0.100, 0.090, 0.130)  # 10 ms below the median, 30 above: 40 ms wide, half is 20%
+    assert noise.spread(lopsided.timing) == pytest.approx(0.20)
+    assert noise.step_ms(lopsided.timing) == "100.0 ±20.0%"
+
+
+# --- interleaved timing: what a speed claim rests on ------------------------------------------------------------
+def test_interleaving_alternates_which_side_goes_first_and_pairs_the_times():
+    order = []
+    run = timing.Stepper(lambda: None, lambda _: order.append("run"))
+    base = timing.Stepper(lambda: None, lambda _: order.append("base"))
+    run_times, base_times = timing.interleave(run, base, pairs=4)
+    assert order == ["run", "base", "base", "run", "run", "base", "base", "run"]
+    assert len(run_times) == len(base_times) == 4
+    run_times, _ = timing.interleave(run, base, pairs=2, min_time_s=3600)  # never reached: stops at the cap
+    assert len(run_times) == 2 * timing.MAX_STEPS_FACTOR
+
+
+def test_a_drift_in_load_cancels_in_the_pairs():
+    """The machine slows down 3x half way (another job starts): each pair's ratio stays 1.2, so the comparison
+    says 1.2 exactly, where the two sides' own medians, taken apart, would not."""
+    load = [1.0] * 3 + [3.0] * 3
+    base_times = [0.100 * f for f in load]
+    run_times = [0.120 * f for f in load]
+    result = timing.compare(run_times, base_times)
+    assert result.ratio == pytest.approx(1.2) and result.ratio_low == pytest.approx(1.2)
+    assert result.ratio_high == pytest.approx(1.2) and result.pairs == 6
+    assert result.level == pytest.approx(1 - 2 / 64)
+
+
+def test_speed_is_claimed_only_beyond_the_interleaved_interval(sweep):
     base, run = sweep
-    base = _timed(base, 0.100, 0.090, 0.110)
-    overlapping = _timed(run, 0.095, 0.085, 0.105)  # 5% faster, intervals overlap
-    apart = _timed(run, 0.050, 0.048, 0.052)  # twice as fast, intervals apart
-    assert noise.delta(overlapping.timing, base.timing).startswith("within noise (+")
-    assert noise.delta(apart.timing, base.timing) == "+100.0%"
-    head, body = rows([base, overlapping])
-    assert head[7] == "step ms ±CI" and body[0][7] == "100.0 ±10.0%"
-    assert body[1][9].startswith("within noise")
-    text = " ".join(explain.explain(overlapping, base))
-    assert "within noise" in text and "faster" not in text
-    # A 5% change inside the noise reads as the table reads it, not as "undecided" (kept for 10% and more).
-    assert "undecided" not in text
-    first = recommend([base, overlapping])[0]
-    assert "its throughput is within noise of the baseline's (+5.3%" in first and "undecided" not in first
-    assert "outside the noise" in " ".join(explain.explain(apart, base))
+    faster = _against_base(run, 0.80, 0.75, 0.85)  # its step 0.8 of the baseline's: 25% more throughput
+    slower = _against_base(run, 1.25, 1.20, 1.30)
+    noise_only = _against_base(run, 0.98, 0.90, 1.05)
+    wide = _against_base(run, 0.50, 0.30, 1.50)
+    assert noise.speed(faster).verdict == "faster" and noise.speed(faster).change_pct == pytest.approx(25.0)
+    assert noise.speed(slower).verdict == "slower" and noise.speed(slower).change_pct == pytest.approx(-20.0)
+    assert noise.speed(noise_only).verdict == "within-noise"
+    assert noise.speed(wide).verdict == "undecided"
+    assert speed_cell(noise.speed(faster)) == "+25.0% [+17.6, +33.3]"
+    assert speed_cell(noise.speed(noise_only)) == "within noise (+2.0%)"
+    assert speed_cell(noise.speed(wide)) == "undecided (+100.0%)"
+    assert "faster" not in speed_phrase(noise.speed(wide)) and "rerun with --min-time" in speed_phrase(
+        noise.speed(wide))
+
+
+def test_runs_timed_apart_are_never_compared_on_speed(sweep):
+    """Without the interleaved timing (a result from before it, or a distributed run), the separate medians are
+    not a claim, however far apart: no percentage, and the reason is said."""
+    base, run = sweep
+    base = _timed(base, 0.100, 0.099, 0.101)
+    apart = _timed(run, 0.050, 0.049, 0.051)  # twice as fast, intervals far apart: sequential only
+    apart.timing.vs_baseline, apart.timing.not_interleaved = None, "a distributed run"
+    assert _cells(base, apart)["opt-in-bwd"]["speed vs base"] == "-"
+    advice = _advice(base, apart)[0]
+    assert "faster" not in advice and "not compared with the baseline's (a distributed run)" in advice
+    assert "opt-in-bwd: speed not compared (a distributed run)" in render([Sweep.of([base, apart])])
+
+
+def test_the_sentence_and_the_table_give_the_same_percentage(sweep):
+    base, run = sweep
+    for ratio, low, high in ((0.117, 0.11, 0.12), (1.3, 1.25, 1.4), (1.02, 0.9, 1.1)):
+        fast = _against_base(run, ratio, low, high)
+        cell = _cells(base, fast)["opt-in-bwd"]["speed vs base"]
+        table_pct = abs(float(re.search(r"[-+][0-9.]+(?=%)", cell).group()))
+        said = " ".join(_advice(base, fast)) + " ".join(story_lines(explain(fast, base)))
+        assert f"{table_pct:.1f}%" in said, (cell, said)
 
 
 def test_the_progress_line_shows_the_noise(sweep, capsys):
@@ -84,16 +158,16 @@ def test_the_progress_line_shows_the_noise(sweep, capsys):
     progress = SweepProgress([spec("vit-tiny", batch_size=1)], "out")
     progress.done(base.spec, base, skipped=False)
     err = capsys.readouterr().err
-    assert "±30.0%" in err and "noisy timing" in err
+    assert "±25.0%" in err and "noisy timing" in err
 
 
 def test_pareto_chart_has_error_bars_and_marks_precision(sweep):
     base, run = sweep
     base = _timed(base, 0.100, 0.090, 0.110)
     amp = _timed(run, 0.050, 0.045, 0.055)
-    amp.name = "amp-bf16"
+    amp.name, amp.spec = "amp-bf16", amp.spec.with_run(techniques=("amp-bf16",))
     amp.equivalence = Equivalence(verdict="precision", mode="precision", detail="changes numerics on purpose")
-    fig = charts.pareto_chart([base, amp])
+    fig = charts.pareto_chart(Sweep.of([base, amp]))
     ax = fig.axes[0]
     assert len(ax.containers) == 2  # one error bar per run
     labels = [t.get_text() for t in ax.texts]
@@ -107,23 +181,24 @@ def test_an_oom_baseline_is_not_the_reference(sweep):
     oom = copy.deepcopy(base)
     oom.status, oom.error = "oom", "out of memory during measure"
     oom.memory.peak_allocated_bytes = run.peak + 1000  # partial: stopped where the budget ran out
-    head, body = rows([oom, run])
-    assert body[1][4] == "-" and body[1][9] == "-"  # no "vs base" against a partial peak
-    text = render([oom, run])
+    cells = _cells(oom, run)["opt-in-bwd"]
+    assert cells["vs base"] == "-" and cells.get("speed vs base", "-") == "-"  # no change against a partial peak
+    text = render([Sweep.of([oom, run])])
     assert "baseline did not finish (oom)" in text and "absolute numbers only" in text
-    assert not any("lowers the peak" in s for s in explain.explain(run, explain.find_baseline([oom, run])))
-    advice = recommend([oom, run])
-    assert any("did not finish (oom)" in s for s in advice)
+    story = explain(run, Sweep.of([oom, run]).reference)
+    assert story.is_reference and not any("lowers the peak" in s for s in story_lines(story))
+    assert any("did not finish (oom)" in s for s in _advice(oom, run))
 
 
 # --- the recommendation -----------------------------------------------------------------------------------------
 def test_recommends_the_lowest_peak_that_trains_the_same_model(sweep):
     base, run = sweep  # vit-tiny at batch 1: opt-in-bwd lowers a peak that is in the optimizer step, bitwise
-    advice = recommend([base, run])
-    first = advice[0]
+    decision = recommend(Sweep.of([base, run]))
+    assert decision.outcome == "pick" and decision.pick.name == "opt-in-bwd" and decision.pick.verdict == "bitwise"
+    first = recommendation_lines(decision)[0]
     assert first.startswith("Recommendation (goal: the lowest peak that trains the same model, saving at least 5% "
                             "of the baseline's peak): pick opt-in-bwd")
-    assert "saving" in first and "bitwise" in first and ("undecided" in first or "outside the noise" in first)
+    assert "saving" in first and "bitwise" in first and "timed in alternation with the baseline" in first
 
 
 def test_a_saving_below_the_threshold_keeps_the_baseline(sweep):
@@ -131,72 +206,112 @@ def test_a_saving_below_the_threshold_keeps_the_baseline(sweep):
     small = copy.deepcopy(run)
     # 4.99% of the baseline's peak below it: under the default 5% threshold, by a byte count worked out here
     small.memory.peak_allocated_bytes = base.peak - (base.peak * 499) // 10000
-    first = recommend([base, small])[0]
+    assert recommend(Sweep.of([base, small])).outcome == "below-threshold"
+    first = _advice(base, small)[0]
     assert "keep the baseline" in first and "below the 5% threshold" in first and "min-saving=PCT" in first
-    assert "pick opt-in-bwd" in recommend([base, small], parse_goal("lowest-peak:min-saving=4"))[0]
-    assert "pick opt-in-bwd" in recommend([base, small], parse_goal("lowest-peak:min-saving=0"))[0]
+    assert "pick opt-in-bwd" in _advice(base, small, goal=parse_goal("lowest-peak:min-saving=4"))[0]
+    assert "pick opt-in-bwd" in _advice(base, small, goal=parse_goal("lowest-peak:min-saving=0"))[0]
     assert main(["report", "--no-files", "--goal", "lowest-peak:min-saving=x", "x"]) == 2
     assert main(["report", "--no-files", "--goal", "lowest-peak:min-saving=100", "x"]) == 2
 
 
-def test_a_noisy_timing_is_undecided_and_a_clear_one_is_in_readable_numbers(sweep):
+def test_a_noisy_comparison_is_undecided_and_a_clear_one_is_said_with_its_interval(sweep):
     base, run = sweep
-    base = _timed(base, 0.100, 0.050, 0.200)
-    noisy = _timed(run, 0.050, 0.020, 0.150)  # 2x faster, but the intervals overlap
-    first = recommend([base, noisy])[0]
+    noisy = _against_base(run, 0.5, 0.2, 1.5)  # 2x faster in the median, but the interval holds no change
+    first = _advice(base, noisy)[0]
     assert "undecided: rerun with --min-time" in first and "faster" not in first
-    assert any("undecided: rerun with --min-time" in s for s in explain.explain(noisy, base))
-    clear = _timed(run, 0.050, 0.049, 0.051)
-    base_tight = _timed(base, 0.100, 0.099, 0.101)
-    clear.timing.throughput, base_tight.timing.throughput = 29_800.0, 14_900.0
-    first = recommend([base_tight, clear])[0]
-    assert "is 100.0% faster (29,800 vs 14,900 " in first
+    assert any("undecided: rerun with --min-time" in s for s in story_lines(explain(noisy, base)))
+    clear = _against_base(run, 0.5, 0.49, 0.51)
+    first = _advice(base, clear)[0]
+    assert "it is 100.0% faster (timed in alternation with the baseline in its process: +96.1% to +104.1%" in first
 
 
 def test_more_ranks_are_not_a_techniques_speedup(sweep):
+    """A distributed run is not timed against the baseline (its ranks step together): no speed claim at all."""
     base, run = sweep
-    base = _timed(base, 0.100, 0.099, 0.101)
     fsdp = _timed(run, 0.200, 0.199, 0.201)
-    base.timing.throughput, fsdp.timing.throughput = 1000.0, 1600.0  # 1.6x in all from two ranks: 800 a rank
+    base.timing.throughput, fsdp.timing.throughput = 1000.0, 1600.0  # 1.6x in all from two ranks
     fsdp.world_size = 2
-    first = recommend([base, fsdp])[0]
-    assert "faster" not in first and "costs 20.0% of throughput per rank (800 vs 1,000 " in first
-    assert "2 ranks against the baseline's 1, compared per rank" in first
+    fsdp.timing.vs_baseline = None
+    fsdp.timing.not_interleaved = "a distributed run: its ranks step together, the baseline alone in one process"
+    first = _advice(base, fsdp)[0]
+    assert "faster" not in first and "%" not in first.split("pick opt-in-bwd")[1].split(";")[1]
+    assert "its speed was not compared with the baseline's (a distributed run" in first
 
 
 def test_when_nothing_helps_it_says_why(sweep):
     base, run = sweep
     ckpt = copy.deepcopy(base)
-    ckpt.name, ckpt.equivalence = "ckpt", Equivalence(verdict="bitwise")
+    ckpt.name, ckpt.spec, ckpt.equivalence = "ckpt", base.spec.with_run(techniques=("ckpt",)), \
+        Equivalence(verdict="bitwise")
     assert base.memory.peak_phase == "optimizer"
-    first = recommend([base, ckpt])[0]
+    decision = recommend(Sweep.of([base, ckpt]))
+    assert decision.outcome == "nothing-lower" and decision.baseline_phase == "optimizer"
+    first = recommendation_lines(decision)[0]
     assert "keep the baseline" in first and "optimizer step" in first and "activations" in first
+
+
+def _variant(run: RunRecord, name: str, peak: int, eq: Equivalence | None, numerics: str | None = None):
+    r = copy.deepcopy(run)
+    r.name, r.spec, r.equivalence, r.numerics = name, run.spec.with_run(techniques=(name,)), eq, numerics
+    r.memory.peak_allocated_bytes = peak
+    return r
 
 
 def test_precision_and_unverified_runs_are_never_recommended_as_the_same_model(sweep):
     base, run = sweep
-    amp = copy.deepcopy(run)
-    amp.name = "amp-bf16"
-    amp.memory.peak_allocated_bytes = run.peak // 2
-    amp.equivalence = Equivalence(verdict="precision", mode="precision", detail="changes numerics on purpose")
-    unchecked = copy.deepcopy(run)
-    unchecked.name, unchecked.equivalence = "sac", None
-    unchecked.memory.peak_allocated_bytes = run.peak // 3
-    advice = recommend([base, run, amp, unchecked])
-    assert "pick opt-in-bwd" in advice[0]
+    amp = _variant(run, "amp-bf16", run.peak // 2,
+                   Equivalence(verdict="precision", mode="precision", detail="changes numerics on purpose"))
+    unchecked = _variant(run, "sac", run.peak // 3, None, "exact")
+    decision = recommend(Sweep.of([base, run, amp, unchecked]))
+    assert decision.pick.name == "opt-in-bwd"
+    assert [(e.name, e.why) for e in decision.excluded] == [("sac", "not-checked"), ("amp-bf16", "changes-precision")]
+    advice = recommendation_lines(decision)
     assert any(s.startswith("Not recommended: amp-bf16") and "changes precision" in s for s in advice)
     assert any(s.startswith("Not recommended: sac") and "not checked" in s for s in advice)
 
 
-def test_the_fits_goal_picks_the_highest_throughput_that_fits(sweep):
+def test_a_run_without_a_check_still_changes_precision_from_its_record(sweep):
+    """--no-check: the record's numerics say a precision technique changes precision (no technique registry)."""
     base, run = sweep
-    fast = _timed(base, 0.050, 0.045, 0.055)
-    slow = _timed(run, 0.100, 0.090, 0.110)
-    goal = parse_goal(f"fits:{fast.peak}B")  # the baseline just fits: fastest
-    assert "pick baseline" in recommend([fast, slow], goal)[0]
-    goal = parse_goal(f"fits:{slow.peak}B")  # only opt-in-bwd fits
-    assert "pick opt-in-bwd" in recommend([fast, slow], goal)[0]
-    assert "nothing that trains the same model fits" in recommend([fast, slow], Goal("fits", 1))[0]
+    amp = _variant(run, "amp-bf16", run.peak // 2, None, "precision")
+    assert amp.changes_precision
+    assert recommend(Sweep.of([base, amp])).excluded[0].why == "changes-precision"
+
+
+def test_predictions_are_recommended_by_memory_with_equivalence_not_checked(sweep):
+    base, run = sweep
+    runs = []
+    for r, numerics in ((base, "exact"), (run, "exact")):
+        r = copy.deepcopy(r)
+        r.predicted, r.predicted_for, r.timing, r.equivalence, r.numerics = True, "cpu", None, None, numerics
+        runs.append(r)
+    amp = _variant(runs[1], "amp-bf16", run.peak // 2, None, "precision")
+    decision = recommend(Sweep.of([*runs, amp]))
+    assert decision.outcome == "pick" and decision.pick.name == "opt-in-bwd"
+    first = recommendation_lines(decision)[0]
+    assert "equivalence not checked: prediction" in first and "throughput" not in first
+    assert decision.excluded[0].name == "amp-bf16" and decision.excluded[0].why == "changes-precision"
+
+
+def test_the_fits_goal_picks_the_fastest_only_beyond_the_intervals(sweep):
+    base, run = sweep
+    goal = parse_goal(f"fits:{run.peak}B")  # only opt-in-bwd fits
+    decision = recommend(Sweep.of([base, run]), goal)
+    assert decision.pick.name == "opt-in-bwd" and decision.fits_by == "only"
+    goal = parse_goal(f"fits:{base.peak}B")  # both fit
+    clear = _against_base(run, 0.5, 0.45, 0.55)
+    decision = recommend(Sweep.of([base, clear]), goal)
+    assert decision.pick.name == "opt-in-bwd" and decision.fits_by == "fastest"
+    slower = _against_base(run, 1.5, 1.45, 1.55)
+    decision = recommend(Sweep.of([base, slower]), goal)
+    assert decision.pick.name == "baseline" and decision.fits_by == "fastest"
+    noisy = _against_base(run, 0.5, 0.2, 1.5)  # cannot tell: the lowest peak of the two, naming the other
+    decision = recommend(Sweep.of([base, noisy]), goal)
+    assert decision.pick.name == "opt-in-bwd" and decision.fits_by == "lowest-peak" and decision.rivals == (
+        "baseline",)
+    assert "does not tell baseline apart from it in speed" in recommendation_lines(decision)[0]
+    assert recommend(Sweep.of([base, run]), Goal("fits", 1)).outcome == "nothing-fits"
     assert main(["report", "--no-files", "--goal", "fits:lots", "x"]) == 2
 
 
@@ -224,16 +339,18 @@ def test_a_real_oom_baseline_is_not_the_reference(tmp_path):
     budget = (accum.peak + base.peak) // 2
     oom_base, accum = sweep(tmp_path / "budget", budget)
     assert oom_base.status == "oom" and accum.status == "ok"
-    head, body = rows([oom_base, accum])
-    assert body[1][4] == "-"  # never a saving against a peak that stopped at the budget
-    assert "baseline did not finish (oom)" in render([oom_base, accum])
-    assert any("did not finish (oom)" in s for s in recommend([oom_base, accum]))
+    assert accum.timing.vs_baseline is None and "--memory-budget" in accum.timing.not_interleaved
+    assert _cells(oom_base, accum)["accum"]["vs base"] == "-"  # never a saving against a peak at the budget
+    assert "baseline did not finish (oom)" in render([Sweep.of([oom_base, accum])])
+    assert any("did not finish (oom)" in s for s in _advice(oom_base, accum))
 
 
-def test_the_table_calls_a_large_change_inside_wide_intervals_undecided(sweep):
+def test_compare_calls_a_large_change_inside_wide_intervals_undecided(sweep):
     base, run = sweep
     base = _timed(base, 0.100, 0.050, 0.200)
     slower = _timed(run, 0.200, 0.090, 0.300)  # half the throughput, intervals overlap
-    assert noise.delta(slower.timing, base.timing) == "undecided (-50.0%): rerun with --min-time"
+    assert noise.separate_runs_delta(slower.timing, base.timing) == "undecided (-50.0%)"
     smaller = _timed(run, 0.105, 0.050, 0.200)  # 4.8% slower inside the same intervals: no difference shown
-    assert noise.delta(smaller.timing, base.timing) == "within noise (-4.8%)"
+    assert noise.separate_runs_delta(smaller.timing, base.timing) == "within noise (-4.8%)"
+    apart = _timed(run, 0.050, 0.049, 0.051)
+    assert noise.separate_runs_delta(apart.timing, _timed(base, 0.1, 0.099, 0.101).timing) == "+100.0%"

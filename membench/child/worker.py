@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -20,12 +21,14 @@ from pathlib import Path
 import torch
 
 from membench import environment, equivalence
+from membench.common.vocab import Numerics
 from membench.launch import distributed, lifeline, progress
 from membench.measure import Build, Session
 from membench.results import (
     Environment,
     Equivalence,
     FileRef,
+    Interleaved,
     Memory,
     RankSummary,
     RunRecord,
@@ -34,12 +37,16 @@ from membench.results import (
     write_record,
 )
 from membench.spec import Job
-from membench.step import batches
+from membench.step import batches, build_state, train_step
 from membench.techniques import Stack, resolve
 from membench.trackers import timing
 from membench.trackers.host import host_refusal
 from membench.trackers.memory import make_meter
 from membench.workloads import Workload, load_workload
+
+
+class NotCompared(Exception):
+    """Why a run's speed was not timed against the baseline's in its own process (recorded as the reason)."""
 
 
 @dataclasses.dataclass
@@ -53,10 +60,12 @@ class Measured:
     equivalence: Equivalence | None = None
     world_size: int | None = None  # set for a distributed run only, as `ranks`
     ranks: list[RankSummary] | None = None
+    numerics: Numerics | None = None  # the stack's, once resolved
 
     def record_on(self, record: RunRecord) -> None:
         record.memory, record.timing, record.timeline = self.memory, self.timing, self.timeline
         record.equivalence, record.world_size, record.ranks = self.equivalence, self.world_size, self.ranks
+        record.numerics = self.numerics
 
 
 class Worker:
@@ -91,6 +100,7 @@ class Worker:
         spec = self.spec
         workload = load_workload(spec.workload, spec.seq_len)
         stack = resolve(spec)
+        self.measured.numerics = stack.numerics
         stack.validate(spec, workload)
         meter = make_meter(spec.device, spec.memory_budget)
         try:
@@ -138,6 +148,10 @@ class Worker:
             progress.report("flops")
             flops = timing.count_flops(lambda: session.bare_step(-1))
         done.timing = self._timing(times, losses, flops, workload, stack, world)
+        try:
+            done.timing.vs_baseline = self._against_baseline(workload, stack, world)
+        except NotCompared as why:
+            done.timing.not_interleaved = str(why)
         session.release()  # the model and optimizer, freed before the equivalence check builds two more
         if meter.device == "cuda":
             torch.cuda.empty_cache()  # and their cached blocks, so the check's models get whole segments
@@ -172,6 +186,45 @@ class Worker:
         summary.build_s = self.build_info.seconds
         return summary
 
+    def _against_baseline(self, workload: Workload, stack: Stack, world: int) -> Interleaved:
+        """The compare stage: the baseline built beside the run in this process and both timed step for step in
+        alternation (timing.interleave), so that a change of the machine's load during the sweep, which runs
+        timed one after another would take for the technique's cost, slows both alike and cancels in their ratio.
+        Raises NotCompared with the reason where that cannot be done; its failure never fails the run."""
+        spec, how = self.spec, self.job.measure
+        _check_comparable(spec, stack, world)
+        if spec.device == "cuda":
+            from membench.trackers import cuda
+
+            cuda.stop_snapshot_on_oom()  # the run's memory is measured: an OOM here is the comparison's, not the run's
+        pairs = max(how.steps, timing.MIN_PAIRS)
+        progress.report("compare", steps=pairs)
+        self.session.stage = "compare"
+        reference = dataclasses.replace(spec, techniques=())
+        state = None
+        try:
+            state = build_state(reference, workload, resolve(reference).techniques)
+            data = batches(workload, reference)
+            for _ in range(max(how.warmup, 1)):  # the optimizer's state made, as in the baseline's own run
+                train_step(state, next(data))
+            run = timing.Stepper(lambda: self.session.next_batch(0), self.session.bare_step_on)
+            base = timing.Stepper(lambda: next(data), lambda batch: train_step(state, batch))
+            run_times, base_times = timing.interleave(
+                run, base, pairs, how.min_time_s,
+                on_pair=lambda k: progress.report("compare", k, pairs if k <= pairs else None))
+            return timing.compare(run_times, base_times)
+        except Exception as exc:  # noqa: BLE001 - the run's measurements are done and stand
+            oom = exc if isinstance(exc, torch.OutOfMemoryError) else host_refusal(exc)
+            if oom is not None:
+                raise NotCompared(f"the baseline did not fit beside the run: {str(oom).splitlines()[0]}") from None
+            traceback.print_exc()
+            raise NotCompared(f"timing the baseline beside the run raised {type(exc).__name__}: {exc}") from None
+        finally:
+            state = None
+            gc.collect()
+            if spec.device == "cuda":
+                torch.cuda.empty_cache()
+
     def _equivalence(self, workload: Workload, stack: Stack) -> Equivalence:
         """The check's own failure (out of memory for its two models, a crash) is the check's verdict: the run's
         measurements are done and stand. Under torchrun, a failure every rank agreed on (distributed.agree) is
@@ -188,6 +241,19 @@ class Worker:
             what = "ran out of memory" if isinstance(exc, torch.OutOfMemoryError) else f"raised {type(exc).__name__}"
             return Equivalence(verdict="failed", detail=f"the equivalence check {what} (the run's measurements "
                                                         f"stand): {str(exc).splitlines()[0] if str(exc) else ''}")
+
+
+def _check_comparable(spec, stack: Stack, world: int) -> None:
+    """Raise NotCompared where a baseline timed in this run's process would not be the baseline's step."""
+    if not spec.techniques:
+        raise NotCompared("the baseline is the reference")
+    if world > 1 or stack.distributed:
+        raise NotCompared("a distributed run: its ranks step together, the baseline alone in one process")
+    if stack.env:
+        raise NotCompared(f"it sets {', '.join(sorted(stack.env))} for its whole process: a baseline timed there "
+                          "would not be the baseline")
+    if spec.memory_budget is not None:
+        raise NotCompared("--memory-budget: the baseline's model beside the run would count against its budget")
 
 
 def _mark_diverged(record: RunRecord) -> None:
@@ -271,6 +337,7 @@ def _run(job: Job, out: Path) -> tuple[RunRecord, bool]:
             record.error = f"{type(exc).__name__} during {worker.stage}: {exc}"
             record.traceback = traceback.format_exc(limit=12)
             record.memory, record.timing, record.timeline = worker.memory, worker.timing, worker.timeline
+    record.numerics = worker.measured.numerics  # a failed run too: whether it changes precision
     oom_snapshot = _oom_snapshot(out)
     if record.status == "oom" and oom_snapshot.exists():
         record.oom_snapshot = FileRef(file=oom_snapshot.name, file_bytes=oom_snapshot.stat().st_size)

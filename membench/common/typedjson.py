@@ -1,7 +1,9 @@
 """Typed JSON: dataclasses to plain JSON values and back, every field's type checked on the way in.
 
-Every file membench reads back (results, run specs, timelines) goes through `build_checked`, so a malformed or
-hand-edited file is refused with one line naming the file and the field, the same way for all of them.
+Every file membench reads back (results, run specs, timelines, the pytest plugin's baselines) goes through
+`build_checked`, so a malformed or hand-edited file is refused with one line naming the file and the field, the
+same way for all of them; result files and baseline files are read from disk by one reader (`read_json_file`:
+a regular file of bounded size, UTF-8, strict JSON with bounded numbers, `check_values`).
 """
 
 from __future__ import annotations
@@ -10,12 +12,14 @@ import dataclasses
 import json
 import math
 import re
+import stat
 import types
 import typing
 from pathlib import Path
-from typing import Union
+from typing import Any, Union
 
 from membench.common.errors import UserError
+from membench.common.units import fmt_bytes
 
 
 def to_plain(value):
@@ -89,8 +93,8 @@ def _convert(tp, value, name: str):
     if origin is dict:
         if not isinstance(value, dict):
             raise _Bad(name, "an object", value)
-        item = typing.get_args(tp)[1]
-        return {inert_text(k): _convert(item, v, f"{name}.{k}") for k, v in value.items()}
+        key, item = typing.get_args(tp)
+        return {_convert(key, k, f"{name} key"): _convert(item, v, f"{name}.{k}") for k, v in value.items()}
     if origin is typing.Literal:
         if value in typing.get_args(tp):
             return value
@@ -133,3 +137,75 @@ def build_checked(cls, data: dict, where: str):
         raise UserError(f"{where}: field {field} must be {bad.expected}, got {_show(bad.value)}") from None
     except RecursionError:
         raise UserError(f"{where}: nested too deeply to be a membench result") from None
+
+
+MAX_DIGITS = 30  # no byte count, step or seed has more; int() of a 5,000-digit number fails in Python itself
+MAX_MAGNITUDE = 1e30  # above any byte count or rate a device measures; 1e308 overflows the charts' axes
+MAX_NAME = 1024  # a name longer than a path cannot be a run's (its file is named after it)
+
+
+def bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise ValueError(f"an integer of {len(text)} digits, at most {MAX_DIGITS}")
+    return int(text)
+
+
+def check_values(data, where: str, field_name: str = "") -> None:
+    """Values no measurement produces, refused with the innermost field named: text that is not Unicode (lone
+    surrogates), numbers out of range, a name longer than a file name."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            key = str(key) if str(key).isprintable() else repr(key)  # a key holding a newline stays on one line
+            check_values(value, where, f"{field_name}.{key}" if field_name else key)
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            check_values(value, where, f"{field_name}[{i}]")
+    elif isinstance(data, str):
+        try:
+            data.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UserError(f"{where}: field {field_name} is not valid Unicode text (a lone surrogate)") from None
+        if field_name == "name" and len(data) > MAX_NAME:
+            raise UserError(f"{where}: field name has {len(data)} characters, at most {MAX_NAME}")
+    elif isinstance(data, (int, float)) and not isinstance(data, bool) and abs(data) > MAX_MAGNITUDE:
+        raise UserError(f"{where}: field {field_name} is {data:.3g}, beyond {MAX_MAGNITUDE:g}: not a measurement")
+
+
+def parse_json(text: str, where: str) -> Any:
+    """Plain JSON values from text, or one UserError naming `where`: NaN and Infinity (which older writers of
+    results wrote for an unknown number) read as no value, integers of at most MAX_DIGITS digits, every value
+    within `check_values`."""
+    try:
+        data = json.loads(text, parse_constant=lambda c: None, parse_int=bounded_int)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError, as is bounded_int's
+        raise UserError(f"{where} is corrupt (not JSON: {str(exc)[:120]})") from None
+    try:
+        check_values(data, where)
+    except RecursionError:
+        raise UserError(f"{where}: nested too deeply to be a membench file") from None
+    return data
+
+
+def read_json_file(path: Path, where: str, max_bytes: int, what: str) -> Any:
+    """A JSON file's plain values (`parse_json`), read only where it is a regular file (a FIFO would block the
+    read, a device never end it) of at most max_bytes; every problem one UserError naming `where`. what: what such
+    a file is, for the message ("a membench result")."""
+    try:
+        mode = Path(path).stat().st_mode  # through a symlink: what it points at
+        if stat.S_ISDIR(mode):
+            raise UserError(f"{where} is not a regular file but a folder: not {what}")
+        if not stat.S_ISREG(mode):
+            raise UserError(f"{where} is not a regular file (a device, a pipe or a socket): not {what}")
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise UserError(f"{where} does not exist") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {where}: {exc.strerror or exc}") from None
+    if len(data) > max_bytes:
+        raise UserError(f"{where} is over {fmt_bytes(max_bytes)}: not {what}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{where} is corrupt (not UTF-8 text)") from None
+    return parse_json(text, where)

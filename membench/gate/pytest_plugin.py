@@ -23,7 +23,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,12 +30,12 @@ import pytest
 import torch
 
 from membench.common.errors import UserError
-from membench.common.fsio import atomic_write_text, make_dir, open_lock_file, read_bounded, user_error
+from membench.common.fsio import atomic_write_text, make_dir, open_lock_file
+from membench.common.typedjson import build_checked, read_json_file, to_plain
 from membench.common.units import fmt_bytes
 from membench.common.vocab import GRADS
 from membench.gate.check import Rule, parse_rule
 from membench.private import tree_flatten
-from membench.results.schema import bounded_int, check_values
 from membench.trackers.modules import ModuleScopes, parameter_owners
 from membench.trackers.storage import StorageTracker
 
@@ -107,38 +106,20 @@ class BaselineFile:
 
 
 def read_baselines(path: Path) -> BaselineFile:
-    """The baseline file, every field's type and range checked (membench.common.typedjson), or one UserError naming
-    the file and the field: the same reader and limits as a result file's."""
-    from membench.common.typedjson import build_checked
-
+    """The baseline file, every field's type and range checked, or one UserError naming the file and the field:
+    the reader of a result file's (membench.common.typedjson), with the limits of a baseline file."""
     where = f"baseline file {path}"
-    try:
-        if not stat.S_ISREG(path.stat().st_mode):  # a FIFO would block the read, a device never end it
-            raise UserError(f"{where} is not a regular file: remove it")
-        data = read_bounded(path, MAX_FILE_BYTES)
-    except OSError as exc:
-        raise user_error(exc, "read", path) from None
-    if data is None:
-        raise UserError(f"{where} is over {MAX_FILE_BYTES // 2**20} MiB: not a membench baseline file")
-    try:
-        plain = json.loads(data.decode("utf-8"), parse_constant=lambda c: c, parse_int=bounded_int)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise UserError(f"{where} is corrupt (not JSON: {str(exc)[:120]})") from None
+    plain = read_json_file(path, where, MAX_FILE_BYTES, "a membench baseline file")
     if not isinstance(plain, dict) or "tests" not in plain:
         raise UserError(f"{where} is not a membench baseline file (an object with version and tests)")
-    try:
-        check_values(plain, where)
-    except RecursionError:
-        raise UserError(f"{where}: nested too deeply to be a membench baseline file") from None
     baselines = build_checked(BaselineFile, plain, where)
     if baselines.version > FORMAT_VERSION:
         raise UserError(f"{where} has version {baselines.version}; this membench reads up to {FORMAT_VERSION}: "
                         "upgrade membench")
-    for test, blocks in baselines.tests.items():
-        for name, block in blocks.items():
-            if block.peak_bytes < 0:
-                raise UserError(f"{where}: field tests.{test}.{name}.peak_bytes is {block.peak_bytes}: a peak "
-                                "is 0 bytes or more")
+    negative = [f"{test}.{name}" for test, blocks in baselines.tests.items() for name, block in blocks.items()
+                if block.peak_bytes < 0]
+    if negative:
+        raise UserError(f"{where}: field tests.{negative[0]}.peak_bytes is negative: a peak is 0 bytes or more")
     return baselines
 
 
@@ -311,8 +292,6 @@ class _Gate:
         with _merge_lock(folder):
             tests = {}
             if path.exists():
-                from membench.common.typedjson import to_plain
-
                 tests = to_plain(read_baselines(path).tests)
             for nodeid, blocks in self.results.items():
                 tests[nodeid] = {name: m.as_json() for name, m in blocks.items()}

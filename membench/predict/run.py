@@ -257,8 +257,10 @@ def predict(job: Job, round_to: int | None = None) -> RunRecord:
     record = RunRecord(name=job.name, status="ok", spec=job, env=environment.describe("cpu"),
                        started=started, predicted=True, predicted_for=job.run.device, cannot_see=list(CANNOT_SEE))
     try:
+        stack = resolve(job.run, target_device=job.run.device)
+        record.numerics = stack.numerics  # whether it changes precision, for the report (it has no check)
         record.memory = predict_memory(job, round_to)
-        record.world_size = world_size(job.run, resolve(job.run, target_device=job.run.device)) or 1
+        record.world_size = world_size(job.run, stack) or 1
     except UserError:
         raise
     except CannotPredict as exc:

@@ -21,9 +21,9 @@ from membench.common.errors import UserError  # noqa: E402
 from membench.common.fsio import atomic_write_bytes, atomic_write_text, make_dir, read_bounded, side_file  # noqa: E402
 from membench.common.vocab import CATEGORIES  # noqa: E402
 from membench.report import noise  # noqa: E402
-from membench.report.explain import breakdown, find_baseline  # noqa: E402
-from membench.report.recommend import changes_precision  # noqa: E402
+from membench.report.explain import breakdown  # noqa: E402
 from membench.results import RunRecord  # noqa: E402
+from membench.results.sweep import Sweep  # noqa: E402
 from membench.results.timeline import Timeline, parse_timeline  # noqa: E402
 
 # Categories: the Okabe-Ito palette (told apart with the common colour-vision deficiencies), recomputed
@@ -58,12 +58,12 @@ def save(fig: Figure, out_dir: Path, name: str) -> dict:
     return {"png": png, "svg": svg, "svg_text": buf.getvalue()}
 
 
-def _ok(results: list[RunRecord]) -> list[RunRecord]:
-    return [r for r in results if r.status == "ok" and r.peak]
+def _ok(sweep: Sweep) -> list[RunRecord]:
+    return [r for r in sweep.runs if r.status == "ok" and r.peak]
 
 
-def peak_chart(results: list[RunRecord]) -> Figure | None:
-    runs = _ok(results)
+def peak_chart(sweep: Sweep) -> Figure | None:
+    runs = _ok(sweep)
     if not runs:
         return None
     peaks = [r.peak for r in runs]
@@ -84,7 +84,7 @@ def peak_chart(results: list[RunRecord]) -> Figure | None:
         ax.bar(xs, rest, 0.6, bottom=bottoms, color="#cccccc", hatch="//", label="not categorised")
     for x, p in zip(xs, peaks):
         ax.text(x, p / scale, f"{p / scale:.3g}", ha="center", va="bottom", fontsize=8)
-    base = find_baseline(results)
+    base = sweep.reference
     if base:
         ax.axhline(base.peak / scale, color="black", ls="--", lw=1, label="baseline peak")
     ax.set_xticks(list(xs), names, rotation=20, ha="right")
@@ -113,10 +113,9 @@ def load_timeline(result: RunRecord) -> Timeline | None:
         return None
 
 
-def timeline_chart(results: list[RunRecord]) -> Figure | None:
+def timeline_chart(sweep: Sweep) -> Figure | None:
     """Baseline first, then each technique: same y axis, same step scale, stacked by category."""
-    runs = [(r, t) for r in _ok(results) for t in [load_timeline(r)] if t is not None]
-    runs.sort(key=lambda rt: rt[0].name != "baseline")
+    runs = [(r, t) for r in _ok(sweep) for t in [load_timeline(r)] if t is not None]
     if not runs:
         return None
     top = max(t.peak.bytes for _, t in runs)
@@ -181,10 +180,11 @@ def label_offsets(points: list[tuple[float, float]], near: float = 0.08, line_pt
     return offsets
 
 
-def pareto_chart(results: list[RunRecord]) -> Figure | None:
-    """Peak (exact) against throughput, with each run's throughput interval as an error bar: two runs whose bars
-    overlap are within noise of each other. Runs that change precision are marked: not the same model."""
-    runs = [r for r in _ok(results) if r.timing and r.timing.throughput]
+def pareto_chart(sweep: Sweep) -> Figure | None:
+    """Peak (exact) against throughput, with each run's throughput interval as an error bar (each run timed on
+    its own: the table's "speed vs base" is the comparison that cancels a change of load). Runs that change
+    precision are marked: not the same model."""
+    runs = [r for r in _ok(sweep) if r.timing and r.timing.throughput]
     if not runs:
         return None
     points = [(r.peak, r.timing.throughput) for r in runs]
@@ -203,8 +203,8 @@ def pareto_chart(results: list[RunRecord]) -> Figure | None:
         if interval is not None:
             ax.errorbar([m / scale], [t], yerr=[[t - interval[0]], [interval[1] - t]], fmt="none", ecolor=color,
                         elinewidth=1, capsize=3, zorder=1.5)
-        precision = changes_precision(r)
-        marker = "*" if r.name == "baseline" else "D" if precision else "o"
+        precision = r.changes_precision
+        marker = "*" if r.is_baseline else "D" if precision else "o"
         ax.scatter([m / scale], [t], s=50 if on_front else 30, color=color, marker=marker, zorder=2,
                    edgecolors="#b42318" if precision else "none",
                    label="changes precision (not the same model)" if precision and not marked_precision else None)
@@ -219,11 +219,11 @@ def pareto_chart(results: list[RunRecord]) -> Figure | None:
     return fig
 
 
-def write_all(results: list[RunRecord], out_dir: Path) -> dict[str, dict]:
+def write_all(sweep: Sweep, out_dir: Path) -> dict[str, dict]:
     """Every chart that has data, saved under out_dir; name -> save() output."""
     charts = {}
     for name, make in (("peak", peak_chart), ("timelines", timeline_chart), ("pareto", pareto_chart)):
-        fig = make(results)
+        fig = make(sweep)
         if fig is not None:
             charts[name] = save(fig, out_dir, name)
     return charts

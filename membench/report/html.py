@@ -20,9 +20,11 @@ from membench.common.vocab import CATEGORIES
 from membench.report import explain as ex
 from membench.report import timeline_html
 from membench.report.recommend import Goal, recommend
-from membench.report.table import BREAKDOWN_HEADERS, breakdown_rows, reference_note
+from membench.report.table import BREAKDOWN_HEADERS, breakdown_rows, notes
 from membench.report.table import rows as table_rows
+from membench.report.words import recommendation_lines, story_lines
 from membench.results import Environment, RunRecord
+from membench.results.sweep import Sweep
 
 CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2em auto;max-width:1200px;color:#222;
@@ -73,8 +75,8 @@ def _size(nbytes: object) -> str:
     return fmt_bytes(nbytes) if isinstance(nbytes, (int, float)) else "-"
 
 
-def _environment(results: list[RunRecord]) -> str:
-    env = next((r.env for r in results if r.env and r.env.torch), None) or Environment(device="-")
+def _environment(sweep: Sweep) -> str:
+    env = next((r.env for r in sweep.runs if r.env and r.env.torch), None) or Environment(device="-")
     fields = [("device", env.device), ("device name", env.device_name), ("torch", env.torch),
               ("CUDA", env.cuda), ("driver", env.driver_version), ("python", env.python),
               ("host", env.host), ("platform", env.platform), ("git commit", env.git_commit)]
@@ -103,7 +105,8 @@ def _run_section(result: RunRecord, baseline: RunRecord | None, report_dir: Path
     name, status = result.name, result.status
     memory = result.memory
     parts = [f'<div class="run"><h3>{_E(name)} <span class="status-{_E(status, quote=True)}">{_E(status)}</span></h3>']
-    parts.append("<ul>" + "".join(f"<li>{_E(s)}</li>" for s in ex.explain(result, baseline)) + "</ul>")
+    parts.append("<ul>" + "".join(f"<li>{_E(s)}</li>" for s in story_lines(ex.explain(result, baseline)))
+                 + "</ul>")
     mine, base = ex.breakdown(result), ex.breakdown(baseline) if baseline else None
     if mine:
         body = []
@@ -136,26 +139,25 @@ def _run_section(result: RunRecord, baseline: RunRecord | None, report_dir: Path
     return "\n".join(parts)
 
 
-def render(results: list[RunRecord], charts: dict[str, dict], report_dir: Path, title: str,
-           goal: Goal = Goal("lowest-peak")) -> str:
+def render(sweep: Sweep, charts: dict[str, dict], report_dir: Path, goal: Goal = Goal("lowest-peak")) -> str:
     """The whole page as a string; `charts` maps a chart name to charts.save()'s output."""
-    baseline = ex.find_baseline(results)
-    headers, body = table_rows(results)
+    title = sweep.heading()
+    headers, body = table_rows(sweep)
     captions = {"peak": "Peak memory by technique (stacked by category at the peak; dashed line: the baseline)",
                 "timelines": "Memory timelines on one scale: baseline vs each technique",
                 "pareto": "Memory vs throughput, with the Pareto front"}
-    timeline = timeline_html.render(results)
+    timeline = timeline_html.render(list(sweep.runs))
     # The interactive timeline replaces the static one in the page (report.md keeps timelines.png).
     shown = {n: c for n, c in charts.items() if not (timeline and n == "timelines")}
     chart_html = "".join(
         f'<figure class="chart" id="chart-{name}">{inline_svg(c["svg_text"], f"c{i}")}'
         f"<figcaption>{_E(captions.get(name, name))}</figcaption></figure>"
         for i, (name, c) in enumerate(shown.items()))
-    sections = "\n".join(_run_section(r, baseline, report_dir) for r in results)
-    advice = recommend(results, goal)
+    sections = "\n".join(_run_section(r, sweep.reference, report_dir) for r in sweep.runs)
+    advice = recommendation_lines(recommend(sweep, goal))
     advice_html = (f'<div class="recommendation"><p><b>{_E(advice[0])}</b></p>'
                    + "".join(f"<p>{_E(s)}</p>" for s in advice[1:]) + "</div>")
-    note = reference_note(results)
+    said = notes(sweep)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{_E(title)}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head>
@@ -168,19 +170,20 @@ rounded to the allocator's 512-byte blocks.</p>
 {advice_html}
 <h2>Summary</h2>
 {_table(headers, body, "summary")}
-{f'<p class="muted">Note: {_E(note)}</p>' if note else ''}
-<p class="muted">Step times: median ± its confidence interval (order statistics: 95%, or min to max below 6
-steps); a throughput change whose intervals overlap the baseline's is marked "within noise" and is not a measured
+{"".join(f'<p class="muted">Note: {_E(n)}</p>' for n in said)}
+<p class="muted">Step times: median ± half its confidence interval (order statistics: 95%, or min to max below 6
+steps). Speed against the baseline: both timed in alternation in the run's own process, so a change of the
+machine's load cancels; a change whose interval holds no change is marked "within noise" and is not a measured
 difference.</p>
 <h2>Memory timeline</h2>
 {timeline or '<p>No timeline: no run recorded one (<code>--no-timeline</code>, or none finished).</p>'}
 <h2>The peak by category</h2>
-{_table(BREAKDOWN_HEADERS, breakdown_rows(results))}
+{_table(BREAKDOWN_HEADERS, breakdown_rows(sweep))}
 <h2>Charts</h2>
 {chart_html or '<p>No chart: no run finished.</p>'}
 <h2>What each technique did</h2>
 {sections}
 <h2>Environment</h2>
-{_environment(results)}
+{_environment(sweep)}
 </body></html>
 """

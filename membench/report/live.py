@@ -132,3 +132,6 @@ class StageLines:
     def done(self, job, result: RunRecord, skipped: bool) -> None:
         print(f"membench: {run_line(result, skipped, time.monotonic() - self.started)}",
               file=self.file or sys.stderr, flush=True)
+
+    def note(self, job, message: str) -> None:
+        print(f"membench: {job.name}: {message}", file=self.file or sys.stderr, flush=True)

@@ -1,28 +1,84 @@
-"""How sure a timing is, in words and numbers, for tables, sentences and charts.
+"""How sure a timing is, and what a comparison of speeds may claim.
 
-A run's median step time comes with a confidence interval (order statistics, trackers/timing.py). Two runs whose
-intervals overlap are *within noise* of each other: their difference in throughput is not shown as a fact.
+A run's median step time comes with a confidence interval (order statistics, trackers/timing.py); `±` is its
+half-width. A run's speed against the baseline is claimed only from the interleaved timing (`Timing.vs_baseline`:
+both timed step for step in alternation in the run's own process): runs timed one after another see the
+machine's load change between them, which no interval of either run covers. A run without that timing gets no
+speed claim at all.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 from membench.common.units import pct_change
-from membench.results import Timing
+from membench.results import RunRecord, Timing
+
+# A change this large (in %) whose interval still holds no change is not "no difference": the measurement was too
+# noisy to decide either way, and says so.
+UNDECIDED_AT_PCT = 10.0
+RERUN = "rerun with --min-time"
+
+SpeedVerdict = Literal["reference", "faster", "slower", "within-noise", "undecided", "not-compared"]
 
 
-def overlap(a: Timing | None, b: Timing | None) -> bool | None:
-    """Whether two runs' median step times are within noise of each other (their intervals overlap). None when
-    either has no interval (older results)."""
-    if a is None or b is None or a.ci_low_s is None or b.ci_low_s is None:
-        return None
-    return a.ci_low_s <= b.ci_high_s and b.ci_low_s <= a.ci_high_s
+@dataclass(frozen=True)
+class Speed:
+    """A run's throughput against the baseline's, as far as the interleaved timing supports it.
+
+    change_pct: the throughput change (from the median of the pairs' step-time ratios); [low_pct, high_pct] its
+    interval at confidence `level` over `pairs` pairs. faster / slower: the whole interval is above / below no
+    change; within-noise: it holds no change; undecided: it holds no change, yet the median moved by
+    UNDECIDED_AT_PCT or more. not-compared: no interleaved timing (`why_not` says why). reference: the baseline.
+    """
+
+    verdict: SpeedVerdict
+    change_pct: float | None = None
+    low_pct: float | None = None
+    high_pct: float | None = None
+    level: float | None = None
+    pairs: int | None = None
+    why_not: str | None = None
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        """(low, high) throughput change in %, where interleaved; the baseline's own is (0, 0)."""
+        return None if self.low_pct is None or self.high_pct is None else (self.low_pct, self.high_pct)
+
+
+REFERENCE = Speed("reference", 0.0, 0.0, 0.0)
+
+
+def speed(run: RunRecord) -> Speed:
+    """What may be said of `run`'s speed against its sweep's baseline."""
+    if run.is_baseline:
+        return REFERENCE
+    t = run.timing
+    if t is None:
+        return Speed("not-compared", why_not="a prediction has no timing" if run.predicted else "no timing")
+    iv = t.vs_baseline
+    if iv is None:
+        return Speed("not-compared", why_not=t.not_interleaved or "recorded before membench timed a run against "
+                                                                  "the baseline in its own process")
+    # A step-time ratio r is a throughput change of 1/r - 1: a slower step (r above 1) is a lower throughput.
+    change, low, high = ((1 / r - 1) * 100 for r in (iv.ratio, iv.ratio_high, iv.ratio_low))
+    verdict: SpeedVerdict = ("faster" if iv.ratio_high < 1 else "slower" if iv.ratio_low > 1
+                             else "undecided" if abs(change) >= UNDECIDED_AT_PCT else "within-noise")
+    return Speed(verdict, change, low, high, iv.level, iv.pairs)
+
+
+def beats(a: Speed, b: Speed) -> bool:
+    """Whether `a` is faster than `b` beyond both intervals (each against the same baseline)."""
+    ia, ib = a.interval, b.interval
+    return ia is not None and ib is not None and ia[0] > ib[1]
 
 
 def spread(timing: Timing | None) -> float | None:
-    """Half the interval's width as a share of the median (the '±' of a step time); None without an interval."""
+    """The interval's half-width as a share of the median (the '±' of a step time); None without an interval."""
     if timing is None or timing.ci_low_s is None or timing.ci_high_s is None or not timing.median_s:
         return None
-    return max(timing.median_s - timing.ci_low_s, timing.ci_high_s - timing.median_s) / timing.median_s
+    return (timing.ci_high_s - timing.ci_low_s) / 2 / timing.median_s
 
 
 def step_ms(timing: Timing | None) -> str:
@@ -43,35 +99,21 @@ def throughput_interval(timing: Timing) -> tuple[float, float] | None:
     return per_step / timing.ci_high_s, per_step / timing.ci_low_s
 
 
-def within_noise(timing: Timing | None, reference: Timing | None) -> bool:
-    """True when the two runs' intervals overlap, or when there is no interval to tell (older results, a
-    single step): a difference that cannot be told from noise is treated as noise."""
-    same = overlap(timing, reference)
-    return True if same is None else same
+def overlap(a: Timing | None, b: Timing | None) -> bool | None:
+    """Whether two runs' median step times are within noise of each other (their intervals overlap). None when
+    either has no interval (older results)."""
+    if a is None or b is None or a.ci_low_s is None or b.ci_low_s is None:
+        return None
+    return a.ci_low_s <= b.ci_high_s and b.ci_low_s <= a.ci_high_s
 
 
-# A change this large (in %) whose intervals still overlap is not "no difference": the measurement was too noisy
-# to decide either way, and says so.
-UNDECIDED_AT_PCT = 10.0
-RERUN = "rerun with --min-time"
-
-
-def undecided(timing: Timing | None, reference: Timing | None) -> bool:
-    """Within noise, yet the medians differ by UNDECIDED_AT_PCT or more: too noisy to tell."""
-    if timing is None or reference is None or not timing.throughput or not reference.throughput:
-        return False
-    change = pct_change(timing.throughput, reference.throughput)
-    return within_noise(timing, reference) and abs(change) >= UNDECIDED_AT_PCT
-
-
-def delta(timing: Timing | None, reference: Timing | None) -> str:
-    """The change in throughput against the reference: '+7.7%', 'within noise (+7.7%)', or, for a large change
-    inside wide intervals, 'undecided (-50.8%): rerun with --min-time'."""
+def separate_runs_delta(timing: Timing | None, reference: Timing | None) -> str:
+    """The change in throughput between runs timed apart (`membench compare`: before and after a change):
+    '+7.7%' only where the intervals are apart, else 'within noise (+7.7%)' or, for a large change inside wide
+    intervals, 'undecided (-50.8%)'. Load that changed between them is not in either interval: read it as such."""
     if timing is None or reference is None or not timing.throughput or not reference.throughput:
         return "-"
-    change = f"{pct_change(timing.throughput, reference.throughput):+.1f}%"
-    if timing is reference:
-        return change
-    if undecided(timing, reference):
-        return f"undecided ({change}): {RERUN}"
-    return f"within noise ({change})" if within_noise(timing, reference) else change
+    change = pct_change(timing.throughput, reference.throughput)
+    if overlap(timing, reference) is False:
+        return f"{change:+.1f}%"
+    return f"{'undecided' if abs(change) >= UNDECIDED_AT_PCT else 'within noise'} ({change:+.1f}%)"

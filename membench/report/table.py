@@ -1,33 +1,27 @@
 """The comparison table: each run's peak and throughput, and the change against the baseline.
 
-One table per sweep (workload, batch size, device): runs of different sweeps never share a "vs base" column.
-Memory is shown in one unit per table, picked from its magnitudes; step times with their noise, and a throughput
-change that is within noise says so.
+One table per sweep: runs of different sweeps never share a "vs base" column. Memory is shown in one unit per
+table, picked from its magnitudes; step times with their noise; the speed against the baseline only as the
+interleaved timing measured it (report/noise.py), with the same percentage the sentences give. Columns with
+nothing to show are left out, and a table wider than WIDTH is folded into several, each headed by the run.
 """
 
 from __future__ import annotations
 
+import textwrap
+
 from tabulate import tabulate
 
-from membench.common.units import ByteFormat, fmt_bytes, pct_change
+from membench.common.units import ByteFormat, fmt_bytes, fmt_number, pct_change
 from membench.common.vocab import CATEGORIES
 from membench.report import noise
-from membench.report.explain import breakdown, find_baseline
+from membench.report.explain import breakdown
+from membench.report.words import speed_cell
 from membench.results import RunRecord
+from membench.results.sweep import Sweep
 
-
-def sweeps(results: list[RunRecord]) -> list[list[RunRecord]]:
-    """Results grouped by sweep (workload, batch size, device, measured or predicted), in first-seen order."""
-    groups: dict[tuple, list[RunRecord]] = {}
-    for r in results:
-        groups.setdefault(r.sweep_key, []).append(r)
-    return list(groups.values())
-
-
-def sweep_title(results: list[RunRecord]) -> str:
-    workload, batch, device, predicted, loop = results[0].sweep_key
-    loop_text = f", {loop}" if loop else ""
-    return f"{workload}, batch {batch}, {device}{loop_text}" + (" (predicted)" if predicted else "")
+WIDTH = 120  # columns of a terminal or a code block: a wider table is folded
+OPTIONAL = ("reserved", "step ms ±", "throughput", "speed vs base", "equivalence")  # left out when all "-"
 
 
 def equivalence_text(r: RunRecord) -> str:
@@ -37,9 +31,9 @@ def equivalence_text(r: RunRecord) -> str:
     return eq.verdict + (f" (apart from {eq.apart_from})" if eq.apart_from else "")
 
 
-def reference_note(results: list[RunRecord]) -> str | None:
+def reference_note(sweep: Sweep) -> str | None:
     """Why there are no deltas, when the baseline cannot be the reference."""
-    base = next((r for r in results if r.name == "baseline"), None)
+    base = sweep.baseline
     if base is None:
         return "no baseline in these results: absolute numbers only"
     if base.status != "ok":
@@ -48,36 +42,64 @@ def reference_note(results: list[RunRecord]) -> str | None:
     return None
 
 
-def rows(results: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
-    """The table of one sweep (see `sweeps`)."""
-    predicted = all(r.predicted for r in results)
-    mixed = not predicted and any(r.predicted for r in results)  # never let a prediction pass for a measurement
-    base = find_baseline(results)
-    mem = ByteFormat([v for r in results if r.memory for v in (r.memory.peak_allocated_bytes,
-                                                                r.memory.peak_reserved_bytes)])
-    headers = ["run", "workload", "status", ("predicted" if predicted else "peak") + f" alloc {mem.unit}", "vs base",
-               "peak phase", ("predicted " if predicted else "") + f"reserved {mem.unit}", "step ms ±CI",
-               "throughput", "vs base", "equivalence"]
-    body = []
-    for r in results:
-        m, t = r.memory, r.timing
-        peak_delta = "-"
-        if base is not None and m is not None and r.status == "ok":
-            peak_delta = f"{pct_change(m.peak_allocated_bytes, base.peak):+.1f}%"
-        body.append([
-            r.name + (" (predicted)" if mixed and r.predicted else ""),
-            r.label,
-            r.status,
-            mem(m.peak_allocated_bytes) if m else "-",
-            peak_delta,
-            (m.peak_phase if m else None) or "-",
-            mem(m.peak_reserved_bytes) if m else "-",
-            noise.step_ms(t),
-            f"{t.throughput:.1f} {t.unit}" if t and t.throughput else "-",
-            noise.delta(t, base.timing) if base is not None and r.status == "ok" else "-",
-            equivalence_text(r),
-        ])
-    return headers, body
+def _row(r: RunRecord, sweep: Sweep, mem: ByteFormat) -> dict[str, str]:
+    m, t, ref = r.memory, r.timing, sweep.reference
+    finished = r.status == "ok" and m is not None
+    return {
+        "run": r.name,
+        "status": r.status,
+        "peak": mem(m.peak_allocated_bytes) if m else "-",
+        "vs base": f"{pct_change(m.peak_allocated_bytes, ref.peak):+.1f}%" if finished and ref else "-",
+        "peak phase": (m.peak_phase if m else None) or "-",
+        "reserved": mem(m.peak_reserved_bytes) if m else "-",
+        "step ms ±": noise.step_ms(t),
+        "throughput": fmt_number(t.throughput) if t and t.throughput else "-",
+        "speed vs base": speed_cell(noise.speed(r)) if finished and ref and t else "-",
+        "equivalence": equivalence_text(r),
+    }
+
+
+def rows(sweep: Sweep) -> tuple[list[str], list[list[str]]]:
+    """The table of one sweep: headers and one row per run (columns with nothing to show left out)."""
+    mem = ByteFormat([v for r in sweep.runs if r.memory for v in (r.memory.peak_allocated_bytes,
+                                                                   r.memory.peak_reserved_bytes)])
+    cells = [_row(r, sweep, mem) for r in sweep.runs]
+    keys = [k for k in cells[0] if k not in OPTIONAL or any(c[k] != "-" for c in cells)]
+    unit = next((r.timing.unit for r in sweep.runs if r.timing and r.timing.unit), "samples/s")
+    predicted = "predicted " if sweep.predicted else ""
+    names = {"peak": f"{predicted}peak {mem.unit}", "reserved": f"{predicted}reserved {mem.unit}",
+             "throughput": unit}
+    return [names.get(k, k) for k in keys], [[c[k] for k in keys] for c in cells]
+
+
+def notes(sweep: Sweep) -> list[str]:
+    """What the table's cells cannot say: a missing reference, what `speed vs base` is, runs not compared."""
+    said = [reference_note(sweep)]
+    ref = sweep.reference
+    speeds = {r.name: noise.speed(r) for r in sweep.finished if r.timing and not r.is_baseline and ref}
+    if any(s.interval for s in speeds.values()):
+        said.append("speed vs base: the throughput change against the baseline, both timed in alternation in the "
+                    "run's own process [its interval]; within noise where the interval holds no change")
+    if any(s.verdict == "undecided" for s in speeds.values()):
+        said.append(f"undecided: a large change inside a wide interval; {noise.RERUN}")
+    said += [f"{name}: speed not compared ({s.why_not})" for name, s in speeds.items() if s.verdict == "not-compared"]
+    return [s for s in said if s]
+
+
+def fold(headers: list[str], body: list[list[str]], width: int = WIDTH) -> list[tuple[list[str], list[list[str]]]]:
+    """The table as several, each headed by the first column, when it is wider than `width` as tabulate's
+    "simple" format lays it out (columns two spaces apart)."""
+    widths = [max([len(h)] + [len(row[i]) for row in body]) for i, h in enumerate(headers)]
+    parts, columns = [], list(range(1, len(headers)))
+    while columns:
+        take = [0]
+        for c in columns:
+            if len(take) > 1 and sum(widths[i] + 2 for i in take + [c]) - 2 > width:
+                break
+            take.append(c)
+        parts.append(([headers[i] for i in take], [[row[i] for i in take] for row in body]))
+        columns = columns[len(take) - 1:]
+    return parts or [(headers, body)]
 
 
 MARKDOWN_FORMATS = frozenset({"github", "pipe"})
@@ -95,20 +117,21 @@ def tabulated(headers: list[str], body: list[list[str]], fmt: str = "simple") ->
     return tabulate(body, headers=headers, tablefmt=fmt, disable_numparse=True)
 
 
-def render(results: list[RunRecord], fmt: str = "simple") -> str:
-    """One table per sweep, each titled when there are several; notes on what could not be compared."""
-    groups = sweeps(results)
-    parts = []
-    for group in groups:
-        text = tabulated(*rows(group), fmt)
-        if len(groups) > 1:
-            text = f"{sweep_title(group)}:\n{text}"
-        note = reference_note(group)
-        if note:
-            text += f"\nnote: {note}"
-        parts.append(text)
-    if len(groups) > 1:
-        parts.append(f"note: {len(groups)} sweeps (different workload, batch size or device) are shown apart; "
+def render_sweep(sweep: Sweep, fmt: str = "simple") -> str:
+    """One sweep's table under its title, folded to WIDTH in a terminal, with its notes."""
+    headers, body = rows(sweep)
+    parts = fold(headers, body) if fmt not in MARKDOWN_FORMATS else [(headers, body)]
+    text = "\n\n".join(tabulated(h, b, fmt) for h, b in parts)
+    lines = [f"{sweep.title()}:", text] + [textwrap.fill(f"note: {n}", WIDTH, subsequent_indent="  ")
+                                          for n in notes(sweep)]
+    return "\n".join(lines)
+
+
+def render(sweeps: list[Sweep], fmt: str = "simple") -> str:
+    """One table per sweep, each titled; a note when there are several, which are never compared."""
+    parts = [render_sweep(s, fmt) for s in sweeps]
+    if len(sweeps) > 1:
+        parts.append(f"note: {len(sweeps)} sweeps (different workload, batch size or device) are shown apart; "
                      "runs are only compared within a sweep")
     text = "\n\n".join(parts)
     return inert_markdown(text) if fmt in MARKDOWN_FORMATS else text
@@ -117,12 +140,12 @@ def render(results: list[RunRecord], fmt: str = "simple") -> str:
 BREAKDOWN_HEADERS = ["run", "peak", "peak phase"] + [c.replace("_", " ") for c in CATEGORIES]
 
 
-def breakdown_rows(results: list[RunRecord]) -> list[list[str]]:
+def breakdown_rows(sweep: Sweep) -> list[list[str]]:
     """Each run's peak and its make-up by category (one unit for the table), the table that explains the peak."""
-    fmt = ByteFormat([r.peak for r in results] + [v for r in results for v in (breakdown(r) or {}).values()],
+    fmt = ByteFormat([r.peak for r in sweep.runs] + [v for r in sweep.runs for v in (breakdown(r) or {}).values()],
                      max_decimals=2)
     body = []
-    for r in results:
+    for r in sweep.runs:
         parts = breakdown(r) or {}
         body.append([r.name, fmt.with_unit(r.peak), (r.memory.peak_phase if r.memory else None) or "-"]
                     + [fmt.with_unit(parts[c]) if c in parts else "-" for c in CATEGORIES])

@@ -251,7 +251,7 @@ def _legend() -> str:
 def render(results: list[RunRecord]) -> str:
     """The timeline section (HTML with its inline data and script), or '' when no run has a timeline."""
     runs = [(r, t) for r in results if r.status == "ok" and r.peak for t in [load_timeline(r)] if t is not None]
-    runs.sort(key=lambda rt: rt[0].name != "baseline")
+    runs.sort(key=lambda rt: not rt[0].is_baseline)
     if not runs:
         return ""
     top = max(t.peak.bytes for _, t in runs) * HEADROOM

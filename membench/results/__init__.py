@@ -6,6 +6,7 @@ package's business.
 """
 
 from membench.common.typedjson import build_checked
+from membench.common.vocab import FINISHED, STATUSES
 from membench.results.files import (
     MAX_RESULT_BYTES,
     archive,
@@ -18,12 +19,11 @@ from membench.results.files import (
 )
 from membench.results.frame import to_frame
 from membench.results.schema import (
-    FINISHED,
     SCHEMA_VERSION,
-    STATUSES,
     Environment,
     Equivalence,
     FileRef,
+    Interleaved,
     Memory,
     ModuleBytes,
     RankSummary,
@@ -35,8 +35,8 @@ from membench.results.schema import (
 )
 
 __all__ = [
-    "FINISHED", "MAX_RESULT_BYTES", "SCHEMA_VERSION", "STATUSES", "Environment", "Equivalence", "FileRef", "Memory",
-    "ModuleBytes", "RankSummary", "RunRecord", "SiteBytes", "StateDiff", "TimelineInfo", "Timing", "archive",
-    "build_checked", "check_result_paths", "is_finished", "load_dir", "read_result", "result_path", "to_frame",
-    "write_record",
+    "FINISHED", "MAX_RESULT_BYTES", "SCHEMA_VERSION", "STATUSES", "Environment", "Equivalence", "FileRef",
+    "Interleaved", "Memory", "ModuleBytes", "RankSummary", "RunRecord", "SiteBytes", "StateDiff", "TimelineInfo",
+    "Timing", "archive", "build_checked", "check_result_paths", "is_finished", "load_dir", "read_result",
+    "result_path", "to_frame", "write_record",
 ]

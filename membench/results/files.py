@@ -10,6 +10,7 @@ from pathlib import Path
 
 from membench.common.errors import UserError
 from membench.common.fsio import atomic_write_text, make_dir, own_dir
+from membench.common.typedjson import read_json_file
 from membench.results.schema import RunRecord
 from membench.spec import Job
 
@@ -28,23 +29,9 @@ def result_path(out_dir: Path, run_name: str) -> Path:
 
 
 def read_result(path: Path) -> RunRecord:
-    path = Path(path)
-    if path.is_dir():
-        raise UserError(f"results file {path} is a folder, not a result file")
-    try:
-        if not path.is_file():
-            raise FileNotFoundError
-        if path.stat().st_size > MAX_RESULT_BYTES:
-            raise UserError(f"results file {path} is too large to be a membench result")
-        text = path.read_text()
-    except FileNotFoundError:
-        raise UserError(f"results file {path} does not exist") from None
-    except UnicodeDecodeError:
-        raise UserError(f"results file {path} is corrupt (not UTF-8 text)") from None
-    except OSError as exc:
-        raise UserError(f"cannot read results file {path}: {exc.strerror}") from None
-    record = RunRecord.from_json(text, f"results file {path}")
-    record.path = path
+    where = f"results file {path}"
+    record = RunRecord.from_dict(read_json_file(path, where, MAX_RESULT_BYTES, "a membench result"), where)
+    record.path = Path(path)
     return record
 
 

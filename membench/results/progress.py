@@ -12,6 +12,7 @@ STAGE_WORDS = {
     "timeline": "timeline pass",
     "time": "timing",
     "flops": "counting FLOPs",
+    "compare": "timing against the baseline",
     "check": "equivalence check",
 }
 

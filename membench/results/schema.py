@@ -14,14 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from membench.common.errors import UserError
-from membench.common.typedjson import build_checked, to_plain
-from membench.spec import Job
+from membench.common.typedjson import build_checked, parse_json, to_plain
+from membench.common.vocab import FINISHED, Category, Numerics, Phase, Status, Verdict
+from membench.spec import Device, Job
 
 SCHEMA_VERSION = 2
-STATUSES = ("ok", "oom", "diverged", "error", "timeout")
-# Runs that measured what they could and would measure the same again: --resume keeps them, and the sweep's exit
-# code counts them as done (a diverged loss or an OOM is the technique's result, not a failure of the sweep).
-FINISHED = ("ok", "oom", "diverged")
 
 
 @dataclass
@@ -47,7 +44,7 @@ class ModuleBytes:
     allocated while running (forward or its backward) or owns (its parameters, their gradients and Adam state)."""
 
     module: str
-    category: str
+    category: Category
     bytes: int
 
 
@@ -67,16 +64,16 @@ class Memory:
     device: str
     method: str
     peak_allocated_bytes: int
-    peak_phase: str
+    peak_phase: Phase
     peak_step: int
     peak_reserved_bytes: int | None = None  # CUDA only: what the caching allocator held from the driver
     peak_active_bytes: int | None = None
     alloc_retries: int | None = None
     driver_used_bytes: int | None = None  # CUDA only: cudaMemGetInfo, context and library workspaces included
     device_total_bytes: int | None = None
-    breakdown_at_peak: dict[str, int] | None = None
+    breakdown_at_peak: dict[Category, int] | None = None
     current_bytes: int | None = None  # after the measured step: the steady state
-    current_breakdown: dict[str, int] | None = None
+    current_breakdown: dict[Category, int] | None = None
     build_peak_bytes: int | None = None  # model construction on the device
     build_host_peak_bytes: int | None = None  # model construction in host memory (exact)
     # Predictions for CUDA: reserved memory from the caching-allocator simulator (membench.allocator).
@@ -89,6 +86,24 @@ class Memory:
     reserved_oom: bool | None = None  # the simulated allocator ran out of the budget
     top_modules: list[ModuleBytes] | None = None  # the largest (module, category) at the peak, largest first
     top_sites: list[SiteBytes] | None = None  # CUDA: the largest allocation sites at the trace's peak
+
+
+@dataclass
+class Interleaved:
+    """The run's step time against the baseline's, both timed in the run's own process, step for step in
+    alternation (run, baseline, baseline, run, ...): a change in the machine's load during the run slows both
+    alike and cancels in their ratio, where runs timed one after another would take it for the technique's cost.
+
+    ratio: the median over pairs of (the run's step time / the baseline's); [ratio_low, ratio_high] its
+    distribution-free interval (order statistics) at confidence `level`. Below 1: the run steps faster."""
+
+    pairs: int
+    ratio: float
+    ratio_low: float
+    ratio_high: float
+    level: float
+    run_median_s: float
+    baseline_median_s: float
 
 
 @dataclass
@@ -116,6 +131,9 @@ class Timing:
     ci_low_s: float | None = None
     ci_high_s: float | None = None
     ci_level: float | None = None
+    # The run against the baseline timed in alternation in one process (what a speed claim rests on), or why not.
+    vs_baseline: Interleaved | None = None
+    not_interleaved: str | None = None
 
 
 @dataclass
@@ -135,12 +153,12 @@ class StateDiff:
 class Equivalence:
     """Whether the run trains the same model as the baseline, and how that was decided."""
 
-    verdict: str  # reference, bitwise, equivalent, not-equivalent, precision
+    verdict: Verdict
     detail: str = ""
     parts: list[StateDiff] | None = None  # what was compared, part by part
     random_ops: list[str] | None = None  # random ops seen in the training step (dropout, ...)
     apart_from: str | None = None  # "dropout masks": equivalent once those were made deterministic for the check
-    mode: str | None = None
+    mode: Numerics | None = None
     compared: str | None = None
     max_abs_param_diff: float | None = None
     max_param_update: float | None = None
@@ -161,9 +179,9 @@ class TimelineInfo:
     steps: int
     round_to: int
     peak_bytes: int
-    peak_phase: str
+    peak_phase: Phase
     peak_step: int
-    breakdown_at_peak: dict[str, int]
+    breakdown_at_peak: dict[Category, int]
     snapshot: str | None = None  # CUDA: the allocator's history, for pytorch.org/memory_viz
     snapshot_bytes: int | None = None
     snapshot_max_entries: int | None = None
@@ -188,10 +206,10 @@ class RankSummary:
     rank: int
     peak_allocated_bytes: int | None = None
     peak_reserved_bytes: int | None = None
-    peak_phase: str | None = None
+    peak_phase: Phase | None = None
     build_peak_bytes: int | None = None
     build_host_peak_bytes: int | None = None
-    breakdown_at_peak: dict[str, int] | None = None
+    breakdown_at_peak: dict[Category, int] | None = None
     median_s: float | None = None
 
 
@@ -200,7 +218,7 @@ class RunRecord:
     """One run's result file: what ran (spec), where (env), and what was measured or why not (status, error)."""
 
     name: str
-    status: str  # one of STATUSES
+    status: Status
     spec: Job
     env: Environment | None = None
     schema_version: int = SCHEMA_VERSION
@@ -218,7 +236,11 @@ class RunRecord:
     traceback: str | None = None
     log_tail: str | None = None
     predicted: bool = False
-    predicted_for: str | None = None
+    predicted_for: Device | None = None
+    # How closely the run's technique stack must match the baseline (techniques.Stack.numerics), recorded so that a
+    # reader knows a run changes precision without the equivalence check or the technique registry. None: recorded
+    # before membench stored it.
+    numerics: Numerics | None = None
     cannot_see: list[str] | None = None
     path: Path | None = field(default=None, compare=False)  # where it was loaded from; never written
 
@@ -227,14 +249,21 @@ class RunRecord:
         return self.status in FINISHED
 
     @property
-    def peak(self) -> int | None:
-        return self.memory.peak_allocated_bytes if self.memory else None
+    def is_baseline(self) -> bool:
+        return not self.spec.run.techniques
 
     @property
-    def sweep_key(self) -> tuple:
-        """Runs that compare with each other: same workload, batch size, device, kind of number and loop options."""
-        r = self.spec.run
-        return r.workload, r.batch_size, self.env.device if self.env else r.device, self.predicted, r.loop
+    def changes_precision(self) -> bool:
+        """From the equivalence check when it ran; else from the stack's numerics as recorded (False when
+        neither says: a record from before membench stored them)."""
+        eq = self.equivalence
+        if eq is not None and eq.verdict not in ("reference", "failed"):
+            return eq.verdict == "precision" or eq.mode == "precision"
+        return self.numerics == "precision"
+
+    @property
+    def peak(self) -> int | None:
+        return self.memory.peak_allocated_bytes if self.memory else None
 
     @property
     def label(self) -> str:
@@ -246,12 +275,7 @@ class RunRecord:
 
     @classmethod
     def from_json(cls, text: str, where: str = "result") -> RunRecord:
-        try:
-            data = json.loads(text, parse_constant=lambda c: None,  # NaN/Infinity from older writers: no value
-                              parse_int=bounded_int)
-        except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError, as is bounded_int's
-            raise UserError(f"{where} is corrupt (not JSON: {str(exc)[:120]})") from None
-        return cls.from_dict(data, where)
+        return cls.from_dict(parse_json(text, where), where)
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "result") -> RunRecord:
@@ -265,7 +289,6 @@ class RunRecord:
                             "upgrade membench")
         if version < 2:
             data = _upgrade_v1(data, where)
-        check_values(data, where)
         record = build_checked(cls, data, where)
         # No memory reads as "not measured" (shown as -); a peak of 0 or less would read as a measured zero.
         if record.status == "ok" and record.memory is not None and record.memory.peak_allocated_bytes <= 0:
@@ -273,38 +296,6 @@ class RunRecord:
                             f"finished measured some memory), got {record.memory.peak_allocated_bytes}")
         record.schema_version = SCHEMA_VERSION
         return record
-
-
-MAX_DIGITS = 30  # no byte count, step or seed has more; int() of a 5,000-digit number fails in Python itself
-MAX_MAGNITUDE = 1e30  # above any byte count or rate a device measures; 1e308 overflows the charts' axes
-MAX_NAME = 1024  # a name longer than a path cannot be a run's (its file is named after it)
-
-
-def bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_DIGITS:
-        raise ValueError(f"an integer of {len(text)} digits, at most {MAX_DIGITS}")
-    return int(text)
-
-
-def check_values(data, where: str, field_name: str = "") -> None:
-    """Values no measurement produces, refused with the innermost field named: text that is not Unicode (lone
-    surrogates), numbers out of range, a name longer than a file name."""
-    if isinstance(data, dict):
-        for key, value in data.items():
-            key = str(key) if str(key).isprintable() else repr(key)  # a key holding a newline stays on one line
-            check_values(value, where, f"{field_name}.{key}" if field_name else key)
-    elif isinstance(data, list):
-        for i, value in enumerate(data):
-            check_values(value, where, f"{field_name}[{i}]")
-    elif isinstance(data, str):
-        try:
-            data.encode("utf-8")
-        except UnicodeEncodeError:
-            raise UserError(f"{where}: field {field_name} is not valid Unicode text (a lone surrogate)") from None
-        if field_name == "name" and len(data) > MAX_NAME:
-            raise UserError(f"{where}: field name has {len(data)} characters, at most {MAX_NAME}")
-    elif isinstance(data, (int, float)) and not isinstance(data, bool) and abs(data) > MAX_MAGNITUDE:
-        raise UserError(f"{where}: field {field_name} is {data:.3g}, beyond {MAX_MAGNITUDE:g}: not a measurement")
 
 
 _ALWAYS = {"memory", "timing"}  # written even when empty, so a reader sees "not measured", not "missing"

@@ -7,10 +7,11 @@ import re
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from torch.utils.flop_counter import FlopCounterMode
 
-from membench.results import Timing
+from membench.results import Interleaved, Timing
 
 # Dense peak FLOP/s by device name fragment and compute dtype, from the vendors' data sheets.
 # fp32 means true fp32 (PyTorch's default matmul precision "highest", no TF32).
@@ -87,6 +88,57 @@ def summarize(times: list[float]) -> Timing:
                   noisy=median > 0 and (iqr / median > NOISY_SPREAD or
                                         (low is not None and (high - low) / 2 / median > NOISY_SPREAD)),
                   ci_low_s=low, ci_high_s=high, ci_level=level)
+
+
+# The fewest pairs whose interval (their smallest to largest ratio) holds the median with 95% confidence or more
+# (6: 96.9%); a run timed against the baseline takes at least this many pairs, whatever its --steps.
+MIN_PAIRS = 6
+
+
+@dataclass(frozen=True)
+class Stepper:
+    """One side of an interleaved timing: `prepare()` makes a step's input outside the clock, `step(input)` is
+    timed."""
+
+    prepare: Callable[[], object]
+    step: Callable[[object], object]
+
+    def timed(self) -> float:
+        arg = self.prepare()
+        start = time.perf_counter()
+        self.step(arg)
+        return time.perf_counter() - start
+
+
+def interleave(run: Stepper, reference: Stepper, pairs: int, min_time_s: float = 0.0,
+               on_pair: Callable[[int], None] | None = None) -> tuple[list[float], list[float]]:
+    """Time `run` and `reference` one step each in turn, `pairs` times (then, while less than min_time_s was
+    timed on the run's side, more pairs, up to MAX_STEPS_FACTOR x as many). The order alternates from pair to pair
+    (run first, then reference first: ABBA), so a load that grows or shrinks steadily favours neither side.
+    Returns (the run's step times, the reference's), pair by pair. on_pair(k) is called before the k-th pair."""
+    run_times: list[float] = []
+    reference_times: list[float] = []
+    cap = pairs * MAX_STEPS_FACTOR
+    while len(run_times) < pairs or (sum(run_times) < min_time_s and len(run_times) < cap):
+        if on_pair:
+            on_pair(len(run_times) + 1)
+        if len(run_times) % 2 == 0:
+            run_times.append(run.timed())
+            reference_times.append(reference.timed())
+        else:
+            reference_times.append(reference.timed())
+            run_times.append(run.timed())
+    return run_times, reference_times
+
+
+def compare(run_times: list[float], reference_times: list[float]) -> Interleaved:
+    """The run against the reference from interleaved pairs: each pair's ratio (the same moment's load on both
+    sides), their median and its order-statistics interval."""
+    ratios = [r / b for r, b in zip(run_times, reference_times)]
+    low, high, level = median_ci(ratios)
+    return Interleaved(pairs=len(ratios), ratio=statistics.median(ratios), ratio_low=low, ratio_high=high,
+                       level=level, run_median_s=statistics.median(run_times),
+                       baseline_median_s=statistics.median(reference_times))
 
 
 def count_flops(step: Callable[[], object]) -> int:
