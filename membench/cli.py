@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
@@ -302,6 +303,25 @@ def _predict_plan(args, batch_size: int) -> dict:
                 **_model_options(args))
 
 
+def _new_folders(path: Path) -> list[Path]:
+    """The folders make_dir(path) is about to create, innermost first."""
+    return [p for p in [path, *path.parents] if not p.exists()]
+
+
+def _remove_new_folders(out: Path, new: list[Path]) -> None:
+    """Remove the folders a refused command created, and its lock file, while it still holds the lock: a writer
+    that opened the lock file since is refused, one that comes later finds no folder or makes its own (rmdir of a
+    folder that is no longer empty fails, and the folder stays)."""
+    if not new:
+        return
+    from membench.launch.sweep import LOCK_NAME
+
+    with contextlib.suppress(OSError):
+        (out / LOCK_NAME).unlink()
+        for folder in new:
+            folder.rmdir()
+
+
 def cmd_predict(args) -> int:
     from membench.common.fsio import make_dir
     from membench.launch.probe import call_isolated
@@ -315,12 +335,17 @@ def cmd_predict(args) -> int:
     plan = _predict_plan(args, args.batch_size)
     out = args.out or default_predict_dir(RunSpec(workload=args.workload, batch_size=args.batch_size,
                                                   device=args.device))
+    new = _new_folders(Path(out).absolute())
     out = make_dir(out).resolve()  # an --out that cannot be written: said first; absolute, whatever user code does
     with locked(out):  # a sweep writing there, or another prediction, is refused
         # The user's code (loading the workload) and the predictions run in one child process under --timeout;
         # it refuses to replace a measurement and archives earlier predictions (child.probe.predict_request).
-        answer = call_isolated("predict", {"plan": plan, "out": str(out)}, args.timeout,
-                               f"predicting {args.workload!r}")
+        try:
+            answer = call_isolated("predict", {"plan": plan, "out": str(out)}, args.timeout,
+                                   f"predicting {args.workload!r}")
+        except UserError:  # refused (a workload that does not load, an unknown technique): nothing left behind
+            _remove_new_folders(out, new)
+            raise
     results = [read_result(result_path(out, name)) for name in answer["names"]]
     print(render(Sweep.group(results)))
     if args.device == "cuda":

@@ -158,7 +158,7 @@ def test_missing_transformers_is_one_line(tmp_path):
     (tmp_path / "transformers.py").write_text("raise ImportError('planted: not installed')\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ["PYTHONPATH"]])}
     proc = subprocess.run([sys.executable, "-m", "membench", "predict", "--workload", "hf:gpt2"], env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)  # its folder: not the clone's
     assert proc.returncode == 2
     assert proc.stderr == "membench: error: Hugging Face workloads need transformers: pip install membench[hf]\n"
 

@@ -82,7 +82,8 @@ def test_cuda_only_techniques_are_validated_against_the_target_not_this_cpu(tmp_
     offload = read_result(out / "opt-offload.json")
     assert offload.status == "error" and "host and device" in offload.error and offload.traceback is None
     assert "Traceback" not in captured.err
-    assert cli.main(["predict", "--workload", "gpt-tiny", "--device", "cpu", "--techniques", "opt-offload"]) == 2
+    assert cli.main(["predict", "--workload", "gpt-tiny", "--device", "cpu", "--techniques", "opt-offload",
+                     "--out", str(tmp_path / "refused")]) == 2
 
 
 def test_cli_predict_writes_predictions_apart_and_labels_the_table(tmp_path, capsys):
@@ -113,8 +114,8 @@ def test_the_gpu_predicted_for_sizes_the_workspaces_and_is_recorded_and_printed(
     assert exit_.value.code == 2 and "unknown GPU 'B9000'; valid: H100" in capsys.readouterr().err
 
 
-def test_unknown_technique_is_a_usage_error(capsys):
-    assert cli.main(["predict", "--workload", "vit-tiny", "--techniques", "nope"]) == 2
+def test_unknown_technique_is_a_usage_error(tmp_path, capsys):
+    assert cli.main(["predict", "--workload", "vit-tiny", "--techniques", "nope", "--out", str(tmp_path)]) == 2
     assert "unknown technique 'nope'" in capsys.readouterr().err
 
 
