@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from membench.allocator.events import TraceEvent
 from membench.common.errors import UserError, failure_line
 from membench.predict import gpus
 from membench.predict.emulate.reductions import KernelScratch
@@ -291,8 +292,9 @@ class AffineTrace:
     some size, with buffers sized by the GPU. Its calls are kept apart, each with its tensors' layouts (affine in
     the batch), and their scratch is worked out again at each batch by the same code a prediction runs."""
 
-    def __init__(self, kinds: list[tuple], sizes: list[tuple[int, int] | None], measured_from: int, round_to: int,
-                 settings, calls: list[tuple] = (), scratch=None):
+    def __init__(self, kinds: list[TraceEvent], sizes: list[tuple[int, int] | None], measured_from: int,
+                 round_to: int, settings, calls: list[tuple] = (), scratch=None):
+        # kinds: each event at the first batch (its size is sizes[i] there: (a, c) of a + c x batch, None for a free)
         self.kinds, self.sizes, self.measured_from = kinds, sizes, measured_from  # measured_from: among kinds
         self.round_to, self.settings = round_to, settings
         self.calls, self.scratch = list(calls), scratch  # (index among kinds, KernelCall, affine layout)
@@ -308,16 +310,17 @@ class AffineTrace:
                     f"{len(events_b)}")
         kinds, sizes = [], []
         for i, (x, y) in enumerate(zip(events_a, events_b)):
-            if x[:2] != y[:2]:
-                return f"event {i} differs between batch {batch_a} and batch {batch_b}: {x[:2]} vs {y[:2]}"
-            kinds.append(x[:2])
-            if x[0] != "alloc":
+            if (x.kind, x.key, x.stream) != (y.kind, y.key, y.stream):
+                return (f"event {i} differs between batch {batch_a} and batch {batch_b}: {(x.kind, x.key)} vs "
+                        f"{(y.kind, y.key)}")
+            kinds.append(x)
+            if x.kind != "alloc":
                 sizes.append(None)
                 continue
-            slope, rest = divmod(y[2] - x[2], batch_b - batch_a)
+            slope, rest = divmod(y.size - x.size, batch_b - batch_a)
             if rest or slope < 0:
-                return f"allocation {i} grows from {x[2]} B to {y[2]} B: not a whole number of bytes per sample"
-            sizes.append((x[2] - slope * batch_a, slope))
+                return f"allocation {i} grows from {x.size} B to {y.size} B: not a whole number of bytes per sample"
+            sizes.append((x.size - slope * batch_a, slope))
         if len(calls_a) != len(calls_b):
             return f"batch {batch_a} makes {len(calls_a)} kernel calls, batch {batch_b} makes {len(calls_b)}"
         calls = []
@@ -333,9 +336,9 @@ class AffineTrace:
                 return "the trace does not account for the predicted peak"  # a tracker change fit must follow
         return model
 
-    def events(self, batch: int) -> tuple[list[tuple], int]:
+    def events(self, batch: int) -> tuple[list[TraceEvent], int]:
         """The allocations and frees at `batch`, and where the measured step begins among them."""
-        out: list[tuple] = []
+        out: list[TraceEvent] = []
         calls = iter(self.calls)
         call = next(calls, None)
         measured_from = None
@@ -345,12 +348,14 @@ class AffineTrace:
                 if rest:
                     raise ValueError(f"batch {batch} is not a whole number of steps of {self.step} from {self.first}")
                 layout = _at(call[2], steps)
-                out += [(e[0], ("scratch", id(call), e[1]), *e[2:]) for e in self.scratch.events_of(call[1], layout)]
+                out += [TraceEvent(e.kind, ("scratch", id(call), e.key), e.size, e.stream)
+                        for e in self.scratch.events_of(call[1], layout)]
                 call = next(calls, None)
             if i == self.measured_from:
                 measured_from = len(out)
             if kind is not None:
-                out.append(kind if size is None else (*kind, size[0] + size[1] * batch))
+                out.append(kind if size is None else TraceEvent(kind.kind, kind.key, size[0] + size[1] * batch,
+                                                                kind.stream))
         return out, measured_from
 
     def matches(self, traced: Traced, batch: int) -> str | None:
@@ -361,7 +366,7 @@ class AffineTrace:
             return f"batch {batch} makes {len(real)} allocations and frees, not {len(events)}"
         for i, (x, y) in enumerate(zip(events, real)):
             if x != y:
-                return f"event {i} at batch {batch} is {y}, derived {x}"
+                return f"event {i} at batch {batch} is {_shown(y)}, derived {_shown(x)}"
         return None
 
     def peak_allocated(self, batch: int) -> int:
@@ -373,11 +378,11 @@ class AffineTrace:
         for i, event in enumerate(events):
             if i == measured_from:
                 peak = current
-            if event[0] == "free":
-                current -= live.pop(event[1])
+            if event.kind == "free":
+                current -= live.pop(event.key)
             else:
-                rounded = -(-event[2] // r) * r
-                live[event[1]] = rounded
+                rounded = -(-event.size // r) * r
+                live[event.key] = rounded
                 current += rounded
                 if i >= measured_from and current > peak:
                     peak = current
@@ -389,7 +394,7 @@ class AffineTrace:
         return simulate(self.events(batch)[0], self.settings).peak_reserved_bytes
 
 
-def _apart(traced: Traced) -> tuple[list[tuple], list[tuple], int]:
+def _apart(traced: Traced) -> tuple[list[TraceEvent], list[tuple], int]:
     """A trace's events without kernel scratch, keys numbered in order of first use (scratch takes keys from the
     same counter), its kernel calls (each with its place among those events), and the measured step's place."""
     scratch_at = {i for call in traced.kernel_calls for i in range(call.at, call.at + call.count)}
@@ -407,9 +412,14 @@ def _apart(traced: Traced) -> tuple[list[tuple], list[tuple], int]:
     return events, calls, placed(traced.measured_from)
 
 
-def _keys_in_order(events: list[tuple]) -> list[tuple]:
+def _keys_in_order(events: list[TraceEvent]) -> list[TraceEvent]:
     numbers: dict = {}
-    return [(e[0], numbers.setdefault(e[1], len(numbers)), *e[2:]) for e in events]
+    return [TraceEvent(e.kind, numbers.setdefault(e.key, len(numbers)), e.size, e.stream) for e in events]
+
+
+def _shown(event: TraceEvent) -> str:
+    """An event as fit's notes name it: (kind, key, bytes) for an allocation, (kind, key) for a free."""
+    return str((event.kind, event.key, event.size) if event.kind == "alloc" else (event.kind, event.key))
 
 
 def _affine(x, y):

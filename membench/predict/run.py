@@ -18,6 +18,7 @@ import traceback
 from pathlib import Path
 
 from membench import environment, optimizers
+from membench.allocator.events import TraceEvent
 from membench.common.errors import UserError
 from membench.measure import Session
 from membench.predict import gpus, steady
@@ -96,11 +97,11 @@ def world_size(spec: RunSpec, stack: Stack) -> int | None:
 
 @dataclasses.dataclass
 class Traced:
-    """A prediction with the allocations behind it: every ("alloc", key, raw bytes) and ("free", key) from the
-    model's construction on, in order; the measured step's begin at events[measured_from]."""
+    """A prediction with the allocations behind it: every allocation (its raw bytes) and free from the model's
+    construction on, in order; the measured step's begin at events[measured_from]."""
 
     memory: Memory
-    events: list[tuple]
+    events: list[TraceEvent]
     measured_from: int
     round_to: int
     kernel_calls: list = dataclasses.field(default_factory=list)  # calls that may take kernel scratch (fit)
@@ -171,7 +172,7 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
             calls = list(meter.tracker.kernel_calls or ())
             if primed is not None:
                 gc.collect()  # what the step left for the collector: a run's next step frees it as it begins
-                garbage = [e[1] for e in meter.tracker.trace[len(trace):] if e[0] == "free"]
+                garbage = [e.key for e in meter.tracker.trace[len(trace):] if e.kind == "free"]
                 written = steady.write_warmup(primed, seen, trace, measured_from, garbage, memory.peak_allocated_bytes,
                                               start_bytes, round_to, calls)
         session.detach()
@@ -220,7 +221,7 @@ def _collected_between(data):
         yield batch
 
 
-def _add_reserved(memory: Memory, trace: list[tuple], stack: Stack, budget: int | None) -> None:
+def _add_reserved(memory: Memory, trace: list[TraceEvent], stack: Stack, budget: int | None) -> None:
     """Reserved memory: the step's allocations, in order from the model's construction on, through the caching
     allocator simulator with the run's allocator settings (the user's PYTORCH_CUDA_ALLOC_CONF plus the stack's,
     e.g. expandable-segments). A budget acts as a memory fraction, as it does on a real GPU."""
