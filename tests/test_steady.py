@@ -50,7 +50,11 @@ def _reasons(monkeypatch) -> list:
     write = steady.write_warmup
 
     def recorded(*args, **kwargs):
-        answers.append(write(*args, **kwargs))
+        try:
+            answers.append(write(*args, **kwargs))
+        except steady.CannotWrite as exc:
+            answers.append(str(exc))
+            raise
         return answers[-1]
 
     monkeypatch.setattr(steady, "write_warmup", recorded)
@@ -105,15 +109,14 @@ def test_write_warmup_by_hand():
                     ("free", 12), ("free", 11))
     primed = steady.Primed(start=1, optimizers=[7], state={7: _events(("alloc", 2, 100))}, state_params={7: {5}})
     seen = steady.Seen(steps={7: (8, {5})})
-    written, measured_from, calls = steady.write_warmup(primed, seen, trace, 3, garbage=[13], peak_bytes=4758,
-                                                        start_bytes=208, round_to=1)
-    assert written == _events(("alloc", 1, 100),
-                              ("alloc", 24, 8), ("alloc", 25, 4000), ("alloc", 26, 50), ("alloc", 27, 600),
-                              ("alloc", 2, 100), ("free", 26), ("free", 25),
-                              ("free", 27),
-                              ("alloc", 10, 8), ("free", 24), ("alloc", 11, 4000), ("alloc", 12, 50),
-                              ("alloc", 13, 600), ("free", 12), ("free", 11))
-    assert measured_from == 8
+    written = steady.write_warmup(primed, seen, trace, 3, garbage=[13], peak_bytes=4758, start_bytes=208, round_to=1)
+    assert written.events == _events(("alloc", 1, 100),
+                                     ("alloc", 24, 8), ("alloc", 25, 4000), ("alloc", 26, 50), ("alloc", 27, 600),
+                                     ("alloc", 2, 100), ("free", 26), ("free", 25),
+                                     ("free", 27),
+                                     ("alloc", 10, 8), ("free", 24), ("alloc", 11, 4000), ("alloc", 12, 50),
+                                     ("alloc", 13, 600), ("free", 12), ("free", 11))
+    assert written.measured_from == 8
     # A peak no higher than the warm-up's garbage on top of the start: the written trace would miss it.
-    assert isinstance(steady.write_warmup(primed, seen, trace, 3, garbage=[13], peak_bytes=808, start_bytes=208,
-                                          round_to=1), str)
+    with pytest.raises(steady.CannotWrite, match="peak is not above what a warm-up step would leave"):
+        steady.write_warmup(primed, seen, trace, 3, garbage=[13], peak_bytes=808, start_bytes=208, round_to=1)

@@ -118,11 +118,23 @@ def watching(session: Session):
         handle.remove()
 
 
+class CannotWrite(Exception):
+    """Why a warm-up step cannot be written from the measured step (then it is run): one of write_warmup's checks."""
+
+
+@dataclass
+class Written:
+    """The trace a prediction that ran its warm-up step would have made."""
+
+    events: list[TraceEvent]
+    measured_from: int  # where its measured step begins
+    kernel_calls: list  # predict/emulate/reductions.KernelCall, each where it is in `events`
+
+
 def write_warmup(primed: Primed, seen: Seen, trace: list[TraceEvent], measured_from: int, garbage: list[int],
-                 peak_bytes: int, start_bytes: int, round_to: int, calls: list | None = None
-                 ) -> tuple[list[TraceEvent], int, list] | str:
-    """The trace a prediction that ran its warm-up step would have made, where its measured step begins, and its
-    kernel calls (predict/emulate/reductions.KernelCall, from `calls`: the trace's); or why that cannot be written.
+                 peak_bytes: int, start_bytes: int, round_to: int, calls: list | None = None) -> Written:
+    """The trace a prediction that ran its warm-up step would have made, with its kernel calls (from `calls`: the
+    trace's); CannotWrite, with the check that failed, where that cannot be written.
 
     trace: construction, priming, then the measured step from measured_from. garbage: keys the measured step
     allocated that the cycle collector freed after it, in the order it freed them. peak_bytes, start_bytes: the
@@ -138,29 +150,29 @@ def write_warmup(primed: Primed, seen: Seen, trace: list[TraceEvent], measured_f
     freed_before = [e.key for e in measured if e.kind == "free" and e.key not in made]
     kept = [e for e in _outliving(measured) if e.key not in garbage_keys]
     if any(key not in earlier for key in freed_before):
-        return "the measured step freed storages made before it"
+        raise CannotWrite("the measured step freed storages made before it")
     made_order = sorted(freed_before)  # keys count up as storages are made
     if [earlier[key] for key in made_order] != [e.size for e in kept]:
-        return "the measured step made storages that outlive it, as a first step does"
+        raise CannotWrite("the measured step made storages that outlive it, as a first step does")
     replaced = {old: new.key for old, new in zip(made_order, kept)}
     # A run's measured step starts with the warm-up's garbage still live (the collector frees it as the step takes
     # its batch); a peak no higher than that start would be there, and the primed step cannot see it.
     if peak_bytes <= start_bytes + sum(-(-made[k] // round_to) * round_to for k in garbage):
-        return "the measured step's peak is not above what a warm-up step would leave at its start"
+        raise CannotWrite("the measured step's peak is not above what a warm-up step would leave at its start")
     inserts: list[tuple[int, int, list[TraceEvent]]] = []  # (index in the measured step, order at that index, events)
     for optimizer in primed.optimizers:
         state = primed.state[optimizer]
         if not state:
             continue
         if optimizer not in seen.steps:
-            return "an optimizer with state did not step in the measured step"
+            raise CannotWrite("an optimizer with state did not step in the measured step")
         at, with_grad = seen.steps[optimizer]
         if with_grad != primed.state_params[optimizer]:
-            return "an optimizer's parameters with gradients are not those it made state for"
+            raise CannotWrite("an optimizer's parameters with gradients are not those it made state for")
         inserts.append((at - measured_from, 0, state))
     for thread, event in primed.workspaces.items():
         if thread not in seen.first_use:
-            return f"no matmul ran on the {thread} thread"
+            raise CannotWrite(f"no matmul ran on the {thread} thread")
         inserts.append((seen.first_use[thread] - measured_from, 1, [event]))
     inserts.sort(key=lambda x: x[:2])
     offset = 1 + max(e.key for e in trace)  # the warm-up's storages: the measured step's, under new keys
@@ -185,7 +197,7 @@ def write_warmup(primed: Primed, seen: Seen, trace: list[TraceEvent], measured_f
                      + [dataclasses.replace(c, at=at_in_warmup[c.at - measured_from]) for c in calls
                         if c.at >= measured_from]
                      + [dataclasses.replace(c, at=c.at + shift) for c in calls if c.at >= measured_from])
-    return prefix + collected + step, len(prefix), written_calls
+    return Written(prefix + collected + step, len(prefix), written_calls)
 
 
 def _outliving(events: list[TraceEvent]) -> list[TraceEvent]:
