@@ -248,6 +248,5 @@ def test_kernel_scratch_only_larger_batches_take_is_worked_out_again_at_each_bat
     assert sum(c.count for c in two.kernel_calls + three.kernel_calls) == 0
     assert sum(c.count for c in big.kernel_calls) == 64
     model = AffineTrace.derive(two, 2, three, 3, allocator_settings(resolve(job.run)), KernelScratch(gpus.gpu("H100")))
-    assert not isinstance(model, str), model
     assert model.matches(big, 64) is None
     assert model.peak_allocated(64) == big.memory.peak_allocated_bytes
