@@ -87,7 +87,6 @@ class _Categorised:
             self._scopes.remove()
             self._scopes = None
         self.model, self.optimizers, self._owners = None, [], {}
-        self.detached = True
 
 
 class _ParamState(dict):
