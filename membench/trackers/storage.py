@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from membench.allocator.events import TraceEvent
 from membench.common.vocab import CATEGORIES, OTHER, PHASE_CATEGORY, RECOMPUTED
 from membench.private import (
     PRIM_DEVICE,
@@ -52,13 +53,14 @@ class StorageTracker(TorchDispatchMode):
     timeline: keep (event, phase, step, bytes per category) for every allocation and free.
     device_types: count only storages on these device types (e.g. ("cpu",) for host memory); None: all.
     trace: keep every allocation and free in order, with its raw (unrounded) size, as the allocator simulator
-    reads it: ("alloc", key, nbytes) and ("free", key). A prediction's reserved memory comes from it.
+    reads it: TraceEvent.alloc(key, nbytes) and TraceEvent.free(key), on the default stream. A prediction's reserved
+    memory comes from it.
     """
 
     def __init__(self, round_to: int = 1, budget: int | None = None, timeline: bool = False,
                  device_types: tuple[str, ...] | None = None, trace: bool = False):
         super().__init__()
-        self.trace: list[tuple] | None = [] if trace else None
+        self.trace: list[TraceEvent] | None = [] if trace else None
         # Beside the trace: calls whose allocations depend on more than their outputs' sizes (CUDA kernel scratch,
         # predict/emulate/reductions.KernelCall), kept so that fit can work them out at other batch sizes.
         self.kernel_calls: list | None = [] if trace else None
@@ -141,13 +143,13 @@ class StorageTracker(TorchDispatchMode):
             key = next(self._counter)
             self._keys[storage] = key
             weakref.finalize(storage, self._free, key)
-            self._traced("alloc", key, nbytes)
+            self._trace_alloc(key, nbytes)
             self._add(key, size, category or self._phase_category(), module or self.module)
         else:
             old_size, old_category, old_module = self.live[key]
             if size != old_size:
-                self._traced("free", key)
-                self._traced("alloc", key, nbytes)
+                self._trace_free(key)
+                self._trace_alloc(key, nbytes)
             if size != old_size or (category and category != old_category) or (module and module != old_module):
                 # Nothing freed since the peak: the peak is now, and a new label (optimizer state stored by a first
                 # step) belongs in the peak's breakdown too.
@@ -163,8 +165,8 @@ class StorageTracker(TorchDispatchMode):
         key = self._keys.get(tensor.untyped_storage())
         if key is not None:
             nbytes = tensor.untyped_storage().nbytes()
-            self._traced("free", key)
-            self._traced("alloc", key, nbytes)
+            self._trace_free(key)
+            self._trace_alloc(key, nbytes)
             self._remove(key)
             self._add(key, self._rounded(nbytes), self._phase_category(), self.module)
 
@@ -261,13 +263,17 @@ class StorageTracker(TorchDispatchMode):
 
     def _free(self, key: int) -> None:
         if key in self.live:
-            self._traced("free", key)
+            self._trace_free(key)
             self._remove(key)
             self._changed()
 
-    def _traced(self, *event) -> None:
+    def _trace_alloc(self, key: int, nbytes: int) -> None:
         if self.trace is not None:
-            self.trace.append(event)
+            self.trace.append(TraceEvent.alloc(key, nbytes))
+
+    def _trace_free(self, key: int) -> None:
+        if self.trace is not None:
+            self.trace.append(TraceEvent.free(key))
 
     def _changed(self) -> None:
         if self.current > self.peak.bytes:
