@@ -144,8 +144,8 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     warmup = min(job.measure.warmup, 1)  # after one step the optimizer state exists: the steady state
     group = fake.fake_process_group(ranks) if ranks else contextlib.nullcontext()
     # For a CUDA GPU: CUDA's autocast policy instead of CPU's, and cuBLAS's workspaces (see their modules).
-    policy = cuda_policy() if cuda else contextlib.nullcontext()
-    with group, fake.fake_tensors(), policy:
+    policy = cuda_policy(gpus.gpu(spec.gpu)) if cuda else contextlib.nullcontext()
+    with group, fake.fake_tensors(), policy as attention:
         prepared = _Prepared(run, fake.materialize(meta_model), cuda)
         techniques = (prepared, *(_WithRealRanks(t) if t.distributed else t for t in stack.techniques))
         meter = CpuMeter(round_to=round_to, trace=keep_trace or cuda or derive_warmup)
@@ -183,6 +183,7 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     memory.method = f"prediction: fake tensors, storage tracker, {round_to}-byte blocks"
     if cuda:
         _add_reserved(memory, trace, stack, spec.memory_budget)
+        memory.attention = attention.summary()
     return Traced(memory, trace, measured_from, round_to, calls)
 
 
