@@ -27,10 +27,10 @@ allocations and frees each kernel makes through the caching allocator, in its or
   unit-strided, and the graph's workspace from the caching allocator: the frontend's fp32 dQ accumulator
   [B, H, Lq, D] and softmax sum [B, H, Lq] (cuDNN 9's backward always takes them, unless deterministic).
 
-Sizes are worked out by hand in tests/test_attention_kernels.py. Not followed (and said by `predict`): the cuDNN
-engine's own workspace beyond the frontend's (not derivable from source: 0 assumed), which of two memory-efficient
-backward kernels fits the GPU's shared memory (the first of torch's list is taken), grouped-query attention's
-expanded gradients, and the reductions' scratch inside these kernels.
+Sizes are worked out by hand in tests/predict/emulate/test_attention_kernels.py. Not followed (and said by
+`predict`): the cuDNN engine's own workspace beyond the frontend's (not derivable from source: 0 assumed), which
+of two memory-efficient backward kernels fits the GPU's shared memory (the first of torch's list is taken),
+grouped-query attention's expanded gradients, and the reductions' scratch inside these kernels.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ The copies are allocated after the output (a structured op's output exists befor
 cuBLAS asks for its handle (so before a thread's first workspace), and freed when the matmul returns. For example
 the gradient `logits.sum()` sends back is a zero-stride expansion: the LM head's backward then copies it twice, a
 logits-sized tensor each time, once for the input's gradient and once for the weight's. A CPU prediction never sees
-them: fake tensors run meta kernels, which make outputs only. Tested by hand in tests/test_cublas_operands.py.
+them: fake tensors run meta kernels, which make outputs only. Tested by hand in
+tests/predict/emulate/test_cublas_operands.py.
 """
 
 from __future__ import annotations

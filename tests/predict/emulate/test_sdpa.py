@@ -1,6 +1,7 @@
 """Attention, softmax and dropout in a CUDA prediction, derived by hand: scaled_dot_product_attention keeps what the
-CUDA kernel torch chooses keeps (predict/emulate/sdpa.py; each kernel in tests/test_attention_kernels.py), softmax
-of a float16 input reads it directly (predict/emulate/autocast.py), dropout keeps a one-byte mask."""
+CUDA kernel torch chooses keeps (predict/emulate/sdpa.py; each kernel in
+tests/predict/emulate/test_attention_kernels.py), softmax of a float16 input reads it directly
+(predict/emulate/autocast.py), dropout keeps a one-byte mask."""
 
 from __future__ import annotations
 
