@@ -131,8 +131,9 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     meta_model = _model_on_meta(stack, workload, ranks)
     warmup = min(job.measure.warmup, 1)  # after one step the optimizer state exists: the steady state
     primes = derive_warmup and _derivable(spec, stack, warmup, ranks)
-    with _fake_world(ranks, cuda):
-        session = _fake_session(run, stack, workload, meta_model, gpus.gpu(spec.gpu) if cuda else None, round_to,
+    gpu = gpus.gpu(spec.gpu) if cuda else None
+    with _fake_world(ranks, gpu) as attention:
+        session = _fake_session(run, stack, workload, meta_model, gpu, round_to,
                                 trace=trace or cuda or derive_warmup)
         with _no_collector_within_steps():
             session.build()
@@ -143,6 +144,8 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     if traced is None:  # a check refused the written warm-up step: run it instead
         return predict_traced(job, round_to, trace=trace, derive_warmup=False)
     _label(traced, spec, stack)
+    if attention is not None:
+        traced.memory.attention = attention.summary()
     return traced
 
 
@@ -168,12 +171,12 @@ def _model_on_meta(stack: Stack, workload: Workload, ranks: int | None):
 
 
 @contextlib.contextmanager
-def _fake_world(ranks: int | None, cuda: bool):
+def _fake_world(ranks: int | None, gpu: gpus.Gpu | None):
     """Fake tensors, a fake process group of `ranks`, and for a CUDA GPU CUDA's autocast policy instead of CPU's."""
     group = fake.fake_process_group(ranks) if ranks else contextlib.nullcontext()
-    policy = cuda_policy() if cuda else contextlib.nullcontext()
-    with group, fake.fake_tensors(), policy:
-        yield
+    policy = cuda_policy(gpu) if gpu is not None else contextlib.nullcontext()
+    with group, fake.fake_tensors(), policy as attention:
+        yield attention
 
 
 def _fake_session(run: RunSpec, stack: Stack, workload: Workload, meta_model, gpu: gpus.Gpu | None,

@@ -73,6 +73,7 @@ class StorageTracker(TorchDispatchMode):
         self.step = -1
         self.live: dict[int, tuple[int, str, str]] = {}  # storage key -> (bytes, category, module)
         self._keys = WeakIdKeyDictionary()  # storage -> key
+        self._host: WeakIdKeyDictionary | None = None  # storages a CUDA kernel keeps on the host (mark_host)
         self._counter = itertools.count()
         self.by_category = dict.fromkeys(CATEGORIES, 0)
         self.current = 0
@@ -134,6 +135,8 @@ class StorageTracker(TorchDispatchMode):
         if tensor.layout != torch.strided or (self.device_types and tensor.device.type not in self.device_types):
             return
         storage = tensor.untyped_storage()
+        if self._host is not None and storage in self._host:
+            return
         key = self._keys.get(storage)
         nbytes = storage.nbytes()
         size = self._rounded(nbytes)
@@ -159,6 +162,13 @@ class StorageTracker(TorchDispatchMode):
                 if at_peak:
                     self.peak.breakdown = dict(self.by_category)
                     self._peak_modules_pending = True
+
+    def mark_host(self, tensor: torch.Tensor) -> None:
+        """A tensor a CUDA kernel makes in host memory (memory-efficient attention's seed and offset): never
+        counted, though a prediction's fake tensors are all on one device."""
+        if self._host is None:
+            self._host = WeakIdKeyDictionary()
+        self._host[tensor.untyped_storage()] = True
 
     def resized(self, tensor: torch.Tensor) -> None:
         """A storage resized in place (FSDP frees and re-allocates unsharded parameters so): a new allocation."""

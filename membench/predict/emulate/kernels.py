@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 
 from membench.common.vocab import OTHER
+from membench.predict.emulate.attention_kernels import AttentionKernels
+from membench.predict.emulate.cublas_operands import operand_copies
 from membench.predict.emulate.inplace_backward import BackwardPaths
 from membench.predict.emulate.reductions import KernelScratch
 from membench.private import in_backward
@@ -64,14 +66,18 @@ class CudaKernels:
         self.workspaces = CublasWorkspaces(gpu.cublas_workspace_bytes if workspace_bytes is None else workspace_bytes)
         self.scratch = KernelScratch(gpu)
         self.paths = BackwardPaths()
+        self.attention = AttentionKernels(gpu)
 
     def rewrite(self, func, args, kwargs):
-        """The op to run instead (in-place where a plain run is)."""
-        return self.paths.rewrite(func, args, kwargs)
+        """The op to run instead (in-place where a plain run is; CUDA's outputs for fused attention)."""
+        return self.attention.rewrite(func) or self.paths.rewrite(func, args, kwargs)
 
     def after(self, func, args, kwargs, out, tracker) -> None:
         self.paths.made(func, out)
         if func in CUBLAS_OPS:
             tracker.track_outputs(out)  # before the workspace, as a GPU allocates them
+            copies = operand_copies(func, args, out, tracker)  # cuBLAS's operands, before it asks for a handle
             self.workspaces.matmul_ran(tracker)
+            del copies  # let go as the matmul returns
+        self.attention.run(func, args, kwargs, out, tracker)
         self.scratch.run(func, args, kwargs, out, tracker)
