@@ -17,7 +17,7 @@ import time
 import traceback
 from pathlib import Path
 
-from membench import environment, optimizers
+from membench import environment, optimizers, private
 from membench.common.errors import UserError
 from membench.measure import Session
 from membench.predict import gpus, steady
@@ -104,6 +104,7 @@ class Traced:
     measured_from: int
     round_to: int
     kernel_calls: list = dataclasses.field(default_factory=list)  # calls that may take kernel scratch (fit)
+    assumed: list[str] = dataclasses.field(default_factory=list)  # what was answered without being known
 
 
 def predict_memory(job: Job, round_to: int | None = None) -> Memory:
@@ -143,9 +144,11 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     meta_model = meta_model or meta_build()
     warmup = min(job.measure.warmup, 1)  # after one step the optimizer state exists: the steady state
     group = fake.fake_process_group(ranks) if ranks else contextlib.nullcontext()
-    # For a CUDA GPU: CUDA's autocast policy instead of CPU's, and cuBLAS's workspaces (see their modules).
+    # For a CUDA GPU: CUDA's autocast policy instead of CPU's, and cuBLAS's workspaces (see their modules); the
+    # fake CPU tensors stand for CUDA ones, which capturable optimizers accept.
     policy = cuda_policy() if cuda else contextlib.nullcontext()
-    with group, fake.fake_tensors(), policy:
+    capturable = private.capturable_on_cpu() if cuda else contextlib.nullcontext()
+    with group, fake.fake_tensors() as values, policy, capturable:
         prepared = _Prepared(run, fake.materialize(meta_model), cuda)
         techniques = (prepared, *(_WithRealRanks(t) if t.distributed else t for t in stack.techniques))
         meter = CpuMeter(round_to=round_to, trace=keep_trace or cuda or derive_warmup)
@@ -183,7 +186,7 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     memory.method = f"prediction: fake tensors, storage tracker, {round_to}-byte blocks"
     if cuda:
         _add_reserved(memory, trace, stack, spec.memory_budget)
-    return Traced(memory, trace, measured_from, round_to, calls)
+    return Traced(memory, trace, measured_from, round_to, calls, values.answered())
 
 
 def _derivable(spec: RunSpec, stack: Stack, warmup: int, ranks: int | None) -> bool:
@@ -257,11 +260,12 @@ def predict(job: Job, round_to: int | None = None) -> RunRecord:
     record = RunRecord(name=job.name, status="ok", spec=job, env=environment.describe("cpu"),
                        started=started, predicted=True, predicted_for=job.run.device, cannot_see=list(CANNOT_SEE))
     try:
-        record.memory = predict_memory(job, round_to)
+        traced = predict_traced(job, round_to, trace=job.run.device == "cuda")
+        record.memory, record.assumed = traced.memory, traced.assumed or None
         record.world_size = world_size(job.run, resolve(job.run, target_device=job.run.device)) or 1
     except UserError:
         raise
-    except CannotPredict as exc:
+    except (CannotPredict, fake.NeedsValues) as exc:
         record.status, record.error = "error", f"cannot predict: {exc}"
     except Exception as exc:  # noqa: BLE001 - a model fake tensors cannot run is this run's status, not a crash
         record.status = "error"
