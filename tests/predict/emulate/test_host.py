@@ -57,7 +57,7 @@ def _adafactor_state(shapes) -> int:
     return total
 
 
-HERE = "tests.test_host_tensors"
+HERE = "tests.predict.emulate.test_host"
 # (optimizer, techniques, state copies of the parameters, step on the GPU)
 ADAMS = [
     ("adam", (), 2, False),  # foreach: CUDA's default
