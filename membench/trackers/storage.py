@@ -34,6 +34,7 @@ from membench.private import (
 from membench.trackers import recompute
 
 NO_MODULE = "(no module)"  # allocated outside any tracked module: the loss, the optimizer step, the inputs
+NOT_COUNTED = -1  # the key of a storage excluded from the count (a CUDA prediction's host tensors)
 
 
 @dataclass
@@ -73,7 +74,6 @@ class StorageTracker(TorchDispatchMode):
         self.step = -1
         self.live: dict[int, tuple[int, str, str]] = {}  # storage key -> (bytes, category, module)
         self._keys = WeakIdKeyDictionary()  # storage -> key
-        self._host: WeakIdKeyDictionary | None = None  # storages a CUDA kernel keeps on the host (mark_host)
         self._counter = itertools.count()
         self.by_category = dict.fromkeys(CATEGORIES, 0)
         self.current = 0
@@ -135,8 +135,6 @@ class StorageTracker(TorchDispatchMode):
         if tensor.layout != torch.strided or (self.device_types and tensor.device.type not in self.device_types):
             return
         storage = tensor.untyped_storage()
-        if self._host is not None and storage in self._host:
-            return
         key = self._keys.get(storage)
         nbytes = storage.nbytes()
         size = self._rounded(nbytes)
@@ -148,6 +146,8 @@ class StorageTracker(TorchDispatchMode):
             weakref.finalize(storage, self._free, key)
             self._trace_alloc(key, nbytes)
             self._add(key, size, category or self._phase_category(), module or self.module)
+        elif key == NOT_COUNTED:
+            return
         else:
             old_size, old_category, old_module = self.live[key]
             if size != old_size:
@@ -163,17 +163,19 @@ class StorageTracker(TorchDispatchMode):
                     self.peak.breakdown = dict(self.by_category)
                     self._peak_modules_pending = True
 
-    def mark_host(self, tensor: torch.Tensor) -> None:
-        """A tensor a CUDA kernel makes in host memory (memory-efficient attention's seed and offset): never
-        counted, though a prediction's fake tensors are all on one device."""
-        if self._host is None:
-            self._host = WeakIdKeyDictionary()
-        self._host[tensor.untyped_storage()] = True
+    def exclude(self, tensor: torch.Tensor) -> None:
+        """Never count this tensor's storage (not yet counted): memory of another device than the one measured."""
+        storage = tensor.untyped_storage()
+        if storage not in self._keys:
+            self._keys[storage] = NOT_COUNTED
+
+    def excluded(self, tensor: torch.Tensor) -> bool:
+        return self._keys.get(tensor.untyped_storage()) == NOT_COUNTED
 
     def resized(self, tensor: torch.Tensor) -> None:
         """A storage resized in place (FSDP frees and re-allocates unsharded parameters so): a new allocation."""
         key = self._keys.get(tensor.untyped_storage())
-        if key is not None:
+        if key is not None and key != NOT_COUNTED:
             nbytes = tensor.untyped_storage().nbytes()
             self._trace_free(key)
             self._trace_alloc(key, nbytes)
