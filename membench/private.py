@@ -122,6 +122,18 @@ def fsdp_storage_modules() -> list:
     return [sys.modules[n] for n in names if n in sys.modules]
 
 
+def fsdp_comm_streams(model) -> dict[str, object]:
+    """The streams FSDP2 shares across a model's states (FSDPCommContext, made at the root's lazy init), by their
+    attribute names; empty before the first forward or for a model without FSDP. checked: 2.14.1"""
+    for module in model.modules():
+        get_state = getattr(module, "_get_fsdp_state", None)
+        comm = getattr(get_state(), "_comm_ctx", None) if get_state is not None else None
+        if comm is not None and hasattr(comm, "all_gather_copy_in_stream"):
+            names = ("all_gather_copy_in_stream", "all_gather_stream", "reduce_scatter_stream", "all_reduce_stream")
+            return {name: getattr(comm, name) for name in names if hasattr(comm, name)}
+    return {}
+
+
 # --- fake tensors and a fake process group: prediction without memory or GPU (predict/emulate/fake.py) ------------
 def fake_tensor_mode(**kwargs):
     from torch._subclasses.fake_tensor import FakeTensorMode  # checked: 2.14.1

@@ -317,7 +317,9 @@ class AffineTrace:
             slope, rest = divmod(y[2] - x[2], batch_b - batch_a)
             if rest or slope < 0:
                 return f"allocation {i} grows from {x[2]} B to {y[2]} B: not a whole number of bytes per sample"
-            sizes.append((x[2] - slope * batch_a, slope))
+            if x[3:] != y[3:]:
+                return f"allocation {i} is made on another stream at batch {batch_b}"
+            sizes.append((x[2] - slope * batch_a, slope, *x[3:]))  # its stream, where not the default one
         if len(calls_a) != len(calls_b):
             return f"batch {batch_a} makes {len(calls_a)} kernel calls, batch {batch_b} makes {len(calls_b)}"
         calls = []
@@ -350,7 +352,7 @@ class AffineTrace:
             if i == self.measured_from:
                 measured_from = len(out)
             if kind is not None:
-                out.append(kind if size is None else (*kind, size[0] + size[1] * batch))
+                out.append(kind if size is None else (*kind, size[0] + size[1] * batch, *size[2:]))
         return out, measured_from
 
     def matches(self, traced: Traced, batch: int) -> str | None:

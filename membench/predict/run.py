@@ -20,7 +20,7 @@ from pathlib import Path
 from membench import environment, optimizers
 from membench.common.errors import UserError
 from membench.measure import Session
-from membench.predict import gpus, steady
+from membench.predict import gpus, steady, streams
 from membench.predict.emulate import fake
 from membench.predict.emulate.autocast import cuda_policy
 from membench.predict.emulate.kernels import CudaKernels
@@ -151,6 +151,9 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
         meter = CpuMeter(round_to=round_to, trace=keep_trace or cuda or derive_warmup)
         if cuda:
             meter.tracker.kernels = CudaKernels(gpus.gpu(spec.gpu))
+        tags = streams.StreamTags() if ranks and cuda else None  # FSDP2's streams: the allocator's pools
+        if tags is not None:
+            meter.tracker.stream_of = tags.current
         session = Session(run, dataclasses.replace(stack, techniques=techniques), workload, meter,
                           _collected_between(batches(workload, run)), track_host=False)
         with _no_collector_within_steps():
@@ -174,6 +177,8 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
                 garbage = [e[1] for e in meter.tracker.trace[len(trace):] if e[0] == "free"]
                 written = steady.write_warmup(primed, seen, trace, measured_from, garbage, memory.peak_allocated_bytes,
                                               start_bytes, round_to, calls)
+            if tags is not None:
+                stream_names, by_stream = tags.names(session.state.model), meter.tracker.bytes_by_stream()
         session.detach()
     if primed is not None:
         if isinstance(written, str):
@@ -182,7 +187,9 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     memory.device = spec.device
     memory.method = f"prediction: fake tensors, storage tracker, {round_to}-byte blocks"
     if cuda:
-        _add_reserved(memory, trace, stack, spec.memory_budget)
+        reserved = _add_reserved(memory, trace, stack, spec.memory_budget)
+        if tags is not None:
+            memory.streams = streams.stream_uses(stream_names, by_stream, reserved.reserved_by_stream_at_peak)
     return Traced(memory, trace, measured_from, round_to, calls)
 
 
@@ -220,7 +227,7 @@ def _collected_between(data):
         yield batch
 
 
-def _add_reserved(memory: Memory, trace: list[tuple], stack: Stack, budget: int | None) -> None:
+def _add_reserved(memory: Memory, trace: list[tuple], stack: Stack, budget: int | None):
     """Reserved memory: the step's allocations, in order from the model's construction on, through the caching
     allocator simulator with the run's allocator settings (the user's PYTORCH_CUDA_ALLOC_CONF plus the stack's,
     e.g. expandable-segments). A budget acts as a memory fraction, as it does on a real GPU."""
@@ -235,6 +242,7 @@ def _add_reserved(memory: Memory, trace: list[tuple], stack: Stack, budget: int 
     memory.allocator_settings = r.allocator_settings
     memory.reserved_oom = r.reserved_oom
     memory.reserved_method = r.reserved_method
+    return r
 
 
 def allocator_settings(stack: Stack):

@@ -63,6 +63,11 @@ class StorageTracker(TorchDispatchMode):
         # predict/emulate/reductions.KernelCall), kept so that fit can work them out at other batch sizes.
         self.kernel_calls: list | None = [] if trace else None
         self.kernels = None  # a CUDA prediction's predict.emulate.kernels.CudaKernels: called around every op
+        # A prediction of several streams (predict/streams.py): the stream an allocation would be made on now, as a
+        # small int (0: the default stream); an allocation's trace event then carries it, when it is not 0.
+        self.stream_of = None
+        self._stream_keys: dict[int, int] = {}  # storage key -> its stream, for those not on the default stream
+        self.stream_bytes: dict[int, dict[str, int]] = {}  # stream -> category -> bytes allocated there (see below)
         self.device_types = device_types
         self.round_to = round_to
         self.budget = budget
@@ -141,13 +146,13 @@ class StorageTracker(TorchDispatchMode):
             key = next(self._counter)
             self._keys[storage] = key
             weakref.finalize(storage, self._free, key)
-            self._traced("alloc", key, nbytes)
+            self._traced_alloc(key, nbytes)
             self._add(key, size, category or self._phase_category(), module or self.module)
         else:
             old_size, old_category, old_module = self.live[key]
             if size != old_size:
-                self._traced("free", key)
-                self._traced("alloc", key, nbytes)
+                self._traced_free(key)
+                self._traced_alloc(key, nbytes)
             if size != old_size or (category and category != old_category) or (module and module != old_module):
                 # Nothing freed since the peak: the peak is now, and a new label (optimizer state stored by a first
                 # step) belongs in the peak's breakdown too.
@@ -163,8 +168,8 @@ class StorageTracker(TorchDispatchMode):
         key = self._keys.get(tensor.untyped_storage())
         if key is not None:
             nbytes = tensor.untyped_storage().nbytes()
-            self._traced("free", key)
-            self._traced("alloc", key, nbytes)
+            self._traced_free(key)
+            self._traced_alloc(key, nbytes)
             self._remove(key)
             self._add(key, self._rounded(nbytes), self._phase_category(), self.module)
 
@@ -261,13 +266,41 @@ class StorageTracker(TorchDispatchMode):
 
     def _free(self, key: int) -> None:
         if key in self.live:
-            self._traced("free", key)
+            self._traced_free(key)
             self._remove(key)
             self._changed()
 
     def _traced(self, *event) -> None:
         if self.trace is not None:
             self.trace.append(event)
+
+    def _traced_alloc(self, key: int, nbytes: int) -> None:
+        stream = self.stream_of() if self.stream_of is not None else 0
+        if stream:
+            self._stream_keys[key] = stream
+            self._traced("alloc", key, nbytes, stream)
+        else:
+            self._traced("alloc", key, nbytes)
+
+    def _traced_free(self, key: int) -> None:
+        """A storage (or a size of it) lets go of its block: counted for its stream by the category it has now."""
+        if self.stream_of is not None:
+            self._count_on_stream(key, self._stream_keys.pop(key, 0))
+        self._traced("free", key)
+
+    def _count_on_stream(self, key: int, stream: int) -> None:
+        size, category, _ = self.live[key]
+        held = self.stream_bytes.setdefault(stream, {})
+        held[category] = held.get(category, 0) + size
+
+    def bytes_by_stream(self) -> dict[int, dict[str, int]]:
+        """Bytes allocated on each stream, by category: each storage (each size of one FSDP resizes) counted once,
+        by the category it had when freed, or has now."""
+        totals = {stream: dict(held) for stream, held in self.stream_bytes.items()}
+        for key, (size, category, _) in self.live.items():
+            held = totals.setdefault(self._stream_keys.get(key, 0), {})
+            held[category] = held.get(category, 0) + size
+        return {stream: {c: b for c, b in held.items() if b} for stream, held in totals.items()}
 
     def _changed(self) -> None:
         if self.current > self.peak.bytes:
