@@ -115,6 +115,15 @@ def fsdp_api():
     return CPUOffloadPolicy, OffloadPolicy, fully_shard
 
 
+def fsdp_mixed_precision(param_dtype, reduce_dtype):
+    """FSDP2's MixedPrecisionPolicy (public since torch 2.6, before under the private name). checked: 2.14.1"""
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+    except ImportError:  # torch < 2.6
+        from torch.distributed._composable.fsdp import MixedPrecisionPolicy
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+
+
 def fsdp_storage_modules() -> list:
     """FSDP2's modules whose alloc_storage/free_storage resize unsharded parameters in place (no dispatch mode sees
     a storage resize). Only when FSDP is already imported: importing it costs a second. checked: 2.14.1"""
