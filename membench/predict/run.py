@@ -17,7 +17,7 @@ import time
 import traceback
 from pathlib import Path
 
-from membench import environment, optimizers
+from membench import environment, optimizers, private
 from membench.allocator.events import TraceEvent
 from membench.common.errors import UserError
 from membench.measure import Session
@@ -105,6 +105,7 @@ class Traced:
     measured_from: int
     round_to: int
     kernel_calls: list = dataclasses.field(default_factory=list)  # calls that may take kernel scratch (fit)
+    assumed: list[str] = dataclasses.field(default_factory=list)  # what was answered without being known
 
 
 def predict_memory(job: Job, round_to: int | None = None) -> Memory:
@@ -131,8 +132,9 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     meta_model = _model_on_meta(stack, workload, ranks)
     warmup = min(job.measure.warmup, 1)  # after one step the optimizer state exists: the steady state
     primes = derive_warmup and _derivable(spec, stack, warmup, ranks)
-    with _fake_world(ranks, cuda):
-        session = _fake_session(run, stack, workload, meta_model, gpus.gpu(spec.gpu) if cuda else None, round_to,
+    gpu = gpus.gpu(spec.gpu) if cuda else None
+    with _fake_world(ranks, gpu) as (values, attention):
+        session = _fake_session(run, stack, workload, meta_model, gpu, round_to,
                                 trace=trace or cuda or derive_warmup)
         with _no_collector_within_steps():
             session.build()
@@ -143,6 +145,9 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     if traced is None:  # a check refused the written warm-up step: run it instead
         return predict_traced(job, round_to, trace=trace, derive_warmup=False)
     _label(traced, spec, stack)
+    traced.assumed = values.answered()
+    if attention is not None:
+        traced.memory.attention = attention.summary()
     return traced
 
 
@@ -168,12 +173,14 @@ def _model_on_meta(stack: Stack, workload: Workload, ranks: int | None):
 
 
 @contextlib.contextmanager
-def _fake_world(ranks: int | None, cuda: bool):
+def _fake_world(ranks: int | None, gpu: gpus.Gpu | None):
     """Fake tensors, a fake process group of `ranks`, and for a CUDA GPU CUDA's autocast policy instead of CPU's."""
     group = fake.fake_process_group(ranks) if ranks else contextlib.nullcontext()
-    policy = cuda_policy() if cuda else contextlib.nullcontext()
-    with group, fake.fake_tensors(), policy:
-        yield
+    policy = cuda_policy(gpu) if gpu is not None else contextlib.nullcontext()
+    # The fake CPU tensors stand for CUDA ones, which capturable optimizers accept.
+    capturable = private.capturable_on_cpu() if gpu is not None else contextlib.nullcontext()
+    with group, fake.fake_tensors() as values, policy as attention, capturable:
+        yield values, attention
 
 
 def _fake_session(run: RunSpec, stack: Stack, workload: Workload, meta_model, gpu: gpus.Gpu | None,
@@ -303,11 +310,12 @@ def predict(job: Job, round_to: int | None = None) -> RunRecord:
     record = RunRecord(name=job.name, status="ok", spec=job, env=environment.describe("cpu"),
                        started=started, predicted=True, predicted_for=job.run.device, cannot_see=list(CANNOT_SEE))
     try:
-        record.memory = predict_memory(job, round_to)
+        traced = predict_traced(job, round_to, trace=job.run.device == "cuda")
+        record.memory, record.assumed = traced.memory, traced.assumed or None
         record.world_size = world_size(job.run, resolve(job.run, target_device=job.run.device)) or 1
     except UserError:
         raise
-    except CannotPredict as exc:
+    except (CannotPredict, fake.NeedsValues) as exc:
         record.status, record.error = "error", f"cannot predict: {exc}"
     except Exception as exc:  # noqa: BLE001 - a model fake tensors cannot run is this run's status, not a crash
         record.status = "error"

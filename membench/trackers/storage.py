@@ -34,6 +34,7 @@ from membench.private import (
 from membench.trackers import recompute
 
 NO_MODULE = "(no module)"  # allocated outside any tracked module: the loss, the optimizer step, the inputs
+NOT_COUNTED = -1  # the key of a storage excluded from the count (a CUDA prediction's host tensors)
 
 
 @dataclass
@@ -145,6 +146,8 @@ class StorageTracker(TorchDispatchMode):
             weakref.finalize(storage, self._free, key)
             self._trace_alloc(key, nbytes)
             self._add(key, size, category or self._phase_category(), module or self.module)
+        elif key == NOT_COUNTED:
+            return
         else:
             old_size, old_category, old_module = self.live[key]
             if size != old_size:
@@ -160,10 +163,19 @@ class StorageTracker(TorchDispatchMode):
                     self.peak.breakdown = dict(self.by_category)
                     self._peak_modules_pending = True
 
+    def exclude(self, tensor: torch.Tensor) -> None:
+        """Never count this tensor's storage (not yet counted): memory of another device than the one measured."""
+        storage = tensor.untyped_storage()
+        if storage not in self._keys:
+            self._keys[storage] = NOT_COUNTED
+
+    def excluded(self, tensor: torch.Tensor) -> bool:
+        return self._keys.get(tensor.untyped_storage()) == NOT_COUNTED
+
     def resized(self, tensor: torch.Tensor) -> None:
         """A storage resized in place (FSDP frees and re-allocates unsharded parameters so): a new allocation."""
         key = self._keys.get(tensor.untyped_storage())
-        if key is not None:
+        if key is not None and key != NOT_COUNTED:
             nbytes = tensor.untyped_storage().nbytes()
             self._trace_free(key)
             self._trace_alloc(key, nbytes)
