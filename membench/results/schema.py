@@ -244,6 +244,9 @@ class RunRecord:
     predicted: bool = False
     predicted_for: str | None = None
     cannot_see: list[str] | None = None
+    # A prediction's answers to what it could not know (values read back, the eager model of a compiled one, rules
+    # of another torch release), each with where it came from: predict/emulate/values.py and predict/run.py.
+    assumed: list[str] | None = None
     path: Path | None = field(default=None, compare=False)  # where it was loaded from; never written
 
     @property

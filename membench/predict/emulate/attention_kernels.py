@@ -427,7 +427,7 @@ class AttentionKernels:
         if events is None:
             return
         for index in HOST_OUTPUTS.get(func, ()):
-            tracker.mark_host(out[index])
+            tracker.exclude(out[index])
         live: dict[str, torch.Tensor] = {}
         for event in events(bound(func, args, kwargs or {}), out, self.gpu):
             if isinstance(event, Output):
