@@ -397,6 +397,11 @@ def cmd_predict(args) -> int:
 
         print(f"\nPREDICTED cuda memory for an {gpu(args.gpu).describe()}, with CUDA's autocast policy (no "
               "timing); a prediction cannot see: " + "; ".join(CANNOT_SEE))
+        from membench.predict.emulate.sdpa import describe
+
+        attention = describe([r.memory.attention for r in results if r.memory and r.memory.attention])
+        if attention:
+            print(attention)
     else:  # the CPU tracker is what the prediction reproduces: no CUDA caveat applies
         print("\nPREDICTED cpu memory (no timing): what `membench run --device cpu` measures, to the byte where the "
               "model does not branch on tensor values")

@@ -50,10 +50,9 @@ CANNOT_SEE = (
     "equal cached blocks a request reuses depends on the addresses the CUDA driver gives segments, which a CPU "
     "cannot know: it can move peak allocated by unsplit remainders (under 1 MiB each; 491,520 B on one of eight "
     "real traces) and peak reserved by a segment (40 MiB on another)",
-    "kernel choice: CUDA kernels may save other tensors than the CPU ones (cuDNN convolutions; attention is "
-    "predicted as a fused kernel that keeps the output and a log-sum-exp, as CUDA's do, with or without dropout, "
-    "except with dropout inside a checkpointed region, where it runs as the CPU's math path; "
-    "memory-efficient attention's padding of it to 32 queries and its dropout seed are not counted)",
+    "kernel choice: CUDA kernels may save other tensors than the CPU ones (cuDNN convolutions); attention runs "
+    "the kernel torch 2.14's rules choose for the GPU (printed), but cuDNN attention's engine workspace beyond its "
+    "frontend's is not known (0 assumed), and nn.MultiheadAttention's inference fast path keeps only its output",
     "ops whose output size depends on data, and model code that branches on tensor values",
 )
 
