@@ -67,7 +67,7 @@ def rows(sweep: Sweep) -> tuple[list[str], list[list[str]]]:
     keys = [k for k in cells[0] if k not in OPTIONAL or any(c[k] != "-" for c in cells)]
     unit = next((r.timing.unit for r in sweep.runs if r.timing and r.timing.unit), "samples/s")
     predicted = "predicted " if sweep.predicted else ""
-    names = {"peak": f"{predicted}peak {mem.unit}", "reserved": f"{predicted}reserved {mem.unit}",
+    names = {"peak": f"{predicted or 'peak '}alloc {mem.unit}", "reserved": f"{predicted}reserved {mem.unit}",
              "throughput": unit}
     return [names.get(k, k) for k in keys], [[c[k] for k in keys] for c in cells]
 

@@ -217,7 +217,7 @@ def test_memory_units_follow_the_magnitudes(sweep):
     from membench.report.table import rows as table_rows
 
     head, body = table_rows(Sweep.of(load_dir(sweep)))
-    assert head[2] == "peak MiB"  # vit-tiny at batch 1: about a MiB, not 0.00xx GiB
+    assert head[2] == "peak alloc MiB"  # vit-tiny at batch 1: about a MiB, not 0.00xx GiB
     assert ByteFormat([512, 900]).unit == "B" and ByteFormat([3 * 2**10]).unit == "KiB"
     # Values either side of a boundary must not print the same.
     fmt = ByteFormat([2 * 2**30 - 2**20, 2 * 2**30 + 2**20])
