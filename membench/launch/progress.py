@@ -3,13 +3,15 @@
 The worker appends one JSON line per stage to a file the launcher names in $MEMBENCH_PROGRESS
 (<out>/runs/<run>.progress). A file rather than a pipe: what the worker wrote before a crash, an OOM kill or a
 timeout stays readable, and the lifecycle polls it while it waits for the worker (lifecycle.run_job), passing
-each Stage on; report/live.py shows them.
+each Stage on; report/live.py shows them. Each stage is also a line of the run's log (the worker's stderr), with
+the time of day: a long CPU run's log says where it is, rather than staying silent for minutes.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -29,8 +31,15 @@ def report(stage: str, step: int | None = None, steps: int | None = None) -> Non
     try:
         with open(path, "a") as f:  # opened per line: each line is on disk before the next stage starts
             f.write(line + "\n")
-    except OSError:
-        pass  # progress is a courtesy: a full disk must not fail the measurement
+        print(log_line(stage, step, steps), file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass  # progress is a courtesy: a full disk (or a closed stderr) must not fail the measurement
+
+
+def log_line(stage: str, step: int | None = None, steps: int | None = None, now: float | None = None) -> str:
+    """'membench 10:46:12: timing step 3 of 5', the log's line for a stage (local time of day)."""
+    words = Stage("", stage, step=step, steps=steps).describe()
+    return f"membench {time.strftime('%H:%M:%S', time.localtime(now))}: {words}"
 
 
 # --- the launcher's side ----------------------------------------------------------------------------------------
