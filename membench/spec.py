@@ -190,6 +190,9 @@ class RunSpec:
         return self
 
 
+MIN_COMPARE_PAIRS = 6
+
+
 @dataclass(frozen=True)
 class MeasureSpec:
     """How a run is measured. None of it changes what the model computes."""
@@ -207,6 +210,12 @@ class MeasureSpec:
     def validated(self) -> MeasureSpec:
         _check(self, "steps", "check_steps", "warmup", "peak_flops", "min_time_s")
         return self
+
+    @property
+    def compare_pairs(self) -> int:
+        """Pairs of steps in the compare stage (a technique timed against the baseline in alternation): at least
+        MIN_COMPARE_PAIRS, whose interval holds the median ratio with 95% confidence or more (6: 96.9%)."""
+        return max(self.steps, MIN_COMPARE_PAIRS)
 
 
 @dataclass(frozen=True)

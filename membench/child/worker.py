@@ -197,7 +197,7 @@ class Worker:
             from membench.trackers import cuda
 
             cuda.stop_snapshot_on_oom()  # the run's memory is measured: an OOM here is the comparison's, not the run's
-        pairs = max(how.steps, timing.MIN_PAIRS)
+        pairs = how.compare_pairs
         progress.report("compare", steps=pairs)
         self.session.stage = "compare"
         reference = dataclasses.replace(spec, techniques=())

@@ -42,6 +42,43 @@ class Estimate:
         return max(0.0, mean - current_elapsed_s) + mean * (self.total - started)
 
 
+LONG_S = 120.0  # a run with more than this left after its warm-up says so, at its warm-up's pace
+TIMELINE_STEPS = 2  # the timeline pass's steps (trackers/timeline.TIMELINE_STEPS; a test holds them equal)
+
+
+def steps_after_warmup(job) -> int:
+    """Training steps a run takes after its warm-up, as the worker runs them (child/worker.py): the measured
+    step(s), the timeline pass, the timed steps (--min-time can add more), the FLOP count, then for a technique
+    the baseline timed beside it (its warm-up and a step of each per pair), and the check's two models."""
+    how, device = job.measure, job.run.device
+    steps = (1 if device == "cpu" else how.steps) + (TIMELINE_STEPS if how.timeline else 0) + how.steps + 1
+    if job.run.techniques:
+        steps += max(how.warmup, 1) + 2 * how.compare_pairs
+    return steps + (2 * how.check_steps if how.check else 0)
+
+
+class Pace:
+    """Says, once a run's warm-up is over, how long the rest of it takes at the warm-up's pace, when that is long
+    (a CPU run of a large model can take many minutes in silence otherwise)."""
+
+    def __init__(self):
+        self.warmup_at: float | None = None
+
+    def seen(self, job, stage: Stage) -> str | None:
+        if stage.stage == "warmup":
+            self.warmup_at = stage.elapsed_s
+            return None
+        if self.warmup_at is None or job.measure.warmup < 1:
+            return None
+        step_s = (stage.elapsed_s - self.warmup_at) / job.measure.warmup
+        self.warmup_at, steps = None, steps_after_warmup(job)
+        if step_s * steps < LONG_S:
+            return None
+        more = " (--min-time can add timed steps)" if job.measure.min_time_s else ""
+        return (f"a step took {fmt_duration(step_s)} in warm-up: at that pace this run needs about "
+                f"{fmt_duration(step_s * steps)} more ({steps} more steps{more})")
+
+
 def run_line(result: RunRecord, skipped: bool = False, wall_s: float | None = None) -> str:
     """A finished run's headline numbers, one line; wall_s: how long the run took, process start included."""
     mem, timing = result.memory, result.timing
@@ -73,6 +110,7 @@ class SweepProgress:
         self.task = self.progress.add_task("sweep", total=len(jobs), left="")
         self.estimate = Estimate(len(jobs))
         self.started, self.run_started = 0, time.monotonic()
+        self.pace = Pace()
         run = jobs[0].run
         self.console.print(escape(f"membench: {len(jobs)} run(s) of {run.workload} at batch {run.batch_size} "
                                   f"on {run.device} -> {out_dir}"))
@@ -91,6 +129,9 @@ class SweepProgress:
                              left=self._left(0.0))
 
     def stage(self, job, stage: Stage) -> None:
+        said = self.pace.seen(job, stage)
+        if said:
+            self.note(job, said)
         self.progress.update(self.task, description=escape(f"{job.name}: {stage.describe()} "
                                                            f"({fmt_duration(stage.elapsed_s)} in)"),
                              left=self._left(stage.elapsed_s))
@@ -118,11 +159,15 @@ class StageLines:
     def __init__(self, file=None):
         self.file = file
         self.started = time.monotonic()
+        self.job, self.pace = None, Pace()
 
     def start(self, job) -> None:
-        self.started = time.monotonic()
+        self.started, self.job = time.monotonic(), job
 
     def __call__(self, stage: Stage) -> None:
+        said = self.pace.seen(self.job, stage) if self.job is not None else None
+        if said:
+            self.note(self.job, said)
         if stage.step is not None and stage.step > 1:
             return
         words = Stage(stage.run, stage.stage, steps=stage.steps).describe()

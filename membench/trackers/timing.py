@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from torch.utils.flop_counter import FlopCounterMode
 
 from membench.results import Interleaved, Timing
+from membench.spec import MIN_COMPARE_PAIRS
 
 # Dense peak FLOP/s by device name fragment and compute dtype, from the vendors' data sheets.
 # fp32 means true fp32 (PyTorch's default matmul precision "highest", no TF32).
@@ -92,7 +93,7 @@ def summarize(times: list[float]) -> Timing:
 
 # The fewest pairs whose interval (their smallest to largest ratio) holds the median with 95% confidence or more
 # (6: 96.9%); a run timed against the baseline takes at least this many pairs, whatever its --steps.
-MIN_PAIRS = 6
+MIN_PAIRS = MIN_COMPARE_PAIRS
 
 
 @dataclass(frozen=True)

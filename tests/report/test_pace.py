@@ -1,0 +1,50 @@
+"""A long run says, after its warm-up, how long the rest takes at the warm-up's pace."""
+
+from __future__ import annotations
+
+import io
+
+from membench.report.live import TIMELINE_STEPS, Pace, StageLines, steps_after_warmup
+from membench.results.progress import Stage
+from membench.trackers import timeline
+from tests.helpers import spec
+
+
+def cpu_job(techniques=(), **options):
+    return spec("vit-tiny", techniques, steps=5, warmup=2, check=True, timeline=True, device="cpu", **options)
+
+
+def test_steps_after_warmup_as_the_worker_runs_them():
+    # baseline on CPU: 1 measured + 2 timeline + 5 timed + 1 FLOP count + 2 x 2 check steps (two models)
+    assert steps_after_warmup(cpu_job()) == 13
+    # a technique adds the baseline beside it: 2 warm-up steps and max(5, 6) pairs of two steps
+    assert steps_after_warmup(cpu_job(("ckpt",))) == 13 + 2 + 12
+    # more timed steps than the least pairs: as many pairs as timed steps (here no check)
+    job = spec("vit-tiny", ("ckpt",), steps=8, warmup=1, device="cpu", check=False)
+    assert steps_after_warmup(job) == 1 + 2 + 8 + 1 + 1 + 2 * 8
+    assert TIMELINE_STEPS == timeline.TIMELINE_STEPS
+
+
+def test_a_slow_warm_up_says_what_is_left_once_and_a_quick_one_nothing():
+    job = cpu_job()
+    pace = Pace()
+    assert pace.seen(job, Stage("baseline", "build", 1.0)) is None
+    assert pace.seen(job, Stage("baseline", "warmup", 10.0, steps=2)) is None
+    said = pace.seen(job, Stage("baseline", "measure", 30.0, steps=1))  # 10 s a step, 13 steps to go
+    assert said == "a step took 10 s in warm-up: at that pace this run needs about 2 min 10 s more (13 more steps)"
+    assert pace.seen(job, Stage("baseline", "timeline", 40.0)) is None
+    quick = Pace()
+    quick.seen(job, Stage("baseline", "warmup", 10.0, steps=2))
+    assert quick.seen(job, Stage("baseline", "measure", 19.0, steps=1)) is None  # 4.5 s x 13 = 58.5 s
+
+
+def test_min_time_is_named_and_the_api_lines_print_it():
+    job = cpu_job(min_time_s=60.0)
+    out = io.StringIO()
+    lines = StageLines(out)
+    lines.start(job)
+    lines(Stage("baseline", "warmup", 0.0, steps=2))
+    lines(Stage("baseline", "measure", 40.0, steps=1))
+    text = out.getvalue()
+    assert ("membench: baseline: a step took 20 s in warm-up: at that pace this run needs about 4 min 20 s more "
+            "(13 more steps (--min-time can add timed steps))") in text
