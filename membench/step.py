@@ -30,7 +30,8 @@ class TrainState:
     forward_contexts: list[Callable[[], ContextManager]] = field(default_factory=list)
     scale_loss: Callable[[torch.Tensor], torch.Tensor] = lambda loss: loss
     step_optimizer: Callable[[torch.optim.Optimizer], None] = lambda opt: opt.step()
-    unscale_gradients: Callable[[torch.optim.Optimizer], None] = lambda opt: None  # before clipping (amp-fp16)
+    # before clipping: amp-fp16 unscales; opt-offload moves the gradients to the host first
+    unscale_gradients: Callable[[torch.optim.Optimizer], None] = lambda opt: None
     batch_to_device: Callable[[Batch, torch.device], Batch] = lambda batch, device: tuple(
         t.to(device) for t in batch)
     on_model: Callable[[nn.Module], None] | None = None  # a technique that replaces the parameters calls it again
@@ -73,7 +74,9 @@ def train_step(state: TrainState, batch: Batch, phase: Callable[[str], ContextMa
         if state.spec.clip_grad_norm is not None:
             for opt in state.optimizers:
                 state.unscale_gradients(opt)
-            grads = [p for p in state.model.parameters() if p.grad is not None]
+            # The gradients the optimizers step on: the model's own, or host copies (opt-offload moves them first).
+            grads = [p for opt in state.optimizers for group in opt.param_groups for p in group["params"]
+                     if p.grad is not None]
             nn.utils.clip_grad_norm_(grads, state.spec.clip_grad_norm)
         if state.step_optimizers:
             for opt in state.optimizers:

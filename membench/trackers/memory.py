@@ -190,9 +190,12 @@ class CudaMeter(_Categorised):
 
     def __init__(self, budget: int | None = None):
         self.budget = budget
+        self.callers_fraction = None  # what a budget replaced, restored at close (a run in the caller's process)
         if budget is not None:
-            total = torch.cuda.get_device_properties(0).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total))
+            device = torch.cuda.current_device()  # a torchrun rank's own GPU (distributed.process_group set it)
+            total = torch.cuda.get_device_properties(device).total_memory
+            self.callers_fraction = torch.cuda.get_per_process_memory_fraction(device)
+            torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
         self.peaks = {"allocated": 0, "reserved": 0, "active": 0}
         self.peak_phase, self.peak_step, self.step = "setup", -1, -1
         self.tracker = None  # a StorageTracker during the recording pass only
@@ -225,9 +228,9 @@ class CudaMeter(_Categorised):
         pass
 
     def close(self) -> None:
-        """The memory fraction is process-wide: a run in the caller's own process must not leave it set."""
-        if self.budget is not None:
-            torch.cuda.set_per_process_memory_fraction(1.0)
+        """The memory fraction is process-wide: a run in the caller's own process leaves the caller's own."""
+        if self.callers_fraction is not None:
+            torch.cuda.set_per_process_memory_fraction(self.callers_fraction)
 
     @contextlib.contextmanager
     def phase(self, name: str):
