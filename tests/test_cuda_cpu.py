@@ -179,8 +179,11 @@ def test_an_oom_in_the_check_is_the_checks_verdict_not_the_runs_status(tmp_path,
 # --- 4. the CUDA timeline counts device memory only ----------------------------------------------------------------
 def test_the_cuda_recording_pass_does_not_count_host_tensors(tmp_path, monkeypatch):
     @contextlib.contextmanager
-    def no_history(path, max_entries=cuda.MAX_ENTRIES):
-        yield {}
+    def no_history(path, max_entries=cuda.MAX_ENTRIES, labels=None):
+        info = {}
+        yield info
+        if labels is not None:  # the labelled history, read back: nothing was recorded
+            info["timeline"] = cuda.replay_history([], labels, 0, lambda size: size)
 
     monkeypatch.setattr(cuda, "recorded_history", no_history)
     meter = CudaMeter()

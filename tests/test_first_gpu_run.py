@@ -72,7 +72,7 @@ def test_a_budget_restores_the_callers_own_memory_fraction_on_its_gpu(monkeypatc
                         lambda fraction, device=None: calls.append((fraction, device)))
     meter = CudaMeter(budget=2**30)
     meter.close()
-    assert calls == [(1 / 8, 1), (0.7, None)]
+    assert calls == [(1 / 8, 1), (0.7, 1)]
 
 
 def test_a_torchrun_rank_describes_its_own_gpu(monkeypatch):

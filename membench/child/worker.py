@@ -215,6 +215,10 @@ def _rank_summary(rank: int, memory: Memory, timing_summary: Timing) -> RankSumm
 def _watch_oom(out: Path) -> None:
     from membench.trackers import cuda
 
+    if not cuda.history_supported():
+        print("membench: backend:cudaMallocAsync takes no out-of-memory observer: an OOM of this run keeps no "
+              "snapshot", file=sys.stderr)
+        return
     oom_snapshot = _oom_snapshot(out)
     oom_snapshot.unlink(missing_ok=True)  # an earlier run's, not this one's
     cuda.snapshot_on_oom(oom_snapshot)
