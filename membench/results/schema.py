@@ -197,14 +197,12 @@ class AllocationSide:
 
 @dataclass
 class Divergence:
-    """The first event where the predicted step and the step the allocator recorded differ, each side's index in
-    its own step's sequence of allocations and frees (the same until there)."""
+    """The first event where the predicted step and the step the allocator recorded differ: `index` events (the
+    step's allocations and frees, in order) were the same on both sides before it."""
 
-    predicted_index: int
-    measured_index: int
+    index: int
     predicted: AllocationSide
     measured: AllocationSide
-    same_events_before: int  # how many events both had in the same order before it
 
 
 @dataclass

@@ -50,10 +50,16 @@ def _block_sizes(snapshot: dict):
     block->requested_size at free_completed, c10/cuda/CUDACachingAllocator.cpp), memory_allocated() counts whole
     blocks: round a request to the block the allocator gives it, under the settings the snapshot was recorded with,
     as the allocator simulator does, so a sum of trace sizes is in blocks too."""
-    from membench.allocator.settings import settings_from_snapshot
+    from membench.allocator.settings import AllocatorSettings, settings_from_snapshot
     from membench.allocator.simulator import round_size
+    from membench.common.errors import UserError
 
-    settings = settings_from_snapshot(snapshot.get("allocator_settings"))
+    try:
+        settings = settings_from_snapshot(snapshot.get("allocator_settings"))
+    except UserError as exc:  # a measurement never fails for it: 512-byte blocks, as most settings round
+        print(f"membench: the snapshot's allocator settings could not be read ({exc}); its requests are counted "
+              "in 512-byte blocks", file=sys.stderr)
+        settings = AllocatorSettings()
     return lambda size: round_size(size, settings)
 
 

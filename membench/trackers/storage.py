@@ -265,9 +265,15 @@ class StorageTracker(TorchDispatchMode):
             self._remove(key)
             self._changed()
 
+    # A diagnostic's (predict/beside.py, naming what each predicted allocation was): when set, called as
+    # observer(tracker, event) after each event a tracing tracker keeps.
+    observer = None
+
     def _traced(self, *event) -> None:
         if self.trace is not None:
             self.trace.append(event)
+            if StorageTracker.observer is not None:
+                StorageTracker.observer(self, event)
 
     def _changed(self) -> None:
         if self.current > self.peak.bytes:
