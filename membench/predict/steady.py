@@ -18,7 +18,7 @@ next step's start, as written here); nothing made before it may be freed in it; 
 stepped in it, with a gradient for each parameter it made state for (a parameter that gets no gradient gets no
 state in a real first step); every workspace made was used. A first step that makes anything else (a gradient
 scaler's scale, a lazily built buffer) leaves it alive after the measured step, and fails the first check.
-tests/test_steady.py compares the two ways allocation for allocation on every technique.
+tests/predict/test_steady.py compares the two ways allocation for allocation on every technique.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ Event = tuple  # ("alloc", key, nbytes) or ("free", key), as trackers/storage.py
 
 
 # Optimizers whose first step's state, written where the step begins, gives the trace a run warm-up step gives
-# (one parameter group; SGD with momentum makes its buffer first thing in its arithmetic): tests/test_steady.py
+# (one parameter group; SGD with momentum makes its buffer first thing in its arithmetic): tests/predict/test_steady.py
 # compares each, with every technique it takes. A user's optimizer may make its state anywhere: its warm-up is run.
 DERIVABLE_OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adafactor")
 

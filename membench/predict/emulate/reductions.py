@@ -20,8 +20,8 @@ these allocations):
   `orig_indices`, an `arange` of positions, and cub's temporary storage, aten/src/ATen/cuda/cub.cu), and frees
   them when it returns.
 
-Sizes are derived from that code, not fitted; tests/test_cuda_reductions.py works small cases out by hand. Not
-modelled: the other reductions (max/min, norms, var/std, argmax: their own accumulator types), reductions past
+Sizes are derived from that code, not fitted; tests/predict/emulate/test_reductions.py works small cases out by hand.
+Not modelled: the other reductions (max/min, norms, var/std, argmax: their own accumulator types), reductions past
 32-bit indexing (split into sub-iterators, each with its own buffers), the `self.to(dtype)` copy a reduction
 makes of an input whose dtype it does not read (an integer sum, a `dtype=` wider than the input), the range check
 of a direct `index_put_(..., accumulate=True)` (two one-element reductions; backward's skips it),

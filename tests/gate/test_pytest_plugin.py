@@ -51,6 +51,7 @@ def test_entry_point_is_declared():
     assert 'membench = "membench.gate.pytest_plugin"' in section
 
 
+@pytest.mark.slow
 def test_save_then_compare_passes_then_a_growth_fails(pytester):
     result = run(pytester, 256, "--membench-save=base")
     result.assert_outcomes(passed=2)
@@ -77,6 +78,7 @@ def test_save_then_compare_passes_then_a_growth_fails(pytester):
     run(pytester, 512, "--membench-compare=base", "--membench-compare-fail=peak:1MiB").assert_outcomes(passed=2)
 
 
+@pytest.mark.slow
 def test_weights_made_before_the_block_are_not_counted(pytester):
     pytester.makepyfile(test_views="""
         import torch
@@ -90,6 +92,7 @@ def test_weights_made_before_the_block_are_not_counted(pytester):
     pytester.runpytest_subprocess(*PLUGIN, "-p", "no:cacheprovider").assert_outcomes(passed=1)
 
 
+@pytest.mark.slow
 def test_usage_errors_are_one_line(pytester):
     pytester.makepyfile(test_x="def test_x(memory_peak):\n    pass\n")
     result = pytester.runpytest_subprocess(*PLUGIN, "--membench-compare-fail=peak:5%")

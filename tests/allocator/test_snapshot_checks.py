@@ -8,7 +8,7 @@ import pytest
 from membench.allocator.settings import parse_alloc_conf
 from membench.allocator.snapshot import initial_state
 from membench.common.errors import UserError
-from tests.test_allocator import S1, MiB, hand_made_snapshot, run_cli
+from tests.allocator.test_simulator import S1, MiB, hand_made_snapshot, run_cli
 
 
 def _blocks(snap):

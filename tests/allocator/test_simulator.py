@@ -22,7 +22,7 @@ from membench.allocator.snapshot import initial_state, load_snapshot
 from membench.common.errors import UserError
 
 MiB = 2**20
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOTS = ROOT.parent / "shared" / "cuda-snapshots"
 
 

@@ -19,6 +19,7 @@ def run_cli(*args) -> int:
     return main(["run", "--device", "cpu", "--steps", "2", "--warmup", "1", *args])
 
 
+@pytest.mark.slow
 def test_sweep_writes_one_result_per_run_with_spec_and_environment(tmp_path, capsys):
     rc = run_cli("--workload", "vit-tiny", "--batch-size", "8", "--techniques", "accum,ckpt,opt-in-bwd",
                  "--out", str(tmp_path))
@@ -40,6 +41,7 @@ def test_sweep_writes_one_result_per_run_with_spec_and_environment(tmp_path, cap
     assert verdicts == {"baseline": "reference", "accum": "equivalent", "ckpt": "bitwise", "opt-in-bwd": "bitwise"}
 
 
+@pytest.mark.slow
 def test_oom_in_one_run_keeps_the_others(tmp_path):
     # Under 1.8 MB the baseline (2.06 MB peak at batch 8) runs out of memory, accumulation (1.67 MB) fits.
     rc = run_cli("--workload", "vit-tiny", "--batch-size", "8", "--techniques", "accum", "--no-check",
@@ -51,6 +53,7 @@ def test_oom_in_one_run_keeps_the_others(tmp_path):
     assert accum.status == "ok" and accum.memory.peak_allocated_bytes <= 1_800_000
 
 
+@pytest.mark.slow
 def test_crash_and_hang_become_statuses(tmp_path):
     rc = run_cli("--workload", "tests.workloads:broken", "--techniques", "baseline", "--out", str(tmp_path / "a"))
     assert rc == 1
@@ -62,6 +65,7 @@ def test_crash_and_hang_become_statuses(tmp_path):
     assert read_result(tmp_path / "b" / "baseline.json").status == "timeout"
 
 
+@pytest.mark.slow
 def test_resume_skips_finished_runs_and_reruns_keep_history(tmp_path):
     args = ("--workload", "tests.workloads:mlp", "--techniques", "accum", "--no-check", "--out", str(tmp_path))
     assert run_cli(*args) == 0
@@ -72,6 +76,7 @@ def test_resume_skips_finished_runs_and_reruns_keep_history(tmp_path):
     assert len(list((tmp_path / "previous").glob("baseline.*/baseline.json"))) == 1
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_finished_runs(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "membench", "run", "--workload", "tests.workloads:hang",
                              "--techniques", "baseline", "--device", "cpu", "--out", str(tmp_path)],
@@ -105,6 +110,7 @@ def test_ctrl_c_after_a_finished_run_leaves_its_result(tmp_path):
     assert read_result(tmp_path / "baseline.json").status == "ok"
 
 
+@pytest.mark.slow
 def test_python_api_returns_a_dataframe(tmp_path):
     df = membench.run_sweep("tests.workloads:mlp", "accum,opt-in-bwd", batch_size=8, device="cpu", out=tmp_path,
                             steps=2, warmup=1)

@@ -67,6 +67,7 @@ def test_prediction_record_is_labelled_and_says_what_it_cannot_see():
     assert record.timing is None and record.memory.reserved_method.startswith("simulated")
 
 
+@pytest.mark.slow
 def test_cuda_only_techniques_are_validated_against_the_target_not_this_cpu(tmp_path, capsys):
     """predict targets CUDA: a CUDA-only technique is accepted (not refused because this machine is a CPU), and
     one whose device memory a CPU prediction cannot separate from host memory says so in its own row."""

@@ -255,11 +255,11 @@ def _replays_or_refuses(path: Path) -> None:
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), value=snapshot_value, delete=st.booleans())
 def test_a_mutated_snapshot_replays_or_is_refused_in_one_line(data, value, delete, tmp_path_factory):
-    """A real-shaped snapshot (tests.test_allocator.hand_made_snapshot) with one value anywhere replaced or
+    """A real-shaped snapshot (tests.allocator.test_simulator.hand_made_snapshot) with one value anywhere replaced or
     removed: `membench replay` answers, or refuses in one line."""
     import pickle
 
-    from tests.test_allocator import hand_made_snapshot
+    from tests.allocator.test_simulator import hand_made_snapshot
 
     snap = hand_made_snapshot()
     path = data.draw(st.sampled_from(list(_paths(snap))))
@@ -273,7 +273,7 @@ def test_a_mutated_snapshot_replays_or_is_refused_in_one_line(data, value, delet
 def test_any_bytes_as_a_snapshot_are_refused_in_one_line(raw, tmp_path_factory):
     import pickle
 
-    from tests.test_allocator import hand_made_snapshot
+    from tests.allocator.test_simulator import hand_made_snapshot
 
     target = tmp_path_factory.mktemp("snap") / "snap.pickle"
     whole = pickle.dumps(hand_made_snapshot())

@@ -49,8 +49,8 @@ def exits_in_loss() -> Workload:
 
 @pytest.mark.slow
 def test_a_worker_that_dies_without_a_result_says_the_last_line_of_its_log(tmp_path):
-    assert main(["run", "--device", "cpu", "--workload", "tests.test_torchrun_args:exits_in_loss", "--batch-size",
-                 "4", "--techniques", "baseline", "--no-check", "--steps", "1", "--warmup", "0",
+    assert main(["run", "--device", "cpu", "--workload", "tests.launch.test_torchrun_args:exits_in_loss",
+                 "--batch-size", "4", "--techniques", "baseline", "--no-check", "--steps", "1", "--warmup", "0",
                  "--out", str(tmp_path)]) == 1
     error = json.loads((tmp_path / "baseline.json").read_text())["error"]
     assert error == ("worker exited with code 3 before writing a result; its log ends: planted: the reason this "

@@ -22,7 +22,7 @@ def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("factory, message", [
-    ("factory_hangs", "did not load within 30 s"),
+    pytest.param("factory_hangs", "did not load within 30 s", marks=pytest.mark.slow),  # waits out the 30 s
     ("factory_aborts", "crashed while loading (signal 6)"),
     ("factory_raises", "raised ValueError: could not open shard [/data/train-000.tar]"),
     ("not_a_workload", "must return membench.workloads.Workload"),
@@ -49,6 +49,7 @@ def test_planning_does_not_import_the_users_module(monkeypatch, tmp_path):
     assert "userpkg_probe_only" not in sys.modules
 
 
+@pytest.mark.slow
 def test_a_leak_during_the_timed_steps_passes_no_budget(tmp_path):
     """The leak stays under the budget in the measured step and passes it in the timed steps: the whole run is
     under the budget, so it ends as an OOM, not as ok."""

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 pytest.importorskip("transformers")
 from software_2022 import early_2022  # noqa: E402
 

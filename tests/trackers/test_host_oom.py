@@ -47,7 +47,7 @@ def test_the_host_refusal_becomes_an_out_of_memory_error_with_the_bytes_asked():
 
 
 def test_a_tensor_the_host_refuses_in_the_loss_is_oom_under_a_budget(tmp_path):
-    job = spec("tests.test_host_oom:loss_asks_for_too_much", batch_size=2, memory_budget=2**30, device="cpu")
+    job = spec("tests.trackers.test_host_oom:loss_asks_for_too_much", batch_size=2, memory_budget=2**30, device="cpu")
     record = run(job, tmp_path / "baseline.json")
     assert record.status == "oom", record.error
     assert "the host refused an allocation of 1152921504606846976 bytes" in record.error
@@ -55,7 +55,8 @@ def test_a_tensor_the_host_refuses_in_the_loss_is_oom_under_a_budget(tmp_path):
 
 
 def test_parameters_the_host_refuses_are_oom_while_building(tmp_path):
-    record = run(spec("tests.test_host_oom:parameters_too_big", batch_size=2, memory_budget=2**30, device="cpu"),
+    record = run(spec("tests.trackers.test_host_oom:parameters_too_big", batch_size=2, memory_budget=2**30,
+                      device="cpu"),
                  tmp_path / "baseline.json")
     assert record.status == "oom" and "out of memory during build" in record.error, record.error
     assert f"the host refused an allocation of {2**60} bytes" in record.error

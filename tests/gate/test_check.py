@@ -16,7 +16,7 @@ from membench.techniques import REGISTRY
 from membench.techniques.ckpt import ActivationCheckpointing
 from tests.helpers import spec
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CI_BASELINE = REPO / "results" / "ci-baseline"
 
 

@@ -11,7 +11,7 @@ import pytest
 from membench import private
 from membench.api import plan
 from membench.predict.run import predict_traced
-from tests.test_steady import _canonical
+from tests.predict.test_steady import _canonical
 
 CASES = [("gpt-tiny", "accum", {}), ("gpt-tiny", "ckpt", {}), ("gpt-tiny", "amp-bf16", {}),
          ("gpt-tiny", "opt-in-bwd", {"optimizer": "adafactor"}), ("vit-tiny", "sac", {}),
