@@ -276,3 +276,14 @@ def queue_backward_callback(fn) -> None:
 # checked: 2.14.1
 def saved_tensor_hooks_active() -> bool:
     return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+
+
+# --- the kernel SDPA picks (benchmarks/gpu_acceptance.py) ------------------------------------------------------------
+# checked: 2.14.1 (torch._fused_sdp_choice returns an SDPBackend value)
+def sdpa_backend(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False) -> str:
+    """The kernel scaled_dot_product_attention picks for these inputs (torch._fused_sdp_choice, the same choice
+    at::scaled_dot_product_attention makes), by torch.nn.attention.SDPBackend's name."""
+    from torch.nn.attention import SDPBackend
+
+    choice = torch._fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal)
+    return next((name for name, b in SDPBackend.__members__.items() if int(b.value) == choice), str(choice))

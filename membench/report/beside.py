@@ -3,6 +3,8 @@ lines `membench run` prints under the run's line, and the HTML report's section.
 
 from __future__ import annotations
 
+import html
+
 from membench.common.units import fmt_bytes, fmt_bytes_apart
 from membench.results import AllocationSide, PredictionCheck
 
@@ -53,3 +55,13 @@ def prediction_lines(check: PredictionCheck | None) -> list[str]:
     if check.hint:
         lines.append(check.hint)
     return lines
+
+
+def prediction_html(check: PredictionCheck | None) -> str:
+    """The HTML report's paragraph for a run's prediction: the same lines as the terminal's, escaped."""
+    lines = prediction_lines(check)
+    if not lines:
+        return ""
+    css = "" if check.status == "ok" and check.within else ' class="verdict-not-equivalent"'
+    head, rest = html.escape(lines[0]), "".join(f"<br>{html.escape(line)}" for line in lines[1:])
+    return f"<p{css}>Predicted beside measured: {head}{rest}</p>"

@@ -135,3 +135,14 @@ def test_the_same_events_with_different_peaks_say_the_allocator_differs(on_h100,
     job, target, predicted, step = on_h100
     check = beside.compare(job, predicted, _measured(1, 1), target, _recorded(step, tmp_path), tmp_path / "b")
     assert check.divergence is None and "the same as recorded, event for event" in check.detail
+
+
+def test_the_html_report_shows_the_prediction_escaped(on_h100, tmp_path):
+    from membench.report.beside import prediction_html
+
+    job, target, predicted, step = on_h100
+    check = beside.compare(job, predicted, _measured(1, 1), target, _recorded(step, tmp_path), tmp_path / "b<x>")
+    text = prediction_html(check)
+    assert text.startswith('<p class="verdict-not-equivalent">Predicted beside measured: prediction for H100')
+    assert "b&lt;x&gt;.prediction.json" in text and "<x>" not in text
+    assert prediction_html(None) == ""
