@@ -7,7 +7,9 @@ not yet run on a GPU (no GPU has been lent to this project's sessions so far).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 import sys
 
 import torch
@@ -115,11 +117,32 @@ def fsdp_api():
     return CPUOffloadPolicy, OffloadPolicy, fully_shard
 
 
+def fsdp_mixed_precision(param_dtype, reduce_dtype):
+    """FSDP2's MixedPrecisionPolicy (public since torch 2.6, before under the private name). checked: 2.14.1"""
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+    except ImportError:  # torch < 2.6
+        from torch.distributed._composable.fsdp import MixedPrecisionPolicy
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+
+
 def fsdp_storage_modules() -> list:
     """FSDP2's modules whose alloc_storage/free_storage resize unsharded parameters in place (no dispatch mode sees
     a storage resize). Only when FSDP is already imported: importing it costs a second. checked: 2.14.1"""
     names = ("torch.distributed.fsdp._fully_shard._fsdp_param", "torch.distributed.fsdp._fully_shard._fsdp_param_group")
     return [sys.modules[n] for n in names if n in sys.modules]
+
+
+def fsdp_comm_streams(model) -> dict[str, object]:
+    """The streams FSDP2 shares across a model's states (FSDPCommContext, made at the root's lazy init), by their
+    attribute names; empty before the first forward or for a model without FSDP. checked: 2.14.1"""
+    for module in model.modules():
+        get_state = getattr(module, "_get_fsdp_state", None)
+        comm = getattr(get_state(), "_comm_ctx", None) if get_state is not None else None
+        if comm is not None and hasattr(comm, "all_gather_copy_in_stream"):
+            names = ("all_gather_copy_in_stream", "all_gather_stream", "reduce_scatter_stream", "all_reduce_stream")
+            return {name: getattr(comm, name) for name in names if hasattr(comm, name)}
+    return {}
 
 
 # --- fake tensors and a fake process group: prediction without memory or GPU (predict/emulate/fake.py) ------------
@@ -159,6 +182,23 @@ def cacheable_op(op) -> bool:
     return not any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
 
 
+@per_op
+def written_arguments(op) -> tuple[int, ...]:
+    """The positions of the arguments an op writes into (x.add_(y): (0,); a foreach op's list too). checked: 2.14.1"""
+    if not isinstance(op, torch._ops.OpOverload):
+        return ()
+    return tuple(i for i, a in enumerate(op._schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
+
+
+@functools.cache
+def value_dependent_shape_errors() -> tuple[type, ...]:
+    """FakeTensorMode's errors for an op whose output shape or value it cannot know without data (nonzero,
+    masked_select, ...), when it has no shape environment. checked: 2.14.1"""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    return DynamicOutputShapeException, DataDependentOutputException
+
+
 @functools.cache
 def fake_tensor_type():
     """torch's FakeTensor class, imported when first asked (it pulls in torch._subclasses). checked: 2.14.1"""
@@ -190,13 +230,21 @@ LIFT_FRESH = torch.ops.aten.lift_fresh.default  # torch.tensor(...) under fake m
 def make_adam_state(optimizer) -> bool:
     """Adam's and AdamW's state for every parameter with a gradient, made as their first step makes it, first and
     all of it (Adam._init_group), without the step's arithmetic; False (nothing made) for any other optimizer.
-    checked: 2.14.1"""
-    if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
+    Older releases' AdamW takes other arguments (2.4's has `amsgrad` third): there, False too, and the warm-up step
+    runs instead. checked: 2.14.1"""
+    if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW) or _init_group_arguments(optimizer) != _ADAM_INIT:
         return False
     with torch.no_grad():
         for group in optimizer.param_groups:
             optimizer._init_group(group, [], [], [], [], [], [])
     return True
+
+
+_ADAM_INIT = ("group", "params_with_grad", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", "state_steps")
+
+
+def _init_group_arguments(optimizer) -> tuple[str, ...]:
+    return tuple(inspect.signature(optimizer._init_group).parameters)
 
 
 PRIM_DEVICE = torch.ops.prim.device.default  # a tensor's device, asked through dispatch of a fake tensor
@@ -276,6 +324,31 @@ def queue_backward_callback(fn) -> None:
 # checked: 2.14.1
 def saved_tensor_hooks_active() -> bool:
     return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+
+
+# --- capturable optimizers on the CPU that stands for a GPU (predict/run.py) -------------------------------------
+# An optimizer made with capturable=True asserts that its parameters are on a device that supports capture
+# (torch.optim.optimizer._get_capturable_supported_devices, imported by each optimizer's module); a CUDA prediction's
+# parameters are fake CPU tensors standing for CUDA ones. checked: 2.14.1, 2.9.1
+@contextlib.contextmanager
+def capturable_on_cpu():
+    """While active, the CPU counts as a device capturable optimizers support."""
+    import torch.optim.optimizer as base
+
+    original = base._get_capturable_supported_devices
+
+    def with_cpu(*args, **kwargs):
+        return [*original(*args, **kwargs), "cpu"]
+
+    patched = [m for m in list(sys.modules.values()) if getattr(m, "__name__", "").startswith("torch.optim")
+               and getattr(m, "_get_capturable_supported_devices", None) is original]
+    for module in patched:
+        module._get_capturable_supported_devices = with_cpu
+    try:
+        yield
+    finally:
+        for module in patched:
+            module._get_capturable_supported_devices = original
 
 
 # --- the kernel SDPA picks (benchmarks/gpu_acceptance.py) ------------------------------------------------------------

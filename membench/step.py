@@ -35,6 +35,7 @@ class TrainState:
     batch_to_device: Callable[[Batch, torch.device], Batch] = lambda batch, device: tuple(
         t.to(device) for t in batch)
     on_model: Callable[[nn.Module], None] | None = None  # a technique that replaces the parameters calls it again
+    device_mesh: object | None = None  # sharded techniques' torch DeviceMesh, built once (techniques/mesh.py)
     # The CUDA prediction: clip fake gradients as torch clips real CUDA ones (one _foreach_norm per device and
     # dtype), which clip_grad_norm_'s check of the tensors' type refuses for FakeTensors (foreach=None).
     clip_foreach_on_cuda: bool = False

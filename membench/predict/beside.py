@@ -21,6 +21,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from membench.allocator.events import TraceEvent
 from membench.common.fsio import atomic_write_text
 from membench.predict import gpus
 from membench.results import AllocationSide, Divergence, Memory, PredictionCheck
@@ -76,14 +77,14 @@ class _Naming:
         self.sides: dict[int, AllocationSide] = {}
         self._pending: tuple | None = None  # an allocation whose category the tracker records just after it
 
-    def __call__(self, tracker: StorageTracker, event: tuple) -> None:
+    def __call__(self, tracker: StorageTracker, event: TraceEvent) -> None:
         self._resolve()
-        if event[0] == "alloc":
+        if event.kind == "alloc":
             index = len(tracker.trace) - 1
             frames = [{"filename": f.f_code.co_filename, "line": f.f_lineno, "name": f.f_code.co_name}
                       for f in _stack()]
-            self.sides[index] = AllocationSide(kind="alloc", size=event[2], site=allocation_site(frames))
-            self._pending = (tracker, event[1], index)
+            self.sides[index] = AllocationSide(kind="alloc", size=event.size, site=allocation_site(frames))
+            self._pending = (tracker, event.key, index)
 
     def _resolve(self) -> None:
         if self._pending is not None:
@@ -114,16 +115,16 @@ def predicted_step(traced, sides: dict[int, AllocationSide]) -> list[AllocationS
     sizes: dict = {}
     sites: dict = {}
     step = []
-    for index, event in enumerate(traced.events):
-        if event[0] == "alloc":
-            sizes[event[1]], sites[event[1]] = event[2], sides.get(index, AllocationSide())
-        if index < traced.measured_from or event[0] not in ("alloc", "free"):
+    for index, event in enumerate(map(TraceEvent.of, traced.events)):
+        if event.kind == "alloc":
+            sizes[event.key], sites[event.key] = event.size, sides.get(index, AllocationSide())
+        if index < traced.measured_from or event.kind not in ("alloc", "free"):
             continue
-        if event[0] == "alloc":
-            step.append(_side(sides.get(index), "alloc", event[2]))
+        if event.kind == "alloc":
+            step.append(_side(sides.get(index), "alloc", event.size))
         else:
-            was = sites.get(event[1], AllocationSide())
-            step.append(AllocationSide("free", sizes.get(event[1]), was.category, was.module, was.site))
+            was = sites.get(event.key, AllocationSide())
+            step.append(AllocationSide("free", sizes.get(event.key), was.category, was.module, was.site))
     return step
 
 

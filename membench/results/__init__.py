@@ -33,6 +33,7 @@ from membench.results.schema import (
     RunRecord,
     SiteBytes,
     StateDiff,
+    StreamUse,
     TimelineInfo,
     Timing,
 )
@@ -40,6 +41,6 @@ from membench.results.schema import (
 __all__ = [
     "FINISHED", "MAX_RESULT_BYTES", "SCHEMA_VERSION", "STATUSES", "AllocationSide", "Divergence", "Environment",
     "Equivalence", "FileRef", "Memory", "ModuleBytes", "PredictionCheck", "RankSummary", "RunRecord", "SiteBytes",
-    "StateDiff", "TimelineInfo", "Timing", "archive", "build_checked", "check_result_paths", "is_finished",
-    "load_dir", "read_result", "result_path", "to_frame", "write_record",
+    "StateDiff", "StreamUse", "TimelineInfo", "Timing", "archive", "build_checked", "check_result_paths",
+    "is_finished", "load_dir", "read_result", "result_path", "to_frame", "write_record",
 ]
