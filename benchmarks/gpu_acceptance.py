@@ -165,6 +165,28 @@ def check_reduction_scratch() -> Check:
     return _verdict("reduction scratch", ok, f"sum of fp32 tensors: {rows}", **rows)
 
 
+def check_foreach_norm_scratch() -> Check:
+    """Gradient clipping's _foreach_norm: what it takes from the allocator and frees before it returns (the peak
+    over what stays: its 0-dim norms), against predict/emulate/foreach_norm.py."""
+    from membench.predict.emulate.foreach_norm import foreach_norm_scratch
+
+    rows = {}
+    ok = True
+    for dtype in (torch.float32, torch.bfloat16):
+        # 200 x 11 partial norms of 4 bytes: 8,800 B, more than the 512 B any small allocation rounds to
+        tensors = [torch.randn(n, device="cuda", dtype=dtype) for n in (10 * 65536 + 1, *[100] * 199)]
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        norms = torch._foreach_norm(tensors, 2)
+        torch.cuda.synchronize()
+        measured = torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()
+        predicted = _round512(foreach_norm_scratch(torch.ops.aten._foreach_norm.Scalar, (tensors, 2), {}))
+        rows[str(dtype).removeprefix("torch.")] = {"measured_bytes": measured, "predicted_bytes": predicted}
+        ok = ok and measured == predicted
+        del norms
+    return _verdict("_foreach_norm scratch", ok, f"200 tensors, the longest 11 chunks of 65,536: {rows}", **rows)
+
+
 def check_in_process_run() -> Check:
     """A notebook's run: CUDA already started in this process, a model function, no fork."""
     import warnings
@@ -297,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     facts = [(check_versions, "versions and the GPU table"), (check_cublas_workspace, "cuBLAS workspace"),
              (check_adam_step_device, "Adam's step device"), (check_sdpa, "SDPA backend and backward scratch"),
-             (check_reduction_scratch, "reduction scratch"), (check_in_process_run, "in-process run")]
+             (check_reduction_scratch, "reduction scratch"), (check_foreach_norm_scratch, "_foreach_norm scratch"),
+             (check_in_process_run, "in-process run")]
     results = [_timed(f, n) for f, n in facts]
     with tempfile.TemporaryDirectory() as work:
         for check in run_checks(args.quick):
