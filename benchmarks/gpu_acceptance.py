@@ -187,6 +187,27 @@ def check_foreach_norm_scratch() -> Check:
     return _verdict("_foreach_norm scratch", ok, f"200 tensors, the longest 11 chunks of 65,536: {rows}", **rows)
 
 
+def check_cudnn_workspace() -> Check:
+    """What a cuDNN convolution takes from the caching allocator beyond its outputs, forward and backward: recorded
+    for the docs (a prediction does not model it: cuDNN picks its algorithm and workspace on the GPU at run time)."""
+    figures = {"cudnn_benchmark": torch.backends.cudnn.benchmark}
+    conv = torch.nn.Conv2d(64, 64, 3, padding=1, device="cuda")
+    x = torch.randn(32, 64, 56, 56, device="cuda", requires_grad=True)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    out = conv(x)
+    torch.cuda.synchronize()
+    figures["forward_peak_over_kept_bytes"] = torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()
+    grad = torch.randn_like(out)  # a dense gradient: sum()'s expanded one would be made contiguous in backward
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    out.backward(grad)
+    torch.cuda.synchronize()
+    figures["backward_peak_over_kept_bytes"] = torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()
+    return Check("cuDNN convolution workspace", "recorded", f"3x3 conv, 64 channels, [32, 64, 56, 56] fp32: {figures} "
+                 "(not modelled by a prediction)", figures)
+
+
 def check_in_process_run() -> Check:
     """A notebook's run: CUDA already started in this process, a model function, no fork."""
     import warnings
@@ -320,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     facts = [(check_versions, "versions and the GPU table"), (check_cublas_workspace, "cuBLAS workspace"),
              (check_adam_step_device, "Adam's step device"), (check_sdpa, "SDPA backend and backward scratch"),
              (check_reduction_scratch, "reduction scratch"), (check_foreach_norm_scratch, "_foreach_norm scratch"),
-             (check_in_process_run, "in-process run")]
+             (check_cudnn_workspace, "cuDNN convolution workspace"), (check_in_process_run, "in-process run")]
     results = [_timed(f, n) for f, n in facts]
     with tempfile.TemporaryDirectory() as work:
         for check in run_checks(args.quick):
