@@ -1,6 +1,7 @@
 """Functions a reader can hold in mind: none over 80 lines, none with cyclomatic complexity over 25, in the parts
 below the commands (prediction, the allocator, measurement, launching, the children, techniques, workloads, a
-training step) and in the results side (report, gates, result files, the Python API). Length is read from the syntax trees; complexity is ruff's C901 (mccabe), with the threshold here."""
+training step) and in the results side (report, gates, result files, the Python API). Length is read from the
+syntax trees; complexity is ruff's C901 (mccabe), with the threshold here."""
 
 from __future__ import annotations
 

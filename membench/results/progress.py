@@ -14,6 +14,7 @@ STAGE_WORDS = {
     "flops": "counting FLOPs",
     "compare": "timing against the baseline",
     "check": "equivalence check",
+    "predict": "predicting it beside the measurement",
 }
 
 
