@@ -4,17 +4,20 @@ The worker appends one JSON line per stage to a file the launcher names in $MEMB
 (<out>/runs/<run>.progress). A file rather than a pipe: what the worker wrote before a crash, an OOM kill or a
 timeout stays readable, and the lifecycle polls it while it waits for the worker (lifecycle.run_job), passing
 each Stage on; report/live.py shows them. Each stage is also a line of the run's log (the worker's stderr), with
-the time of day: a long CPU run's log says where it is, rather than staying silent for minutes.
+the time of day and the worker's peak resident memory so far: a long CPU run's log says where it is and what it
+holds, rather than staying silent for minutes.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 import time
 from pathlib import Path
 
+from membench.common.units import fmt_bytes
 from membench.results.progress import Stage
 
 PROGRESS_ENV = "MEMBENCH_PROGRESS"
@@ -27,19 +30,28 @@ def report(stage: str, step: int | None = None, steps: int | None = None) -> Non
     path = os.environ.get(PROGRESS_ENV)
     if not path or os.environ.get("RANK", "0") != "0":
         return
-    line = json.dumps({"stage": stage, "t": time.time(), "step": step, "steps": steps})
+    rss = peak_rss_bytes()
+    line = json.dumps({"stage": stage, "t": time.time(), "step": step, "steps": steps, "rss": rss})
     try:
         with open(path, "a") as f:  # opened per line: each line is on disk before the next stage starts
             f.write(line + "\n")
-        print(log_line(stage, step, steps), file=sys.stderr, flush=True)
+        print(log_line(stage, step, steps, rss=rss), file=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass  # progress is a courtesy: a full disk (or a closed stderr) must not fail the measurement
 
 
-def log_line(stage: str, step: int | None = None, steps: int | None = None, now: float | None = None) -> str:
-    """'membench 10:46:12: timing step 3 of 5', the log's line for a stage (local time of day)."""
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory so far (getrusage's ru_maxrss: KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def log_line(stage: str, step: int | None = None, steps: int | None = None, now: float | None = None,
+             rss: int | None = None) -> str:
+    """'membench 10:46:12: timing step 3 of 5 (peak RSS 1.21 GiB)', the log's line for a stage (local time)."""
     words = Stage("", stage, step=step, steps=steps).describe()
-    return f"membench {time.strftime('%H:%M:%S', time.localtime(now))}: {words}"
+    held = f" (peak RSS {fmt_bytes(rss)})" if rss else ""
+    return f"membench {time.strftime('%H:%M:%S', time.localtime(now))}: {words}{held}"
 
 
 # --- the launcher's side ----------------------------------------------------------------------------------------
@@ -65,7 +77,7 @@ class StageReader:
             try:
                 d = json.loads(line)
                 stages.append(Stage(self.run, str(d["stage"]), max(0.0, float(d["t"]) - self.started),
-                                    d.get("step"), d.get("steps")))
+                                    d.get("step"), d.get("steps"), d.get("rss")))
             except (ValueError, KeyError, TypeError):
                 continue  # not a line of ours: skip it rather than stop the sweep
         return stages

@@ -77,7 +77,17 @@ class Pace:
             return None
         more = " (--min-time can add timed steps)" if job.measure.min_time_s else ""
         return (f"a step took {fmt_duration(step_s)} in warm-up: at that pace this run needs about "
-                f"{fmt_duration(step_s * steps)} more ({steps} more steps{more})")
+                f"{fmt_duration(step_s * steps)} more ({steps} more steps{more})" + _held(job, stage))
+
+
+def _held(job, stage: Stage) -> str:
+    """The worker's host memory so far, and what is still to come that holds two models at once."""
+    if not stage.host_peak_bytes:
+        return ""
+    later = (["the baseline's model is built beside it to time the two"] if job.run.techniques else []) + (
+        ["the equivalence check trains two models side by side"] if job.measure.check else [])
+    return (f"; its peak host memory so far is {fmt_bytes(stage.host_peak_bytes)} (RSS)"
+            + (f", and later {' and '.join(later)}" if later else ""))
 
 
 def run_line(result: RunRecord, skipped: bool = False, wall_s: float | None = None) -> str:

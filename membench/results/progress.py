@@ -21,13 +21,15 @@ STAGE_WORDS = {
 @dataclass(frozen=True)
 class Stage:
     """One stage of one run, as the worker reported it. step/steps: 'timing step 3 of 5' (steps is None past
-    --steps, when --min-time keeps timing); elapsed_s: seconds since the run started."""
+    --steps, when --min-time keeps timing); elapsed_s: seconds since the run started; host_peak_bytes: the
+    worker's peak resident memory (RSS) so far, where it said."""
 
     run: str
     stage: str
     elapsed_s: float = 0.0
     step: int | None = None
     steps: int | None = None
+    host_peak_bytes: int | None = None
 
     def describe(self) -> str:
         words = STAGE_WORDS.get(self.stage, self.stage)

@@ -48,3 +48,13 @@ def test_min_time_is_named_and_the_api_lines_print_it():
     text = out.getvalue()
     assert ("membench: baseline: a step took 20 s in warm-up: at that pace this run needs about 4 min 20 s more "
             "(13 more steps (--min-time can add timed steps))") in text
+
+
+def test_the_note_names_the_peak_host_memory_so_far_and_what_holds_two_models_later():
+    job = cpu_job(("ckpt",))
+    pace = Pace()
+    pace.seen(job, Stage("ckpt", "warmup", 0.0, steps=2))
+    said = pace.seen(job, Stage("ckpt", "measure", 20.0, steps=1, host_peak_bytes=3 * 2**30))
+    assert said == ("a step took 10 s in warm-up: at that pace this run needs about 4 min 30 s more (27 more steps); "
+                    "its peak host memory so far is 3.00 GiB (RSS), and later the baseline's model is built beside "
+                    "it to time the two and the equivalence check trains two models side by side")
