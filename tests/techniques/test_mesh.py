@@ -33,6 +33,12 @@ def test_a_bad_mesh_is_one_line_naming_the_valid_dimensions(text, message):
     assert "dp_replicate, dp_shard, tp" in str(error.value) or "twice" in message
 
 
+def test_a_tp_dimension_is_refused_until_a_technique_uses_it():
+    with pytest.raises(UserError, match=r"--mesh dp_shard=4,tp=2: tensor parallelism \(tp\) is not supported yet; "
+                                        r"valid dimensions: dp_replicate, dp_shard"):
+        RunSpec(MLP, 4, ("fsdp",), nproc_per_node=8, mesh="dp_shard=4,tp=2").validated()
+
+
 def test_reshard_after_forward_takes_a_proper_divisor_of_the_shard_dimension():
     for fine in (True, False, None, 2, 4):
         check_reshard_after_forward(fine, Mesh(dp_shard=8))
