@@ -393,10 +393,12 @@ def cmd_predict(args) -> int:
     results = [read_result(result_path(out, name)) for name in answer["names"]]
     print(render(results))
     if args.device == "cuda":
+        from membench.predict.device import device_lines
         from membench.predict.gpus import gpu
 
         print(f"\nPREDICTED cuda memory for an {gpu(args.gpu).describe()}, with CUDA's autocast policy (no "
               "timing); a prediction cannot see: " + "; ".join(CANNOT_SEE))
+        print("\n".join(["", *device_lines(results, gpu(args.gpu))]))
     else:  # the CPU tracker is what the prediction reproduces: no CUDA caveat applies
         print("\nPREDICTED cpu memory (no timing): what `membench run --device cpu` measures, to the byte where the "
               "model does not branch on tensor values")

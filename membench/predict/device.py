@@ -1,0 +1,120 @@
+"""What nvidia-smi would show per rank: the caching allocator's reserved memory (simulated) plus what the process
+holds outside it, each part labelled with how it is known and where from.
+
+Outside the caching allocator a training process holds the CUDA context (driver, runtime, loaded kernels) and, when
+it communicates, NCCL's buffers: each communicator keeps, per channel and per peer it receives from, one buffer per
+protocol. cuBLAS and cuBLASLt workspaces are not among them: torch takes both from the caching allocator
+(aten/src/ATen/cuda/CublasHandlePool.cpp), so they are in reserved already (predict/emulate/kernels.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from membench.techniques.mesh import Mesh
+
+How = Literal["simulated", "estimated", "measured"]
+
+# The CUDA context with lazy module loading (CUDA_MODULE_LOADING=LAZY, torch's default since 1.13): 287,047,680 B,
+# measured in pytorch/pytorch#86509 (against 666,632,192 B loaded eagerly). One figure for every GPU and driver:
+# the PR does not give a figure per GPU, and the context grows with the kernels a run loads.
+CUDA_CONTEXT_BYTES = 287_047_680
+CUDA_CONTEXT_SOURCE = "pytorch/pytorch#86509: CUDA context with lazy loading, torch's default since 1.13"
+
+# NCCL's per-protocol buffer of one connection on one channel (src/init.cc, DEFAULT_*_BUFFSIZE): Simple 4 MiB,
+# LL 8 lines x 512 threads x 8 steps x 16 B, LL128 120 elements x 640 threads x 8 steps x 8 B.
+NCCL_BUFFER_BYTES = {"Simple": 1 << 22, "LL": 8 * 512 * 8 * 16, "LL128": 120 * 640 * 8 * 8}
+# Assumed, not derived: the channels NCCL opens (it picks them from the topology; 16 is typical of NVLink nodes
+# and NCCL_MAX_NCHANNELS caps them) and the peers each rank receives from per channel (the ring's previous rank;
+# the tree's parent and children add up to 2 more).
+NCCL_CHANNELS = 16
+NCCL_RECV_PEERS = 1
+NCCL_SOURCE = (f"NCCL src/init.cc buffer sizes (Simple + LL + LL128 per channel and peer), {NCCL_CHANNELS} channels "
+               f"and {NCCL_RECV_PEERS} ring peer assumed")
+
+
+@dataclass(frozen=True)
+class DevicePart:
+    name: str
+    bytes: int
+    how: How
+    source: str
+
+
+@dataclass(frozen=True)
+class DeviceEstimate:
+    """One rank's whole-device memory at its peak of reserved memory."""
+
+    parts: tuple[DevicePart, ...]
+
+    @property
+    def total(self) -> int:
+        return sum(p.bytes for p in self.parts)
+
+
+def communicators(mesh: Mesh) -> int:
+    """The NCCL communicators a rank of this mesh holds: the default group's (every rank), and one for each mesh
+    dimension of several ranks that is not the whole world (DeviceMesh's subgroups)."""
+    sizes = [size for size in (mesh.dp_replicate, mesh.dp_shard, mesh.tp) if size > 1]
+    if not sizes:
+        return 0  # one rank: no communication
+    return 1 + sum(1 for size in sizes if size < mesh.size)
+
+
+def nccl_bytes(mesh: Mesh) -> int:
+    per_communicator = NCCL_CHANNELS * NCCL_RECV_PEERS * sum(NCCL_BUFFER_BYTES.values())
+    return communicators(mesh) * per_communicator
+
+
+def whole_device(peak_reserved_bytes: int, mesh: Mesh) -> DeviceEstimate:
+    """Reserved (simulated by the caching-allocator simulator) + the CUDA context + NCCL's buffers."""
+    parts = [DevicePart("reserved", peak_reserved_bytes, "simulated",
+                        "caching-allocator simulator; cuBLAS/cuBLASLt workspaces are in it"),
+             DevicePart("CUDA context", CUDA_CONTEXT_BYTES, "estimated", CUDA_CONTEXT_SOURCE)]
+    if communicators(mesh):
+        count = communicators(mesh)
+        parts.append(DevicePart(f"NCCL buffers ({count} communicator{'s' if count > 1 else ''})", nccl_bytes(mesh),
+                                "estimated", NCCL_SOURCE))
+    return DeviceEstimate(tuple(parts))
+
+
+@dataclass(frozen=True)
+class Fits:
+    fits: bool
+    margin_bytes: int  # device memory less the estimate (negative: short by that much)
+    device_bytes: int
+
+
+def fits_on(estimate: DeviceEstimate, memory_gb: int) -> Fits:
+    """Against the GPU's nominal memory in GB (10**9 B), at most what the card reports, so a "yes" is not
+    optimistic."""
+    device = memory_gb * 10**9
+    return Fits(estimate.total <= device, device - estimate.total, device)
+
+
+def device_lines(results: list, gpu) -> list[str]:
+    """predict's lines for CUDA predictions: each run's whole-device estimate per rank and whether it fits `gpu`
+    (a membench.predict.gpus.Gpu), then where each estimated part comes from."""
+    from membench.common.units import fmt_bytes
+    from membench.techniques import REGISTRY
+    from membench.techniques.mesh import parse_mesh
+
+    lines, sources = [], {}
+    for r in results:
+        if r.memory is None or r.memory.peak_reserved_bytes is None:
+            continue
+        run = r.spec.run
+        distributed = any(REGISTRY[n].distributed for n in run.techniques if n in REGISTRY)
+        mesh = parse_mesh(run.mesh, run.nproc_per_node) if distributed else Mesh()
+        estimate = whole_device(r.memory.peak_reserved_bytes, mesh)
+        fit = fits_on(estimate, gpu.memory_gb)
+        parts = " + ".join(f"{p.name} {fmt_bytes(p.bytes)} ({p.how})" for p in estimate.parts)
+        answer = "yes" if fit.fits else "no"
+        lines.append(f"  {r.name}: {fmt_bytes(estimate.total)} = {parts}; fits on {gpu.name} ({gpu.memory_gb} GB): "
+                     f"{answer}, margin {'' if fit.fits else '-'}{fmt_bytes(abs(fit.margin_bytes))}")
+        sources.update({p.name.split(" (")[0]: p.source for p in estimate.parts if p.how == "estimated"})
+    if not lines:
+        return []
+    head = "WHOLE DEVICE per rank at the peak of reserved, as nvidia-smi would show it (a prediction):"
+    return [head, *lines, *(f"  {name}: {source}" for name, source in sources.items())]
