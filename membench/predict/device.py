@@ -107,7 +107,9 @@ def device_lines(results: list, gpu) -> list[str]:
         run = r.spec.run
         distributed = any(REGISTRY[n].distributed for n in run.techniques if n in REGISTRY)
         mesh = parse_mesh(run.mesh, run.nproc_per_node) if distributed else Mesh()
-        estimate = whole_device(r.memory.peak_reserved_bytes, mesh)
+        # The rank that reserves the most (predict/ranks.py predicts each rank whose shards differ)
+        reserved = max([r.memory.peak_reserved_bytes] + [k.peak_reserved_bytes or 0 for k in r.ranks or ()])
+        estimate = whole_device(reserved, mesh)
         fit = fits_on(estimate, gpu.memory_gb)
         parts = " + ".join(f"{p.name} {fmt_bytes(p.bytes)} ({p.how})" for p in estimate.parts)
         answer = "yes" if fit.fits else "no"

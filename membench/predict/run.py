@@ -24,6 +24,7 @@ from membench.predict import gpus, steady, streams
 from membench.predict.emulate import fake
 from membench.predict.emulate.autocast import cuda_policy
 from membench.predict.emulate.kernels import CudaKernels
+from membench.predict.ranks import predict_ranks
 from membench.results import Memory, RunRecord, result_path, write_record
 from membench.spec import Job, RunSpec
 from membench.step import batches
@@ -106,21 +107,23 @@ class Traced:
     kernel_calls: list = dataclasses.field(default_factory=list)  # calls that may take kernel scratch (fit)
 
 
-def predict_memory(job: Job, round_to: int | None = None) -> Memory:
+def predict_memory(job: Job, round_to: int | None = None, rank: int = 0) -> Memory:
     """The memory of one run as a measurement on job.run.device would report it (peak, phase, breakdown).
 
     The device is the target: "cuda" rounds to 512-byte blocks and uses CUDA's optimizer defaults; "cpu" predicts
     what the exact CPU tracker measures (round_to=1), which is how the predictor is tested against real runs.
     Measured by the same Session as a real run, on fake tensors.
     """
-    return predict_traced(job, round_to, trace=job.run.device == "cuda").memory
+    return predict_traced(job, round_to, trace=job.run.device == "cuda", rank=rank).memory
 
 
-def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, derive_warmup: bool = True) -> Traced:
+def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, derive_warmup: bool = True,
+                   rank: int = 0) -> Traced:
     """predict_memory, keeping the allocation trace (fit derives other batch sizes from a few of them).
 
     derive_warmup: write the warm-up step's allocations from the measured step's instead of running it, where
-    membench.predict.steady can (half the time; checked, and run after all where a check fails)."""
+    membench.predict.steady can (half the time; checked, and run after all where a check fails).
+    rank: the rank of a distributed run the process plays (predict/ranks.py: each rank whose shards differ)."""
     spec = job.run
     cuda = spec.device == "cuda"
     keep_trace = trace
@@ -142,7 +145,7 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     meta_model = next((m for t in stack.techniques if (m := t.build_model(meta_build, "meta")) is not None), None)
     meta_model = meta_model or meta_build()
     warmup = min(job.measure.warmup, 1)  # after one step the optimizer state exists: the steady state
-    group = fake.fake_process_group(ranks) if ranks else contextlib.nullcontext()
+    group = fake.fake_process_group(ranks, rank) if ranks else contextlib.nullcontext()  # rank: predict/ranks.py
     # For a CUDA GPU: CUDA's autocast policy instead of CPU's, and cuBLAS's workspaces (see their modules).
     policy = cuda_policy() if cuda else contextlib.nullcontext()
     with group, fake.fake_tensors(), policy:
@@ -182,7 +185,7 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
         session.detach()
     if primed is not None:
         if isinstance(written, str):
-            return predict_traced(job, round_to, trace=keep_trace, derive_warmup=False)  # the warm-up step is run
+            return predict_traced(job, round_to, trace=keep_trace, derive_warmup=False, rank=rank)  # warm-up run
         trace, measured_from, calls = written
     memory.device = spec.device
     memory.method = f"prediction: fake tensors, storage tracker, {round_to}-byte blocks"
@@ -267,6 +270,8 @@ def predict(job: Job, round_to: int | None = None) -> RunRecord:
     try:
         record.memory = predict_memory(job, round_to)
         record.world_size = world_size(job.run, resolve(job.run, target_device=job.run.device)) or 1
+        if record.world_size > 1:  # each rank whose shards differ (uneven shards), rank 0 first
+            record.ranks = predict_ranks(job, round_to, record.memory, predict_memory)
     except UserError:
         raise
     except CannotPredict as exc:

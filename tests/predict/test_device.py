@@ -49,7 +49,8 @@ def test_it_fits_up_to_the_gpus_nominal_memory_and_says_the_margin():
 def test_predicts_lines_name_each_part_the_fit_and_the_sources():
     def record(name, techniques, reserved):
         run = RunSpec("tests.workloads:mlp", 8, techniques, device="cuda", nproc_per_node=8)
-        return SimpleNamespace(name=name, spec=Job(run), memory=SimpleNamespace(peak_reserved_bytes=reserved))
+        return SimpleNamespace(name=name, spec=Job(run), memory=SimpleNamespace(peak_reserved_bytes=reserved),
+                               ranks=None)
 
     lines = device_lines([record("baseline", (), 2**30), record("fsdp", ("fsdp",), 90 * 10**9)], gpu("H100"))
     assert lines[1] == ("  baseline: 1.27 GiB = reserved 1.00 GiB (simulated) + CUDA context 273.75 MiB (estimated); "
