@@ -398,12 +398,26 @@ def cmd_predict(args) -> int:
 
         print(f"\nPREDICTED cuda memory for an {gpu(args.gpu).describe()}, with CUDA's autocast policy (no "
               "timing); a prediction cannot see: " + "; ".join(CANNOT_SEE))
+        from membench.predict.emulate.sdpa import describe
+
+        attention = describe([r.memory.attention for r in results if r.memory and r.memory.attention])
+        if attention:
+            print(attention)
         print("\n".join(["", *device_lines(results, gpu(args.gpu))]))
     else:  # the CPU tracker is what the prediction reproduces: no CUDA caveat applies
         print("\nPREDICTED cpu memory (no timing): what `membench run --device cpu` measures, to the byte where the "
               "model does not branch on tensor values")
+    _print_assumed(results)
     print(f"predictions: {out}")
     return 0 if all(r.status == "ok" for r in results) else 1
+
+
+def _print_assumed(results) -> None:
+    """What the predictions answered without knowing (predict/emulate/values.py), folded to one line."""
+    assumed = list(dict.fromkeys(a for r in results for a in (r.assumed or [])))
+    if assumed:
+        more = f"; and {len(assumed) - 2} more" if len(assumed) > 2 else ""
+        print(f"assumed ({len(assumed)}, each in its record's `assumed`): " + "; ".join(assumed[:2]) + more)
 
 
 def cmd_check(args) -> int:

@@ -8,6 +8,7 @@ import pytest
 from torch import nn
 
 from membench.allocator import CachingAllocator, run_events, simulate
+from membench.allocator.events import TraceEvent
 from membench.predict.emulate import fake
 from membench.predict.streams import StreamTags
 from membench.trackers.storage import StorageTracker
@@ -94,27 +95,27 @@ def second_step():
     return list(tracker.trace), start, names
 
 
-def _names(step: list[tuple]) -> dict:
+def _names(step: list[TraceEvent]) -> dict:
     """The step's storage keys -> the names above, by order of first use."""
     order = [e[1] for e in HAND_DERIVED]
     names: dict = {}
     for e in step:
-        if e[1] not in names:
-            names[e[1]] = next(n for n in order if n not in names.values())
+        if e.key not in names:
+            names[e.key] = next(n for n in order if n not in names.values())
     return names
 
 
 def test_fsdp2_allocates_on_its_streams_as_its_source_says_event_for_event(second_step):
     trace, start, stream_names = second_step
     names = _names(trace[start:])
-    named = [(e[0], names[e[1]], e[2], e[3] if len(e) == 4 else DEFAULT) if e[0] == "alloc" else (e[0], names[e[1]])
+    named = [(e.kind, names[e.key], e.size, e.stream) if e.kind == "alloc" else (e.kind, names[e.key])
              for e in trace[start:]]
     assert named == HAND_DERIVED
     assert stream_names == {DEFAULT: "default", COPY_IN: "fsdp all-gather copy-in",
                             REDUCE_SCATTER: "fsdp reduce-scatter"}
 
 
-def _replayed(events: list[tuple]) -> tuple[dict, dict]:
+def _replayed(events: list[TraceEvent]) -> tuple[dict, dict]:
     """Each allocation's block address by the name of its storage (a storage resized gets several), and the bytes
     free on the copy-in stream at each allocation, by the same names."""
     alloc = CachingAllocator()
@@ -133,7 +134,7 @@ def _replayed(events: list[tuple]) -> tuple[dict, dict]:
 def test_a_block_freed_on_the_copy_in_stream_is_not_reused_by_the_default_stream(second_step):
     trace, start, _ = second_step
     names = _names(trace[start:])
-    events = [(e[0], names.get(e[1], e[1]), *e[2:]) for e in trace]  # the whole trace: the step's names given
+    events = [e._replace(key=names.get(e.key, e.key)) for e in trace]  # the whole trace: the step's names given
     blocks, free_copy_in = _replayed(events)
     # When the default stream asks for the first reduce-scatter input, the copy-in stream holds free blocks of
     # more than its size (its segment less layer 0's prefetched all-gather output) ...
@@ -146,7 +147,7 @@ def test_a_block_freed_on_the_copy_in_stream_is_not_reused_by_the_default_stream
     default = {b // segment for name in ("RSI1", "RSI0", "U0", "U1", "gW1", "gW0", "Y0") for b in blocks[name]}
     assert len(copy_in) == len(default) == 1 and copy_in != default
     assert blocks["AG0b"] == blocks["AG1b"]
-    streamed, single = simulate(events), simulate([e[:3] if e[0] == "alloc" else e for e in events])
+    streamed, single = simulate(events), simulate([e._replace(stream=DEFAULT) for e in events])
     assert streamed.reserved_by_stream_at_peak == {DEFAULT: segment, COPY_IN: segment, REDUCE_SCATTER: segment}
     assert (streamed.peak_reserved_bytes, single.peak_reserved_bytes) == (3 * segment, segment)
 
