@@ -93,20 +93,31 @@ def fits_on(estimate: DeviceEstimate, memory_gb: int) -> Fits:
     return Fits(estimate.total <= device, device - estimate.total, device)
 
 
+def run_mesh(run) -> Mesh:
+    """The mesh a RunSpec's ranks form: one rank where no technique is distributed."""
+    from membench.techniques import REGISTRY
+    from membench.techniques.mesh import parse_mesh
+
+    distributed = any(REGISTRY[n].distributed for n in run.techniques if n in REGISTRY)
+    return parse_mesh(run.mesh, run.nproc_per_node) if distributed else Mesh()
+
+
+def outside_allocator(run) -> int:
+    """Bytes a rank of this RunSpec holds outside the caching allocator (the estimated parts of whole_device):
+    what `fit --by device` takes from the budget before it searches on reserved memory."""
+    return whole_device(0, run_mesh(run)).total
+
+
 def device_lines(results: list, gpu) -> list[str]:
     """predict's lines for CUDA predictions: each run's whole-device estimate per rank and whether it fits `gpu`
     (a membench.predict.gpus.Gpu), then where each estimated part comes from."""
     from membench.common.units import fmt_bytes
-    from membench.techniques import REGISTRY
-    from membench.techniques.mesh import parse_mesh
 
     lines, sources = [], {}
     for r in results:
         if r.memory is None or r.memory.peak_reserved_bytes is None:
             continue
-        run = r.spec.run
-        distributed = any(REGISTRY[n].distributed for n in run.techniques if n in REGISTRY)
-        mesh = parse_mesh(run.mesh, run.nproc_per_node) if distributed else Mesh()
+        mesh = run_mesh(r.spec.run)
         # The rank that reserves the most (predict/ranks.py predicts each rank whose shards differ)
         reserved = max([r.memory.peak_reserved_bytes] + [k.peak_reserved_bytes or 0 for k in r.ranks or ()])
         estimate = whole_device(reserved, mesh)
