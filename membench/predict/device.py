@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from membench.results.schema import OnCard
 from membench.techniques.mesh import Mesh
 
 How = Literal["simulated", "estimated", "measured"]
@@ -108,6 +109,24 @@ def outside_allocator(run) -> int:
     return whole_device(0, run_mesh(run)).total
 
 
+def card_capacity(memory_gb: int, mesh: Mesh) -> int:
+    """What the caching allocator can get on the card: its nominal memory less the context and NCCL's buffers."""
+    return memory_gb * 10**9 - whole_device(0, mesh).total
+
+
+def on_card(events: list, settings, peak_reserved_bytes: int, memory_gb: int, mesh: Mesh) -> OnCard | None:
+    """Where the unbounded simulation reserves more than the card's capacity: the trace replayed under it, as the
+    caching allocator meets a failing cudaMalloc (it releases cached blocks and retries, then raises out of
+    memory). None where it fits unbounded: no cudaMalloc fails, so the replay under the capacity is the same."""
+    from membench.allocator import reserved_summary
+
+    capacity = card_capacity(memory_gb, mesh)
+    if peak_reserved_bytes <= capacity:
+        return None
+    r = reserved_summary(events, settings, capacity=capacity)
+    return OnCard(capacity_bytes=capacity, peak_reserved_bytes=r.peak_reserved_bytes, oom=r.reserved_oom)
+
+
 def device_lines(results: list, gpu) -> list[str]:
     """predict's lines for CUDA predictions: each run's whole-device estimate per rank and whether it fits `gpu`
     (a membench.predict.gpus.Gpu), then where each estimated part comes from."""
@@ -120,12 +139,18 @@ def device_lines(results: list, gpu) -> list[str]:
         mesh = run_mesh(r.spec.run)
         # The rank that reserves the most (predict/ranks.py predicts each rank whose shards differ)
         reserved = max([r.memory.peak_reserved_bytes] + [k.peak_reserved_bytes or 0 for k in r.ranks or ()])
-        estimate = whole_device(reserved, mesh)
+        card = r.memory.on_card  # more than the card holds, unbounded: replayed under its capacity
+        estimate = whole_device(card.peak_reserved_bytes if card and not card.oom else reserved, mesh)
         fit = fits_on(estimate, gpu.memory_gb)
         parts = " + ".join(f"{p.name} {fmt_bytes(p.bytes)} ({p.how})" for p in estimate.parts)
-        answer = "yes" if fit.fits else "no"
+        answer = f"yes, margin {fmt_bytes(fit.margin_bytes)}" if fit.fits and not (card and card.oom) else (
+            f"no, margin -{fmt_bytes(abs(fit.margin_bytes))}")
+        if card is not None:
+            answer = (f"no, out of memory even after the allocator releases its cached blocks (simulated under "
+                      f"{fmt_bytes(card.capacity_bytes)})" if card.oom else
+                      f"{answer}, releasing cached blocks (unbounded it would reserve {fmt_bytes(reserved)})")
         lines.append(f"  {r.name}: {fmt_bytes(estimate.total)} = {parts}; fits on {gpu.name} ({gpu.memory_gb} GB): "
-                     f"{answer}, margin {'' if fit.fits else '-'}{fmt_bytes(abs(fit.margin_bytes))}")
+                     f"{answer}")
         sources.update({p.name.split(" (")[0]: p.source for p in estimate.parts if p.how == "estimated"})
     if not lines:
         return []

@@ -22,7 +22,7 @@ from membench import environment, optimizers, private
 from membench.allocator.events import TraceEvent
 from membench.common.errors import UserError
 from membench.measure import Session
-from membench.predict import gpus, steady, streams
+from membench.predict import device, gpus, steady, streams
 from membench.predict.emulate import fake
 from membench.predict.emulate.autocast import cuda_policy
 from membench.predict.emulate.kernels import CudaKernels
@@ -252,6 +252,9 @@ def _label(traced: Traced, spec: RunSpec, stack: Stack,
     memory.method = f"prediction: fake tensors, storage tracker, {traced.round_to}-byte blocks"
     if spec.device == "cuda":
         reserved = _add_reserved(memory, traced.events, stack, spec.memory_budget)
+        if spec.memory_budget is None:  # more than the GPU holds, unbounded: replayed under it (predict/device.py)
+            memory.on_card = device.on_card(traced.events, allocator_settings(stack), memory.peak_reserved_bytes,
+                                            gpus.gpu(spec.gpu).memory_gb, device.run_mesh(spec))
         if on_streams is not None:
             names, by_stream = on_streams
             memory.streams = streams.stream_uses(names, by_stream, reserved.reserved_by_stream_at_peak)

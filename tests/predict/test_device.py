@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from membench.allocator.events import TraceEvent
 from membench.predict.device import (
     CUDA_CONTEXT_BYTES,
     DeviceEstimate,
@@ -12,9 +13,11 @@ from membench.predict.device import (
     device_lines,
     fits_on,
     nccl_bytes,
+    on_card,
     whole_device,
 )
 from membench.predict.gpus import gpu
+from membench.results.schema import OnCard
 from membench.spec import Job, RunSpec
 from membench.techniques.mesh import Mesh, parse_mesh
 
@@ -49,8 +52,8 @@ def test_it_fits_up_to_the_gpus_nominal_memory_and_says_the_margin():
 def test_predicts_lines_name_each_part_the_fit_and_the_sources():
     def record(name, techniques, reserved):
         run = RunSpec("tests.workloads:mlp", 8, techniques, device="cuda", nproc_per_node=8)
-        return SimpleNamespace(name=name, spec=Job(run), memory=SimpleNamespace(peak_reserved_bytes=reserved),
-                               ranks=None)
+        return SimpleNamespace(name=name, spec=Job(run), memory=SimpleNamespace(peak_reserved_bytes=reserved,
+                                                                                    on_card=None), ranks=None)
 
     lines = device_lines([record("baseline", (), 2**30), record("fsdp", ("fsdp",), 90 * 10**9)], gpu("H100"))
     assert lines[1] == ("  baseline: 1.27 GiB = reserved 1.00 GiB (simulated) + CUDA context 273.75 MiB (estimated); "
@@ -72,3 +75,35 @@ def test_predict_prints_the_whole_device_per_rank_for_an_hsdp_mesh(tmp_path, cap
     fsdp = next(line for line in lines if line.startswith("  fsdp: "))
     assert "+ NCCL buffers (3 communicators) 441.00 MiB (estimated); fits on H100 (80 GB): yes" in fsdp
     assert "WHOLE DEVICE per rank" in lines[lines.index(fsdp) - 2]
+
+
+MiB = 2**20
+ONE_GB_CARD = 10**9 - CUDA_CONTEXT_BYTES  # what the allocator gets of a 1 GB card: 712,952,320 B
+
+
+def test_a_trace_that_reserves_more_than_the_card_is_replayed_under_it():
+    a, b = TraceEvent.alloc("a", 400 * MiB), TraceEvent.alloc("b", 500 * MiB)
+    # Unbounded, a's 400 MiB segment stays cached and b takes a new one: 900 MiB reserved, more than the card has.
+    # Under it, b's cudaMalloc fails, the allocator releases a's cached segment and retries: 500 MiB at the peak.
+    assert on_card([a, TraceEvent.free("a"), b], None, 900 * MiB, 1, Mesh()) == OnCard(ONE_GB_CARD, 500 * MiB, False)
+    # Both live: nothing cached to release, out of memory
+    assert on_card([a, b], None, 900 * MiB, 1, Mesh()).oom
+    # What fits unbounded is not replayed: no cudaMalloc would fail
+    assert on_card([a], None, 400 * MiB, 1, Mesh()) is None
+
+
+def test_the_fits_line_follows_the_replay_under_the_card():
+    def record(card):
+        run = RunSpec("tests.workloads:mlp", 8, (), device="cuda")
+        memory = SimpleNamespace(peak_reserved_bytes=90 * 10**9, on_card=card)
+        return SimpleNamespace(name="baseline", spec=Job(run), memory=memory, ranks=None)
+
+    capacity = 80 * 10**9 - CUDA_CONTEXT_BYTES
+    released = device_lines([record(OnCard(capacity, 70 * 2**30, False))], gpu("H100"))[1]
+    # 80e9 - 70 GiB - 287,047,680 B = 4,554,362,880 B
+    assert released == ("  baseline: 70.27 GiB = reserved 70.00 GiB (simulated) + CUDA context 273.75 MiB "
+                        "(estimated); fits on H100 (80 GB): yes, margin 4.24 GiB, releasing cached blocks "
+                        "(unbounded it would reserve 83.82 GiB)")
+    oom = device_lines([record(OnCard(capacity, capacity, True))], gpu("H100"))[1]
+    assert oom.endswith("fits on H100 (80 GB): no, out of memory even after the allocator releases its cached "
+                        "blocks (simulated under 74.24 GiB)")
