@@ -129,30 +129,39 @@ def on_card(events: list, settings, peak_reserved_bytes: int, memory_gb: int, me
 
 def device_lines(results: list, gpu) -> list[str]:
     """predict's lines for CUDA predictions: each run's whole-device estimate per rank and whether it fits `gpu`
-    (a membench.predict.gpus.Gpu), then where each estimated part comes from."""
-    from membench.common.units import fmt_bytes
-
+    (a membench.predict.gpus.Gpu), one line per distinct rank where shards differ (predict/ranks.py), then where
+    each estimated part comes from."""
     lines, sources = [], {}
     for r in results:
         if r.memory is None or r.memory.peak_reserved_bytes is None:
             continue
         mesh = run_mesh(r.spec.run)
-        # The rank that reserves the most (predict/ranks.py predicts each rank whose shards differ)
-        reserved = max([r.memory.peak_reserved_bytes] + [k.peak_reserved_bytes or 0 for k in r.ranks or ()])
-        card = r.memory.on_card  # more than the card holds, unbounded: replayed under its capacity
-        estimate = whole_device(card.peak_reserved_bytes if card and not card.oom else reserved, mesh)
-        fit = fits_on(estimate, gpu.memory_gb)
-        parts = " + ".join(f"{p.name} {fmt_bytes(p.bytes)} ({p.how})" for p in estimate.parts)
-        answer = f"yes, margin {fmt_bytes(fit.margin_bytes)}" if fit.fits and not (card and card.oom) else (
-            f"no, margin -{fmt_bytes(abs(fit.margin_bytes))}")
-        if card is not None:
-            answer = (f"no, out of memory even after the allocator releases its cached blocks (simulated under "
-                      f"{fmt_bytes(card.capacity_bytes)})" if card.oom else
-                      f"{answer}, releasing cached blocks (unbounded it would reserve {fmt_bytes(reserved)})")
-        lines.append(f"  {r.name}: {fmt_bytes(estimate.total)} = {parts}; fits on {gpu.name} ({gpu.memory_gb} GB): "
-                     f"{answer}")
-        sources.update({p.name.split(" (")[0]: p.source for p in estimate.parts if p.how == "estimated"})
+        ranks = [(f"{r.name}", r.memory.peak_reserved_bytes, r.memory.on_card)]
+        if r.ranks and len(r.ranks) > 1:  # the replay under the card is rank 0's
+            ranks = [(f"{r.name} rank {k.rank}", k.peak_reserved_bytes, r.memory.on_card if k.rank == 0 else None)
+                     for k in r.ranks]
+        for name, reserved, card in ranks:
+            line, estimate = _device_line(name, reserved, card, mesh, gpu)
+            lines.append(line)
+            sources.update({p.name.split(" (")[0]: p.source for p in estimate.parts if p.how == "estimated"})
     if not lines:
         return []
     head = "WHOLE DEVICE per rank at the peak of reserved, as nvidia-smi would show it (a prediction):"
     return [head, *lines, *(f"  {name}: {source}" for name, source in sources.items())]
+
+
+def _device_line(name: str, reserved: int, card: OnCard | None, mesh: Mesh, gpu) -> tuple[str, DeviceEstimate]:
+    """One rank's line: its estimate's parts and whether it fits; `card`: its replay under the card, if any."""
+    from membench.common.units import fmt_bytes
+
+    estimate = whole_device(card.peak_reserved_bytes if card and not card.oom else reserved, mesh)
+    fit = fits_on(estimate, gpu.memory_gb)
+    parts = " + ".join(f"{p.name} {fmt_bytes(p.bytes)} ({p.how})" for p in estimate.parts)
+    answer = f"yes, margin {fmt_bytes(fit.margin_bytes)}" if fit.fits and not (card and card.oom) else (
+        f"no, margin -{fmt_bytes(abs(fit.margin_bytes))}")
+    if card is not None:
+        answer = (f"no, out of memory even after the allocator releases its cached blocks (simulated under "
+                  f"{fmt_bytes(card.capacity_bytes)})" if card.oom else
+                  f"{answer}, releasing cached blocks (unbounded it would reserve {fmt_bytes(reserved)})")
+    line = f"  {name}: {fmt_bytes(estimate.total)} = {parts}; fits on {gpu.name} ({gpu.memory_gb} GB): {answer}"
+    return line, estimate

@@ -72,7 +72,7 @@ def test_predict_prints_the_whole_device_per_rank_for_an_hsdp_mesh(tmp_path, cap
     assert cli.main(["predict", "--workload", "tests.workloads:mlp", "--batch-size", "8", "--techniques", "fsdp",
                      "--mesh", "dp_replicate=2,dp_shard=4", "--out", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    fsdp = next(line for line in lines if line.startswith("  fsdp: "))
+    fsdp = next(line for line in lines if line.startswith("  fsdp rank 0: "))  # and rank 3: mlp's uneven shards
     assert "+ NCCL buffers (3 communicators) 441.00 MiB (estimated); fits on H100 (80 GB): yes" in fsdp
     assert "WHOLE DEVICE per rank" in lines[lines.index(fsdp) - 2]
 
@@ -107,3 +107,13 @@ def test_the_fits_line_follows_the_replay_under_the_card():
     oom = device_lines([record(OnCard(capacity, capacity, True))], gpu("H100"))[1]
     assert oom.endswith("fits on H100 (80 GB): no, out of memory even after the allocator releases its cached "
                         "blocks (simulated under 74.24 GiB)")
+
+
+def test_each_distinct_rank_gets_its_line():
+    run = RunSpec("tests.workloads:mlp", 8, ("fsdp",), device="cuda", nproc_per_node=4)
+    ranks = [SimpleNamespace(rank=0, peak_reserved_bytes=2**30), SimpleNamespace(rank=3, peak_reserved_bytes=2**29)]
+    record = SimpleNamespace(name="fsdp", spec=Job(run), ranks=ranks,
+                             memory=SimpleNamespace(peak_reserved_bytes=2**30, on_card=None))
+    lines = device_lines([record], gpu("H100"))
+    # 2**30 + 287,047,680 + 154,140,672 B = 1.41 GiB; 2**29 + the same = 978,059,264 B = 932.75 MiB
+    assert [line.split(" = ")[0] for line in lines[1:3]] == ["  fsdp rank 0: 1.41 GiB", "  fsdp rank 3: 932.75 MiB"]
