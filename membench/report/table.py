@@ -88,13 +88,16 @@ def notes(sweep: Sweep) -> list[str]:
 
 def fold(headers: list[str], body: list[list[str]], width: int = WIDTH) -> list[tuple[list[str], list[list[str]]]]:
     """The table as several, each headed by the first column, when it is wider than `width` as tabulate's
-    "simple" format lays it out (columns two spaces apart)."""
-    widths = [max([len(h)] + [len(row[i]) for row in body]) for i, h in enumerate(headers)]
+    "simple" format lays it out (measured on its output: tabulate pads headers as well as cells)."""
+    def wide(take: list[int]) -> int:
+        text = tabulated([headers[i] for i in take], [[row[i] for i in take] for row in body])
+        return max(len(line) for line in text.splitlines())
+
     parts, columns = [], list(range(1, len(headers)))
     while columns:
         take = [0]
         for c in columns:
-            if len(take) > 1 and sum(widths[i] + 2 for i in take + [c]) - 2 > width:
+            if len(take) > 1 and wide(take + [c]) > width:
                 break
             take.append(c)
         parts.append(([headers[i] for i in take], [[row[i] for i in take] for row in body]))
