@@ -17,12 +17,21 @@ from pathlib import Path
 
 from membench.api import plan
 from membench.common.errors import UserError, failure_line
+from membench.common.fsio import make_dir
 from membench.common.units import fmt_bytes
 from membench.launch import lifeline
-from membench.predict.fit import Fit, fit_batch, fit_in_parallel, fork_refused
-from membench.predict.run import predict_all, predict_traced, refuse_over_measurements
+from membench.launch.sweep import locked
+from membench.predict.fit import Fit, default_jobs, fit_batch, fit_in_parallel, fork_refused
+from membench.predict.run import (
+    CANNOT_SEE,
+    default_predict_dir,
+    predict_all,
+    predict_traced,
+    refuse_over_measurements,
+    reusing_models,
+)
 from membench.results import archive
-from membench.spec import Job
+from membench.spec import Job, RunSpec
 
 
 def plan_here(args: dict) -> dict:
@@ -45,11 +54,27 @@ def call_here(kind: str, request: dict) -> dict:
         return {"error": failure_line(exc, request.get("workload") or request.get("plan", {}).get("workload"))}
 
 
+def predict_out(request: dict) -> Path:
+    """request["out"], else the default folder (named after this machine and its torch, which the CLI's process
+    never imports); made, and absolute before the user's code runs (it may change the working directory)."""
+    if request.get("out"):
+        return make_dir(Path(request["out"])).resolve()
+    p = request["plan"]
+    return make_dir(default_predict_dir(RunSpec(workload=p["workload"], batch_size=p["batch_size"],
+                                                device=p["target_device"]))).resolve()
+
+
 def predict_request(request: dict) -> dict:
-    """In the child process of `membench predict` (launch.probe.call_isolated): plan the runs (loading the user's
-    code), predict each into request["out"], say how each went on stderr; the answer names the result files."""
+    """In the child process of `membench predict` (launch.probe.call_isolated), the one that imports torch: lock
+    the folder (a sweep writing there, or another prediction, is refused), plan the runs (loading the user's code),
+    predict each into it, say how each went on stderr; the answer names the folder and the result files."""
+    out = predict_out(request)
+    with locked(out):
+        return _predict_into(request, out)
+
+
+def _predict_into(request: dict, out: Path) -> dict:
     jobs = plan(**request["plan"], in_process=True)
-    out = Path(request["out"])
     refuse_over_measurements(jobs, out)
 
     def start(job) -> None:  # a large model takes a while per run: say which one is going
@@ -62,7 +87,7 @@ def predict_request(request: dict) -> dict:
             print(record.traceback, file=sys.stderr, flush=True)
 
     predict_all(jobs, out, on_start=start, on_done=done)
-    return {"names": [job.name for job in jobs]}
+    return {"names": [job.name for job in jobs], "out": str(out)}
 
 
 def fit_request(request: dict) -> dict:
@@ -81,17 +106,23 @@ def fit_request(request: dict) -> dict:
     def fit_one(job: Job) -> Fit:
         return fit_batch(job, budget, by, predict_traced, request["max_batch"], on_probe=probe)
 
-    workers = min(request.get("jobs", 1), len(jobs))
+    workers = min(request.get("jobs") or default_jobs(), len(jobs))
     reason = fork_refused() if workers > 1 else None
     if reason is not None:
         print(f"membench: the fitting process cannot fork ({reason}): techniques fitted one at a time",
               file=sys.stderr, flush=True)
         workers = 1
-    if workers > 1:
-        fits = fit_in_parallel(jobs, fit_one, workers, request["plan"].get("workload"))
-    else:
-        fits = [fit_one(job) for job in jobs]
-    return {"fits": [dataclasses.asdict(f) for f in fits], "jobs": [job.to_dict() for job in jobs]}
+    with reusing_models():  # every batch the search tries starts from the same meta model
+        if workers > 1:
+            fits = fit_in_parallel(jobs, fit_one, workers, request["plan"].get("workload"))
+        else:
+            fits = [fit_one(job) for job in jobs]
+    import torch
+
+    # Asked once the workers are done (it starts CUDA's driver, after which a fork could not use CUDA): whether the
+    # CLI's process, which never imports torch, may confirm the fits with real runs on this GPU.
+    return {"fits": [dataclasses.asdict(f) for f in fits], "jobs": [job.to_dict() for job in jobs],
+            "cuda": torch.cuda.is_available(), "cannot_see": list(CANNOT_SEE)}
 
 
 def main(argv: list[str]) -> int:

@@ -10,6 +10,7 @@ and lists what it cannot see; `membench check` refuses to compare the two kinds 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import gc
 import os
@@ -131,7 +132,7 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
         moved = ", ".join(t.name for t in stack.techniques if not t.predictable)
         raise CannotPredict(f"{moved} moves tensors between host and device memory, which a prediction on CPU "
                             "cannot tell apart: measure it on a GPU")
-    workload = load_workload(spec.workload, spec.seq_len)
+    workload = _workload(spec)
     stack.validate(run, workload)
     ranks = world_size(spec, stack)
     if ranks:
@@ -140,7 +141,7 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     # A technique may build its own way (another dtype): let it, but on meta, so nothing is allocated yet.
     meta_build = lambda: fake.build_on_meta(workload.build_model)  # noqa: E731
     meta_model = next((m for t in stack.techniques if (m := t.build_model(meta_build, "meta")) is not None), None)
-    meta_model = meta_model or meta_build()
+    meta_model = meta_model or _default_model(spec, meta_build)
     warmup = min(job.measure.warmup, 1)  # after one step the optimizer state exists: the steady state
     group = fake.fake_process_group(ranks) if ranks else contextlib.nullcontext()
     # For a CUDA GPU: CUDA's autocast policy instead of CPU's, and cuBLAS's workspaces (see their modules).
@@ -184,6 +185,42 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     if cuda:
         _add_reserved(memory, trace, stack, spec.memory_budget)
     return Traced(memory, trace, measured_from, round_to, calls)
+
+
+# While predict_all (or fit) runs: each workload loaded, and its model built on meta, once (reusing_models).
+_REUSED: dict[tuple, tuple] | None = None
+
+
+@contextlib.contextmanager
+def reusing_models():
+    """Within, the configurations of one command share their workload and its meta model: a configuration that
+    builds the model the default way (no technique builds it another way) starts from a deep copy of the one built
+    first, so what it predicts is what a fresh process predicts (tests/test_reuse.py compares the records)."""
+    global _REUSED
+    outer, _REUSED = _REUSED, {} if _REUSED is None else _REUSED
+    try:
+        yield
+    finally:
+        _REUSED = outer
+
+
+def _workload(spec: RunSpec):
+    key = ("workload", spec.workload, spec.seq_len)
+    if _REUSED is None:
+        return load_workload(spec.workload, spec.seq_len)
+    if key not in _REUSED:
+        _REUSED[key] = load_workload(spec.workload, spec.seq_len)
+    return _REUSED[key]
+
+
+def _default_model(spec: RunSpec, build):
+    """The model built the default way on meta: built, or a copy of the one built for an earlier configuration."""
+    if _REUSED is None:
+        return build()
+    key = ("model", spec.workload, spec.seq_len)
+    if key not in _REUSED:
+        _REUSED[key] = build()
+    return copy.deepcopy(_REUSED[key])
 
 
 def _derivable(spec: RunSpec, stack: Stack, warmup: int, ranks: int | None) -> bool:
@@ -272,16 +309,18 @@ def predict(job: Job, round_to: int | None = None) -> RunRecord:
 
 
 def predict_all(jobs: list[Job], out_dir: Path | None, on_done=None, on_start=None) -> list[RunRecord]:
+    """Each job predicted in turn in this process, sharing the workload's model (reusing_models)."""
     results = []
-    for job in jobs:
-        if on_start:
-            on_start(job)
-        record = predict(job)
-        if out_dir is not None:
-            write_record(result_path(out_dir, job.name), record)
-        if on_done:
-            on_done(job, record)
-        results.append(record)
+    with reusing_models():
+        for job in jobs:
+            if on_start:
+                on_start(job)
+            record = predict(job)
+            if out_dir is not None:
+                write_record(result_path(out_dir, job.name), record)
+            if on_done:
+                on_done(job, record)
+            results.append(record)
     return results
 
 

@@ -1,10 +1,6 @@
 """FSDP2: parameters, gradients and optimizer state sharded across the ranks that torchrun starts."""
 
-import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
-
 from membench.common.errors import UserError
-from membench.private import fsdp_api
 from membench.techniques.base import Technique
 
 
@@ -20,12 +16,15 @@ class Fsdp(Technique):
 
     name = "fsdp"
     summary = "FSDP2 fully_shard over torchrun ranks: 1/N of params, grads and optimizer state per rank"
+    cost = "low"
     distributed = True
     conflicts = ("fsdp-offload",)
     conflict_reason = "fsdp-offload is fsdp with CPU offload: choose one"
     order = 35  # after ckpt/sac have wrapped the blocks, before any optimizer is made
 
     def __init__(self, *args, **kwargs):
+        from membench.private import fsdp_api
+
         super().__init__(*args, **kwargs)
         # Importing FSDP takes most of a second, so only a run that uses it does; and before any tracker starts,
         # which sees FSDP's storage resizes only if FSDP is imported when it starts (storage.py).
@@ -35,6 +34,9 @@ class Fsdp(Technique):
         return self._offload_policy()
 
     def configure(self, state) -> None:
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
         if not dist.is_initialized():
             raise UserError(f"technique {self.name} runs under torchrun: use `membench run` (it launches torchrun)")
         # The mesh of the run's device: without one, fully_shard builds its default mesh on the machine's
@@ -59,6 +61,7 @@ class FsdpOffload(Fsdp):
 
     name = "fsdp-offload"
     summary = "fsdp with sharded params, grads and optimizer state in host memory: least device memory"
+    cost = "high"
     conflicts = ("fsdp", "opt-offload")
     conflict_reason = "fsdp-offload already keeps the optimizer state in host memory"
     devices = ("cuda",)
