@@ -22,7 +22,8 @@ float16 one.
 becomes an autograd function that saves its input and output (for float32 and float16 inputs, the doc's; a
 bfloat16 input under autocast was copied to float32 first, which this does not do), BERT's eager attention adds
 that mask, and with torch="1.9" the CUDA autocast policy of membench's predictions runs gelu in float32. Nothing
-else of that software is emulated; tests/test_software_2022.py checks each on CPU against what is expected by hand.
+else of that software is emulated; tests/benchmarks/test_software_2022.py checks each on CPU against what is expected
+by hand.
 """
 
 from __future__ import annotations

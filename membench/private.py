@@ -7,7 +7,9 @@ not yet run on a GPU (no GPU has been lent to this project's sessions so far).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 import sys
 
 import torch
@@ -159,6 +161,23 @@ def cacheable_op(op) -> bool:
     return not any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
 
 
+@per_op
+def written_arguments(op) -> tuple[int, ...]:
+    """The positions of the arguments an op writes into (x.add_(y): (0,); a foreach op's list too). checked: 2.14.1"""
+    if not isinstance(op, torch._ops.OpOverload):
+        return ()
+    return tuple(i for i, a in enumerate(op._schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
+
+
+@functools.cache
+def value_dependent_shape_errors() -> tuple[type, ...]:
+    """FakeTensorMode's errors for an op whose output shape or value it cannot know without data (nonzero,
+    masked_select, ...), when it has no shape environment. checked: 2.14.1"""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    return DynamicOutputShapeException, DataDependentOutputException
+
+
 @functools.cache
 def fake_tensor_type():
     """torch's FakeTensor class, imported when first asked (it pulls in torch._subclasses). checked: 2.14.1"""
@@ -190,13 +209,21 @@ LIFT_FRESH = torch.ops.aten.lift_fresh.default  # torch.tensor(...) under fake m
 def make_adam_state(optimizer) -> bool:
     """Adam's and AdamW's state for every parameter with a gradient, made as their first step makes it, first and
     all of it (Adam._init_group), without the step's arithmetic; False (nothing made) for any other optimizer.
-    checked: 2.14.1"""
-    if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
+    Older releases' AdamW takes other arguments (2.4's has `amsgrad` third): there, False too, and the warm-up step
+    runs instead. checked: 2.14.1"""
+    if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW) or _init_group_arguments(optimizer) != _ADAM_INIT:
         return False
     with torch.no_grad():
         for group in optimizer.param_groups:
             optimizer._init_group(group, [], [], [], [], [], [])
     return True
+
+
+_ADAM_INIT = ("group", "params_with_grad", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", "state_steps")
+
+
+def _init_group_arguments(optimizer) -> tuple[str, ...]:
+    return tuple(inspect.signature(optimizer._init_group).parameters)
 
 
 PRIM_DEVICE = torch.ops.prim.device.default  # a tensor's device, asked through dispatch of a fake tensor
@@ -259,3 +286,28 @@ def queue_backward_callback(fn) -> None:
 # checked: 2.14.1
 def saved_tensor_hooks_active() -> bool:
     return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+
+
+# --- capturable optimizers on the CPU that stands for a GPU (predict/run.py) -------------------------------------
+# An optimizer made with capturable=True asserts that its parameters are on a device that supports capture
+# (torch.optim.optimizer._get_capturable_supported_devices, imported by each optimizer's module); a CUDA prediction's
+# parameters are fake CPU tensors standing for CUDA ones. checked: 2.14.1, 2.9.1
+@contextlib.contextmanager
+def capturable_on_cpu():
+    """While active, the CPU counts as a device capturable optimizers support."""
+    import torch.optim.optimizer as base
+
+    original = base._get_capturable_supported_devices
+
+    def with_cpu(*args, **kwargs):
+        return [*original(*args, **kwargs), "cpu"]
+
+    patched = [m for m in list(sys.modules.values()) if getattr(m, "__name__", "").startswith("torch.optim")
+               and getattr(m, "_get_capturable_supported_devices", None) is original]
+    for module in patched:
+        module._get_capturable_supported_devices = with_cpu
+    try:
+        yield
+    finally:
+        for module in patched:
+            module._get_capturable_supported_devices = original

@@ -126,7 +126,7 @@ def cli(*args) -> Cli:
 @contextlib.contextmanager
 def probe_in_process(monkeypatch):
     """Plan a user's package.module:factory workload in this process instead of the launcher's child process: the
-    same planning and the same answer, without starting Python and torch again. tests/test_isolation.py checks
+    same planning and the same answer, without starting Python and torch again. tests/launch/test_isolation.py checks
     the child process itself (a factory that hangs, aborts or raises)."""
     from membench import api
     from membench.child.probe import plan_here

@@ -23,6 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 MARK = "<!-- test: run -->"
+NOT_RUN = re.compile(r"^<!-- test: not run: .+ -->$")  # a command block shown but not run, and why
 BLOCK = re.compile(r"^" + re.escape(MARK) + r"[ \t]*\n```(\w+)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
@@ -31,6 +32,32 @@ def marked_blocks(text: str) -> list[tuple[str, str]]:
 
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# Pages with examples to run; the slow ones (the CI recipe end to end, the workloads page's models) run with -m slow.
+SLOW_PAGES = {"ci.md", "workloads.md"}
+EXAMPLES = [pytest.param(page, id=page.name, marks=[pytest.mark.slow] if page.name in SLOW_PAGES else [])
+            for page in PAGES if marked_blocks(page.read_text())]
+
+
+def command_blocks(text: str) -> list[tuple[str, str]]:
+    """(the line before the fence, the block's first line) of every shell block that runs membench."""
+    found = []
+    for match in re.finditer(r"^```(?:bash|sh|console)[^\n]*\n(.*?)^```", text, re.MULTILINE | re.DOTALL):
+        before = text[:match.start()].rstrip("\n").rsplit("\n", 1)[-1].strip()
+        if any(line.strip().startswith("membench") for line in match.group(1).splitlines()):
+            found.append((before, match.group(1).splitlines()[0]))
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_membench_command_shown_is_run_or_says_why_not(page):
+    unmarked = [first for before, first in command_blocks(page.read_text())
+                if before != MARK and not NOT_RUN.match(before)]
+    assert not unmarked, f"{page.name}: command blocks neither run ({MARK}) nor marked '<!-- test: not run: why -->'"
+
+
+def test_a_command_block_without_a_mark_is_found():
+    text = f"x\n```bash\nmembench run\n```\n{MARK}\n```bash\nmembench predict\n```\n"
+    assert command_blocks(text) == [("x", "membench run"), (MARK, "membench predict")]
 
 
 def test_the_convention_finds_the_marked_blocks():
@@ -46,7 +73,7 @@ def test_readme_links_to_every_docs_page():
         assert f"(docs/{page.name})" in readme, f"README.md does not link docs/{page.name}"
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", EXAMPLES)
 def test_examples_run_as_printed(page, tmp_path):
     scripts = Path(sys.executable).parent
     if not (scripts / "membench").exists() and not shutil.which("membench"):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_allocator import hand_made_snapshot
+from tests.allocator.test_simulator import hand_made_snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 

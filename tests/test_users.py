@@ -67,6 +67,7 @@ def test_a_users_optimizer_factory_is_built_from_the_parameters_with_the_runs_lr
     assert memory.current_breakdown["optimizer_state"] == sum(4 * p.numel() + 4 for p in model.parameters())
 
 
+@pytest.mark.slow
 def test_a_workload_names_its_default_optimizer_and_the_flag_overrides_it():
     jobs = membench.api.plan("tests.workloads:mlp_adafactor", "baseline", 4, "cpu")
     assert jobs[0].run.optimizer == "adafactor"
@@ -152,6 +153,7 @@ def test_old_results_without_seq_len_still_pair_with_new_runs():
     assert Job.from_dict(old).run == job.run
 
 
+@pytest.mark.slow
 def test_missing_transformers_is_one_line(tmp_path):
     (tmp_path / "transformers.py").write_text("raise ImportError('planted: not installed')\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ["PYTHONPATH"]])}
@@ -186,6 +188,7 @@ def _in_a_fresh_process(test) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_run_sweep_takes_a_model_function_and_runs_each_in_a_forked_child(tmp_path):
     from membench.launch.fork import InProcessWarning
 
@@ -201,6 +204,7 @@ def test_run_sweep_takes_a_model_function_and_runs_each_in_a_forked_child(tmp_pa
     assert (tmp_path / "baseline.json").exists() and "_tiny_model" in (tmp_path / "baseline.json").read_text()
 
 
+@pytest.mark.slow
 def test_a_crash_in_a_notebook_model_ends_only_its_forked_run(tmp_path):
     if _in_a_fresh_process(test_a_crash_in_a_notebook_model_ends_only_its_forked_run):
         return
@@ -263,6 +267,7 @@ def _cli(*args, cwd=None, timeout=300):
                           timeout=timeout)
 
 
+@pytest.mark.slow
 def test_module_factory_resolves_from_the_working_directory_and_default_techniques_fit_the_model(tmp_path):
     (tmp_path / "mypkg").mkdir()
     (tmp_path / "mypkg" / "__init__.py").write_text("")
@@ -289,12 +294,14 @@ def test_version():
     assert proc.returncode == 0 and proc.stdout.strip() == f"membench {membench.__version__}"
 
 
+@pytest.mark.slow
 def test_fit_shows_each_prediction_as_it_goes():
     proc = _cli("fit", "--workload", "gpt-tiny", "--budget", "4MiB", "--techniques", "baseline", "--device", "cpu")
     assert proc.returncode == 0, proc.stderr
     assert "fit baseline: batch 2 -> " in proc.stderr and "(fits)" in proc.stderr and "(over)" in proc.stderr
 
 
+@pytest.mark.slow
 def test_run_ends_by_naming_the_report_file_to_open(tmp_path):
     proc = _cli("run", "--workload", "tests.workloads:mlp", "--batch-size", "4", "--device", "cpu", "--techniques",
                 "baseline", "--steps", "1", "--warmup", "0", "--no-check", "--no-timeline", "--out", str(tmp_path))

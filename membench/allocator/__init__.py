@@ -5,6 +5,7 @@
   max_split_size, garbage collection, roundup_power2_divisions, expandable segments, empty_cache, OOM retries)
 - snapshot: a restricted unpickler for snapshots and the backwards rebuild of the state at a trace's first event
 - replay: a recorded trace through the simulator, compared with what the real allocator did
+- events.TraceEvent: one event of an allocation trace (the storage tracker's, a recorded one's), read by name
 - simulate(): the entry point for an allocation trace of one's own (membench predict's)
 """
 
@@ -13,12 +14,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Hashable, Iterable
 
+from membench.allocator.events import DEFAULT_STREAM, KINDS, TraceEvent
 from membench.allocator.settings import AllocatorSettings, parse_alloc_conf, settings_from_env
 from membench.allocator.simulator import CachingAllocator, OutOfMemory, get_allocation_size, round_size
 
-__all__ = ["AllocatorSettings", "CachingAllocator", "OutOfMemory", "ReservedSummary", "SimulationResult",
-           "get_allocation_size", "parse_alloc_conf", "reserved_summary", "round_size", "run_events",
-           "settings_from_env", "simulate"]
+__all__ = ["DEFAULT_STREAM", "AllocatorSettings", "CachingAllocator", "OutOfMemory", "ReservedSummary",
+           "SimulationResult", "TraceEvent", "get_allocation_size", "parse_alloc_conf", "reserved_summary",
+           "round_size", "run_events", "settings_from_env", "simulate"]
 
 
 @dataclasses.dataclass
@@ -54,14 +56,15 @@ class SimulationResult:
         return self.peak_reserved_bytes - self.allocated_at_peak_reserved
 
 
-def simulate(events: Iterable[tuple], settings: AllocatorSettings | str | None = None,
+def simulate(events: Iterable[TraceEvent | tuple], settings: AllocatorSettings | str | None = None,
              capacity: int | None = None, memory_fraction: float | None = None) -> SimulationResult:
     """Run an allocation trace through the caching allocator simulator.
 
-    events: in program order, each one of
+    events: in program order, TraceEvents (membench.allocator.events), or tuples, each one of
         ("alloc", key, size_bytes)  a storage of size_bytes is allocated (the raw requested size: the simulator
-                                    rounds it as the allocator does); key is any hashable that names it
-        ("free", key)               that storage is freed (and its memory reusable at once: one stream)
+                                    rounds it as the allocator does); key is any hashable that names it; a fourth
+                                    item names its stream (default 0)
+        ("free", key)               that storage is freed (and its memory reusable at once on its stream)
         ("empty_cache",)            torch.cuda.empty_cache()
         ("reset_peak",)             torch.cuda.reset_peak_memory_stats(): peaks count from here
     settings: AllocatorSettings, or PYTORCH_CUDA_ALLOC_CONF text such as "expandable_segments:True"
@@ -79,25 +82,29 @@ def simulate(events: Iterable[tuple], settings: AllocatorSettings | str | None =
     return run_events(CachingAllocator(settings, capacity, memory_fraction=memory_fraction), events)
 
 
-def run_events(alloc: CachingAllocator, events: Iterable[tuple], live: dict[Hashable, object] | None = None,
+def run_events(alloc: CachingAllocator, events: Iterable[TraceEvent | tuple],
+               live: dict[Hashable, object] | None = None,
                on_malloc: Callable[[Hashable, object], None] | None = None) -> SimulationResult:
-    """The one replay loop: `events` (as `simulate` takes them; an alloc may name its stream as a fourth item)
-    through `alloc`, until the end or the first allocation that does not fit. live: blocks allocated before the
-    first event, by key (a recorded trace's initial state); on_malloc(key, block) is called for each
-    allocation."""
+    """The one replay loop: `events` (TraceEvents, or the tuples `simulate` takes) through `alloc`, until the end or
+    the first allocation that does not fit. live: blocks allocated before the first event, by key (a recorded
+    trace's initial state); on_malloc(key, block) is called for each allocation."""
     live = {} if live is None else live
     oom_at = None
     allocations = 0
     for index, event in enumerate(events):
-        kind = event[0] if event else None
-        if kind == "alloc" and len(event) in (3, 4):
-            key, size = event[1], event[2]
+        if type(event) is not TraceEvent:
+            try:
+                event = TraceEvent.of(event)
+            except ValueError as exc:
+                raise ValueError(f"event {index}: {exc}") from None
+        kind, key = event.kind, event.key
+        if kind == "alloc":
             if key in live:
                 raise ValueError(f"event {index}: {key!r} is allocated twice without a free")
-            if not isinstance(size, int) or size < 0:
-                raise ValueError(f"event {index}: size must be a non-negative int, got {size!r}")
+            if not isinstance(event.size, int) or event.size < 0:
+                raise ValueError(f"event {index}: size must be a non-negative int, got {event.size!r}")
             try:
-                block = alloc.malloc(size, event[3] if len(event) == 4 else 0)
+                block = alloc.malloc(event.size, event.stream)
             except OutOfMemory:
                 oom_at = index
                 break
@@ -105,17 +112,16 @@ def run_events(alloc: CachingAllocator, events: Iterable[tuple], live: dict[Hash
             live[key] = block
             if on_malloc is not None:
                 on_malloc(key, block)
-        elif kind == "free" and len(event) == 2:
-            if event[1] not in live:
-                raise ValueError(f"event {index}: free of {event[1]!r}, which is not allocated")
-            alloc.free(live.pop(event[1]))
-        elif kind == "empty_cache" and len(event) == 1:
+        elif kind == "free":
+            if key not in live:
+                raise ValueError(f"event {index}: free of {key!r}, which is not allocated")
+            alloc.free(live.pop(key))
+        elif kind == "empty_cache":
             alloc.empty_cache()
-        elif kind == "reset_peak" and len(event) == 1:
+        elif kind == "reset_peak":
             alloc.reset_peak()
         else:
-            raise ValueError(f"event {index}: expected ('alloc', key, size), ('free', key), ('empty_cache',) or "
-                             f"('reset_peak',), got {event!r}")
+            raise ValueError(f"event {index}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
     return SimulationResult(
         settings=alloc.settings, peak_reserved_bytes=alloc.peak_reserved, peak_allocated_bytes=alloc.peak_allocated,
         reserved_at_peak_allocated=alloc.reserved_at_peak_allocated,
@@ -140,7 +146,7 @@ class ReservedSummary:
     reserved_method: str
 
 
-def reserved_summary(events: Iterable[tuple], settings: AllocatorSettings | str | None = None,
+def reserved_summary(events: Iterable[TraceEvent | tuple], settings: AllocatorSettings | str | None = None,
                      capacity: int | None = None, memory_fraction: float | None = None) -> ReservedSummary:
     """simulate(), as the fields a (predicted) memory result carries. Bytes throughout.
 

@@ -172,7 +172,7 @@ class CachingAllocator:
         self.reserved = self.allocated = 0
         self.peak_reserved = self.peak_allocated = 0
         self.allocated_at_peak_reserved = self.reserved_at_peak_allocated = 0
-        self.num_alloc_retries = self.num_ooms = self.mallocs = 0
+        self.num_alloc_retries = self.mallocs = 0
         self.segment_log: list[SegmentEvent] = []
         self.live_segments: dict[int, int] = {}  # base address -> size of every cudaMalloc'ed segment held
         self._max_split = self.settings.max_split_size if self.settings.max_split_size is not None else 2**64
@@ -249,7 +249,6 @@ class CachingAllocator:
                 self._release_cached_blocks()
                 block = self._alloc_block(pool, stream, size, alloc_size, retry=True)
             if block is None:
-                self.num_ooms += 1
                 limit = self.capacity if self.allowed is None else self.allowed
                 raise OutOfMemory(f"cannot allocate {alloc_size} B: {self.reserved} B reserved of {limit} B")
         block = self._alloc_found_block(block, size, orig_size, self._should_split(block, size))

@@ -122,8 +122,8 @@ def answer(records: list[RunRecord], gpu: Gpu) -> str:
 
 
 def assumptions(records: list[RunRecord], gpu: Gpu | None, explain: bool) -> list[str]:
-    """What the prediction assumed: two lines (each record's cannot_see holds the full list), or with `explain`
-    every item, one per line."""
+    """What the prediction assumed: two lines, and a third naming the first value it answered without knowing
+    (each record's cannot_see and assumed hold the full lists), or with `explain` every item, one per line."""
     seen = next((r.cannot_see for r in records if r.cannot_see), None) or []
     if gpu is None:  # the CPU tracker is what the prediction reproduces: no CUDA caveat applies
         lines = ["PREDICTED cpu memory (no timing): what `membench run --device cpu` measures, to the byte where the",
@@ -131,8 +131,14 @@ def assumptions(records: list[RunRecord], gpu: Gpu | None, explain: bool) -> lis
     else:
         lines = [f"PREDICTED (no timing) for {_gpu_in_short(gpu)}, with CUDA's autocast and kernels;",
                  "reserved memory from the caching-allocator simulator" + _not_seen(seen, explain)]
+    assumed = list(dict.fromkeys(a for r in records for a in (r.assumed or [])))
     if explain:
-        return lines + ["A prediction cannot see:"] + [f"  - {item}" for item in seen]
+        return (lines + ["A prediction cannot see:"] + [f"  - {item}" for item in seen]
+                + (["Answered without knowing (each record's `assumed`):"] if assumed else [])
+                + [f"  - {item}" for item in assumed])
+    if assumed:  # values read back, rules of another release: predict/emulate/values.py
+        more = f" and {len(assumed) - 1} more (--explain)" if len(assumed) > 1 else ""
+        lines.append(f"Assumed: {_first_line(assumed[0])}{more}.")
     return lines
 
 

@@ -61,6 +61,29 @@ class SiteBytes:
 
 
 @dataclass
+class AttentionSite:
+    """A CUDA prediction: one kind of scaled_dot_product_attention call (the query's shape and dtype, its flags)
+    and the kernel torch would run it with on the GPU predicted for."""
+
+    backend: str  # cudnn, flash, efficient or math
+    query_shape: list[int]
+    dtype: str
+    is_causal: bool
+    dropout: float
+    mask: bool
+    refused: list[str] = field(default_factory=list)  # "flash: a mask": each backend tried before it, and why
+
+
+@dataclass
+class Attention:
+    """The attention kernels a CUDA prediction assumed, and what the choice followed (torch's rules, the cuDNN and
+    CUDA versions, the GPU's compute capability)."""
+
+    rule: str
+    sites: list[AttentionSite]
+
+
+@dataclass
 class Memory:
     """Peak memory of the measured step(s), the phase and step it happened in, and its make-up by category."""
 
@@ -89,6 +112,7 @@ class Memory:
     reserved_oom: bool | None = None  # the simulated allocator ran out of the budget
     top_modules: list[ModuleBytes] | None = None  # the largest (module, category) at the peak, largest first
     top_sites: list[SiteBytes] | None = None  # CUDA: the largest allocation sites at the trace's peak
+    attention: Attention | None = None  # CUDA predictions: the attention kernel assumed for each kind of call
 
 
 @dataclass
@@ -220,6 +244,9 @@ class RunRecord:
     predicted: bool = False
     predicted_for: str | None = None
     cannot_see: list[str] | None = None
+    # A prediction's answers to what it could not know (values read back, the eager model of a compiled one, rules
+    # of another torch release), each with where it came from: predict/emulate/values.py and predict/run.py.
+    assumed: list[str] | None = None
     path: Path | None = field(default=None, compare=False)  # where it was loaded from; never written
 
     @property

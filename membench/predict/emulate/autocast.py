@@ -9,7 +9,8 @@ CUDA's policy instead: the op lists below are CUDA's, and each kernel does what 
 (not float64) to the op's type, the lower-precision casts of fp32 leaf tensors that require grad (the weights)
 kept in a cache until the outermost autocast region ends, `fp32_set_opt_dtype` ops given `dtype=float32`,
 `promote` ops cast to the widest floating type among their arguments. Ops CPU autocasts and CUDA does not run
-uncast. `tests/test_cuda_autocast.py` checks the lists against the installed torch's header where it ships one.
+uncast. `tests/predict/emulate/test_autocast.py` checks the lists against the installed torch's header where it ships
+one.
 """
 
 from __future__ import annotations
@@ -190,12 +191,12 @@ def _kernels(casts: _Casts) -> dict[str, object]:
 
 
 @contextlib.contextmanager
-def cuda_policy():
+def cuda_policy(gpu=None):
     """While active, torch.autocast("cpu", ...) applies CUDA's autocast policy (see the module's docstring), and
-    scaled_dot_product_attention and dropout keep what CUDA's fused kernels keep (predict/emulate/sdpa.py,
-    predict/emulate/dropout.py)."""
-    with cuda_sdpa(), cuda_dropout(), _autocast_policy():
-        yield
+    scaled_dot_product_attention and dropout run as on `gpu` (predict/emulate/sdpa.py, predict/emulate/dropout.py);
+    yields the attention calls seen (sdpa.Sites)."""
+    with cuda_sdpa(gpu) as sites, cuda_dropout(), _autocast_policy():
+        yield sites
 
 
 @contextlib.contextmanager

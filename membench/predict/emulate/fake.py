@@ -10,31 +10,31 @@ import contextlib
 
 import torch
 from torch import nn
-from torch.utils.weak import WeakIdKeyDictionary
 
 from membench import private
+from membench.predict.emulate.values import NeedsValues, Values, caller
+
+__all__ = ["NeedsValues", "build_on_meta", "fake_process_group", "fake_tensors", "materialize", "real_tensors"]
 
 
 class _AnswerScalars(private.TorchDispatchMode):
-    """A fake tensor has no value, so `.item()` has no answer; give 1 (a loss to print, an Adam step count that
-    keeps `1 - beta ** step` away from zero). Nothing that decides memory depends on it in a training step, except
-    a gradient scaler's inf/nan flag (amp-fp16): 1 would mean "inf found", and the scaler would skip every
-    optimizer step, so a prediction would hold no optimizer state. A flag GradScaler's check wrote answers 0: the
-    prediction is of a step whose gradients are finite (the steady state of training; a skipped step only
-    allocates less)."""
+    """A fake tensor has no value, so `.item()` (and `bool()`, `if t:`, `t.any()` read back) has no answer of its
+    own. What a run would read is answered as a GPU run would most likely go, and each answer that is not certain is
+    named (predict/emulate/values.py keeps what is known and what was answered)."""
 
     def __init__(self, mode):
         super().__init__()
-        self._inf_flags = WeakIdKeyDictionary()
+        self.values = Values()
         self.outputs = _Outputs(mode)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in private.SCALAR_OPS:
-            return 0 if args[0] in self._inf_flags else 1
+            return self.values.read(args[0])
         if private.writes_values_only(func):
             # An in-place pointwise op (the optimizer's, one tensor or a list at a time) changes values only, which
             # fake tensors do not have, and allocates nothing: FakeTensorMode's meta kernel would only return its
-            # first argument (a tenth of a prediction went there).
+            # first argument (a tenth of a prediction went there). Values a prediction knows follow it.
+            self.values.written(func, args, kwargs or {})
             return None if func._schema.name.startswith("aten::_foreach_") else args[0]
         if func.namespace == "profiler":
             # record_function's ops (every optimizer step and zero_grad opens one) take no tensor and make none:
@@ -43,9 +43,16 @@ class _AnswerScalars(private.TorchDispatchMode):
                 return func(*args, **(kwargs or {}))
         if func is private.AMP_CHECK_AND_UNSCALE:
             out = func(*args, **(kwargs or {}))
-            self._inf_flags[args[1]] = True
+            self.values.finite_check(args[1])
             return out
-        return self.outputs.call(func, args, kwargs or {})
+        kwargs = kwargs or {}
+        try:
+            out = self.outputs.call(func, args, kwargs)
+        except private.value_dependent_shape_errors() as exc:
+            raise NeedsValues(f"{func} at {caller()} makes a tensor whose shape depends on values, which a "
+                              f"prediction does not have ({type(exc).__name__})") from None
+        self.values.made(func, args, kwargs, out)
+        return out
 
 
 class _Outputs:
@@ -143,10 +150,12 @@ def _fresh(t: torch.Tensor) -> bool:
 @contextlib.contextmanager
 def fake_tensors():
     """Every tensor made inside is fake, on its real device (we use cpu: fake cuda fails in backward without a
-    GPU and picks other kernels), and real tensors that meet fake ones become fake too."""
+    GPU and picks other kernels), and real tensors that meet fake ones become fake too. Yields the Values that
+    answer reads of their values (its `answered()`: what was answered without knowing)."""
     mode = private.fake_tensor_mode(allow_non_fake_inputs=True)
-    with mode, _AnswerScalars(mode):
-        yield
+    answers = _AnswerScalars(mode)
+    with mode, answers:
+        yield answers.values
 
 
 def build_on_meta(build) -> nn.Module:

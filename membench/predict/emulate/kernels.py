@@ -14,6 +14,8 @@ for a CUDA prediction (`CudaKernels`, called around every op), of three parts.
   mode, makes torch go out of place, a plain run takes the in-place path. A GPU run is measured from the allocator's
   statistics with no dispatch mode, while a CPU run is measured by the tracker itself, whose numbers a CPU prediction
   reproduces, so only a CUDA prediction undoes them.
+- Host tensors (predict/emulate/host.py): what a CUDA run keeps on the CPU (optimizers' step counts) is not counted.
+- Output dtypes (predict/emulate/dtypes.py): LayerNorm's and BatchNorm's statistics in fp32 under 16-bit input.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ from __future__ import annotations
 import torch
 
 from membench.common.vocab import OTHER
+from membench.predict.emulate.attention_kernels import AttentionKernels
+from membench.predict.emulate.cublas_operands import operand_copies
+from membench.predict.emulate.dtypes import CudaDtypes
+from membench.predict.emulate.host import HostTensors
 from membench.predict.emulate.inplace_backward import BackwardPaths
 from membench.predict.emulate.reductions import KernelScratch
 from membench.private import in_backward
@@ -64,14 +70,22 @@ class CudaKernels:
         self.workspaces = CublasWorkspaces(gpu.cublas_workspace_bytes if workspace_bytes is None else workspace_bytes)
         self.scratch = KernelScratch(gpu)
         self.paths = BackwardPaths()
+        self.attention = AttentionKernels(gpu)
+        self.host = HostTensors()
+        self.dtypes = CudaDtypes()
 
     def rewrite(self, func, args, kwargs):
-        """The op to run instead (in-place where a plain run is)."""
-        return self.paths.rewrite(func, args, kwargs)
+        """The op to run instead (in-place where a plain run is; CUDA's outputs for fused attention; with CUDA's
+        output dtypes)."""
+        return self.attention.rewrite(func) or self.dtypes.rewrite(self.paths.rewrite(func, args, kwargs), args)
 
     def after(self, func, args, kwargs, out, tracker) -> None:
         self.paths.made(func, out)
         if func in CUBLAS_OPS:
             tracker.track_outputs(out)  # before the workspace, as a GPU allocates them
+            copies = operand_copies(func, args, out, tracker)  # cuBLAS's operands, before it asks for a handle
             self.workspaces.matmul_ran(tracker)
+            del copies  # let go as the matmul returns
+        self.attention.run(func, args, kwargs, out, tracker)
         self.scratch.run(func, args, kwargs, out, tracker)
+        self.host.made(func, args, out, tracker)
