@@ -44,6 +44,8 @@ class SimulationResult:
     final_allocated_bytes: int
     allocations: int  # allocations made (up to an OOM)
     same_address: int | None = None  # a recorded trace's allocations the simulator placed at the recorded address
+    # Reserved at the peak of reserved, by the stream whose pool held it (0: the default stream).
+    reserved_by_stream_at_peak: dict[int, int] = dataclasses.field(default_factory=dict)
 
     @property
     def segments(self) -> list[int]:
@@ -62,9 +64,13 @@ def simulate(events: Iterable[TraceEvent | tuple], settings: AllocatorSettings |
 
     events: in program order, TraceEvents (membench.allocator.events), or tuples, each one of
         ("alloc", key, size_bytes)  a storage of size_bytes is allocated (the raw requested size: the simulator
-                                    rounds it as the allocator does); key is any hashable that names it; a fourth
-                                    item names its stream (default 0)
-        ("free", key)               that storage is freed (and its memory reusable at once on its stream)
+                                    rounds it as the allocator does); key is any hashable that names it
+        ("alloc", key, size, stream) the same, on a stream other than the default one (0): its block serves only
+                                    requests on that stream, before and after it is freed (c10's pools are keyed by
+                                    stream: get_free_block takes a block of the request's stream only)
+        ("free", key)               that storage is freed, its block back in its own stream's pool at once (what a
+                                    free is when no record_stream delays it; FSDP2 calls none, and the collectives
+                                    it calls record none: see membench/predict/streams.py)
         ("empty_cache",)            torch.cuda.empty_cache()
         ("reset_peak",)             torch.cuda.reset_peak_memory_stats(): peaks count from here
     settings: AllocatorSettings, or PYTORCH_CUDA_ALLOC_CONF text such as "expandable_segments:True"
@@ -103,6 +109,9 @@ def run_events(alloc: CachingAllocator, events: Iterable[TraceEvent | tuple],
                 raise ValueError(f"event {index}: {key!r} is allocated twice without a free")
             if not isinstance(event.size, int) or event.size < 0:
                 raise ValueError(f"event {index}: size must be a non-negative int, got {event.size!r}")
+            if event.size == 0:  # c10's allocate() asks the allocator for nothing (a null pointer), and frees nothing
+                live[key] = None
+                continue
             try:
                 block = alloc.malloc(event.size, event.stream)
             except OutOfMemory:
@@ -115,7 +124,9 @@ def run_events(alloc: CachingAllocator, events: Iterable[TraceEvent | tuple],
         elif kind == "free":
             if key not in live:
                 raise ValueError(f"event {index}: free of {key!r}, which is not allocated")
-            alloc.free(live.pop(key))
+            block = live.pop(key)
+            if block is not None:
+                alloc.free(block)
         elif kind == "empty_cache":
             alloc.empty_cache()
         elif kind == "reset_peak":
@@ -129,7 +140,8 @@ def run_events(alloc: CachingAllocator, events: Iterable[TraceEvent | tuple],
         segment_allocations=[(e.at_malloc, e.size) for e in alloc.segment_log if e.action in ("alloc", "map")],
         segments_released=sum(e.action in ("free", "unmap") for e in alloc.segment_log),
         num_alloc_retries=alloc.num_alloc_retries, oom=oom_at is not None, oom_at_event=oom_at,
-        final_reserved_bytes=alloc.reserved, final_allocated_bytes=alloc.allocated, allocations=allocations)
+        final_reserved_bytes=alloc.reserved, final_allocated_bytes=alloc.allocated, allocations=allocations,
+        reserved_by_stream_at_peak={s: b for s, b in alloc.reserved_by_stream_at_peak.items() if b})
 
 
 @dataclasses.dataclass
@@ -144,6 +156,7 @@ class ReservedSummary:
     allocator_settings: str  # the settings' PYTORCH_CUDA_ALLOC_CONF text ("default" for none)
     reserved_oom: bool
     reserved_method: str
+    reserved_by_stream_at_peak: dict[int, int] = dataclasses.field(default_factory=dict)  # stream -> bytes
 
 
 def reserved_summary(events: Iterable[TraceEvent | tuple], settings: AllocatorSettings | str | None = None,
@@ -162,4 +175,5 @@ def reserved_summary(events: Iterable[TraceEvent | tuple], settings: AllocatorSe
         reserved_at_peak_allocated_bytes=r.reserved_at_peak_allocated,
         fragmentation_at_peak_bytes=r.fragmentation_at_peak_bytes, segments_allocated=len(r.segments),
         allocator_settings=settings.label(), reserved_oom=r.oom,
-        reserved_method="simulated CUDA caching allocator (membench.allocator)")
+        reserved_method="simulated CUDA caching allocator (membench.allocator)",
+        reserved_by_stream_at_peak=r.reserved_by_stream_at_peak)

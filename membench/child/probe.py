@@ -22,6 +22,7 @@ from membench.common.units import fmt_bytes
 from membench.launch import lifeline
 from membench.launch.pool import WorkerDied, run_in_order
 from membench.launch.sweep import locked
+from membench.predict.emulate.sdpa import describe
 from membench.predict.fit import Fit, default_jobs, fit_batch
 from membench.predict.run import (
     CANNOT_SEE,
@@ -82,13 +83,18 @@ def _predict_into(request: dict, out: Path) -> dict:
         archive(out, job.name)  # an earlier prediction moves to previous/, as a run's result does
         print(f"predicting {job.name} ...", file=sys.stderr, flush=True)
 
+    attentions = []
+
     def done(job, record) -> None:
         print(f"predicted {job.name}: {record.status} ({record.wall_s:.1f} s)", file=sys.stderr, flush=True)
         if record.traceback:  # a membench bug, not the user's: show where
             print(record.traceback, file=sys.stderr, flush=True)
+        if record.memory is not None and record.memory.attention is not None:
+            attentions.append(record.memory.attention)
 
     predict_all(jobs, out, on_start=start, on_done=done)
-    return {"names": [job.name for job in jobs], "out": str(out)}
+    # Folded here, where torch is imported already: the CLI's process prints it without importing torch.
+    return {"names": [job.name for job in jobs], "out": str(out), "attention": describe(attentions)}
 
 
 def fit_request(request: dict) -> dict:

@@ -17,12 +17,13 @@ import os
 import time
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from membench import environment, optimizers, private
 from membench.allocator.events import TraceEvent
 from membench.common.errors import UserError
 from membench.measure import Session
-from membench.predict import gpus, steady
+from membench.predict import gpus, steady, streams
 from membench.predict.emulate import fake
 from membench.predict.emulate.autocast import cuda_policy
 from membench.predict.emulate.kernels import CudaKernels
@@ -32,6 +33,9 @@ from membench.step import batches
 from membench.techniques import Stack, Technique, resolve
 from membench.trackers.memory import CpuMeter
 from membench.workloads import Workload, load_workload
+
+if TYPE_CHECKING:
+    from membench.allocator import ReservedSummary
 
 CUDA_BLOCK = 512  # the caching allocator rounds every allocation up to a multiple of this
 
@@ -47,10 +51,9 @@ CANNOT_SEE = (
     "equal cached blocks a request reuses depends on the addresses the CUDA driver gives segments, which a CPU "
     "cannot know: it can move peak allocated by unsplit remainders (under 1 MiB each; 491,520 B on one of eight "
     "real traces) and peak reserved by a segment (40 MiB on another)",
-    "kernel choice: CUDA kernels may save other tensors than the CPU ones (cuDNN convolutions; attention is "
-    "predicted as a fused kernel that keeps the output and a log-sum-exp, as CUDA's do, with or without dropout, "
-    "except with dropout inside a checkpointed region, where it runs as the CPU's math path; "
-    "memory-efficient attention's padding of it to 32 queries and its dropout seed are not counted)",
+    "kernel choice: CUDA kernels may save other tensors than the CPU ones (cuDNN convolutions); attention runs "
+    "the kernel torch 2.14's rules choose for the GPU (printed), but cuDNN attention's engine workspace beyond its "
+    "frontend's is not known (0 assumed), and nn.MultiheadAttention's inference fast path keeps only its output",
     "ops whose output size depends on data, and model code that branches on tensor values",
 )
 
@@ -134,18 +137,22 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     warmup = min(job.measure.warmup, 1)  # after one step the optimizer state exists: the steady state
     primes = derive_warmup and _derivable(spec, stack, warmup, ranks)
     gpu = gpus.gpu(spec.gpu) if cuda else None
+    tags = streams.StreamTags() if ranks and gpu is not None else None  # FSDP2's streams: the allocator's pools
+    on_streams = None
     with _fake_world(ranks, gpu) as (values, attention):
         session = _fake_session(run, stack, workload, meta_model, gpu, round_to,
-                                trace=trace or cuda or derive_warmup)
+                                trace=trace or cuda or derive_warmup, tags=tags)
         with _no_collector_within_steps():
             session.build()
             primed = steady.prime(session) if primes else None
             _warm_up(session, primed, warmup)
             traced = _measured_step(session, primed, round_to)
+            if tags is not None:
+                on_streams = tags.names(session.state.model), session.meter.tracker.bytes_by_stream()
         session.detach()
     if traced is None:  # a check refused the written warm-up step: run it instead
         return predict_traced(job, round_to, trace=trace, derive_warmup=False)
-    _label(traced, spec, stack)
+    _label(traced, spec, stack, on_streams)
     traced.assumed = values.answered()
     if attention is not None:
         traced.memory.attention = attention.summary()
@@ -185,7 +192,7 @@ def _fake_world(ranks: int | None, gpu: gpus.Gpu | None):
 
 
 def _fake_session(run: RunSpec, stack: Stack, workload: Workload, meta_model, gpu: gpus.Gpu | None,
-                  round_to: int, trace: bool) -> Session:
+                  round_to: int, trace: bool, tags: streams.StreamTags | None) -> Session:
     """The same Session a run measures with, on the fake model, under the exact tracker in round_to-byte blocks;
     for a CUDA GPU (`gpu`) with what its kernels allocate besides their outputs (cuBLAS's workspaces, scratch)."""
     prepared = _Prepared(run, fake.materialize(meta_model), cuda=gpu is not None)
@@ -193,6 +200,8 @@ def _fake_session(run: RunSpec, stack: Stack, workload: Workload, meta_model, gp
     meter = CpuMeter(round_to=round_to, trace=trace)
     if gpu is not None:
         meter.tracker.kernels = CudaKernels(gpu)
+    if tags is not None:
+        meter.tracker.stream_of = tags.current
     return Session(run, dataclasses.replace(stack, techniques=techniques), workload, meter,
                    _collected_between(batches(workload, run)), track_host=False)
 
@@ -231,13 +240,18 @@ def _measured_step(session: Session, primed: steady.Primed | None, round_to: int
     return Traced(memory, written.events, written.measured_from, round_to, written.kernel_calls)
 
 
-def _label(traced: Traced, spec: RunSpec, stack: Stack) -> None:
-    """What the prediction is of and how it was made; for a CUDA GPU, its reserved memory too."""
+def _label(traced: Traced, spec: RunSpec, stack: Stack,
+           on_streams: tuple[dict[int, tuple[str, str]], dict[int, dict[str, int]]] | None) -> None:
+    """What the prediction is of and how it was made; for a CUDA GPU, its reserved memory too, and where FSDP2 ran
+    on several streams (`on_streams`: their names, bytes allocated on each by category), each stream's share."""
     memory = traced.memory
     memory.device = spec.device
     memory.method = f"prediction: fake tensors, storage tracker, {traced.round_to}-byte blocks"
     if spec.device == "cuda":
-        _add_reserved(memory, traced.events, stack, spec.memory_budget)
+        reserved = _add_reserved(memory, traced.events, stack, spec.memory_budget)
+        if on_streams is not None:
+            names, by_stream = on_streams
+            memory.streams = streams.stream_uses(names, by_stream, reserved.reserved_by_stream_at_peak)
 
 
 # While predict_all (or fit) runs: each workload loaded, and its model built on meta, once (reusing_models).
@@ -310,7 +324,7 @@ def _collected_between(data):
         yield batch
 
 
-def _add_reserved(memory: Memory, trace: list[TraceEvent], stack: Stack, budget: int | None) -> None:
+def _add_reserved(memory: Memory, trace: list[TraceEvent], stack: Stack, budget: int | None) -> ReservedSummary:
     """Reserved memory: the step's allocations, in order from the model's construction on, through the caching
     allocator simulator with the run's allocator settings (the user's PYTORCH_CUDA_ALLOC_CONF plus the stack's,
     e.g. expandable-segments). A budget acts as a memory fraction, as it does on a real GPU."""
@@ -325,6 +339,7 @@ def _add_reserved(memory: Memory, trace: list[TraceEvent], stack: Stack, budget:
     memory.allocator_settings = r.allocator_settings
     memory.reserved_oom = r.reserved_oom
     memory.reserved_method = r.reserved_method
+    return r
 
 
 def allocator_settings(stack: Stack):

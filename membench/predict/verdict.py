@@ -121,9 +121,10 @@ def answer(records: list[RunRecord], gpu: Gpu) -> str:
     return head + "."
 
 
-def assumptions(records: list[RunRecord], gpu: Gpu | None, explain: bool) -> list[str]:
-    """What the prediction assumed: two lines, and a third naming the first value it answered without knowing
-    (each record's cannot_see and assumed hold the full lists), or with `explain` every item, one per line."""
+def assumptions(records: list[RunRecord], gpu: Gpu | None, explain: bool, attention: str | None = None) -> list[str]:
+    """What the prediction assumed: two lines, and a third with the attention kernels it assumed (the child's
+    predict/emulate/sdpa.describe line) or else the first value it answered without knowing (each record's
+    cannot_see and assumed hold the full lists), or with `explain` every item, one per line."""
     seen = next((r.cannot_see for r in records if r.cannot_see), None) or []
     if gpu is None:  # the CPU tracker is what the prediction reproduces: no CUDA caveat applies
         lines = ["PREDICTED cpu memory (no timing): what `membench run --device cpu` measures, to the byte where the",
@@ -134,9 +135,13 @@ def assumptions(records: list[RunRecord], gpu: Gpu | None, explain: bool) -> lis
     assumed = list(dict.fromkeys(a for r in records for a in (r.assumed or [])))
     if explain:
         return (lines + ["A prediction cannot see:"] + [f"  - {item}" for item in seen]
+                + ([attention] if attention else [])
                 + (["Answered without knowing (each record's `assumed`):"] if assumed else [])
                 + [f"  - {item}" for item in assumed])
-    if assumed:  # values read back, rules of another release: predict/emulate/values.py
+    if attention:  # the kernel torch would choose on the GPU (predict/emulate/sdpa.py), in full: it is a choice
+        more = f"; and {len(assumed)} values assumed (--explain)" if assumed else ""
+        lines.append(attention + more)
+    elif assumed:  # values read back, rules of another release: predict/emulate/values.py
         more = f" and {len(assumed) - 1} more (--explain)" if len(assumed) > 1 else ""
         lines.append(f"Assumed: {_first_line(assumed[0])}{more}.")
     return lines

@@ -84,6 +84,17 @@ class Attention:
 
 
 @dataclass
+class StreamUse:
+    """A CUDA prediction of a run on several streams (FSDP2): what one stream's pool of the caching allocator got.
+    The allocator keeps free blocks by stream, so memory freed on one stream is reserved for it alone."""
+
+    stream: str  # "default", "fsdp all-gather copy-in", "fsdp reduce-scatter", ...
+    allocated_bytes_by_category: dict[str, int]  # over the prediction, each storage by its category when freed
+    reserved_at_peak_bytes: int  # the segments this stream's pool held at the peak of reserved memory
+    source: str  # what is allocated on it, and where in the code that allocates it
+
+
+@dataclass
 class Memory:
     """Peak memory of the measured step(s), the phase and step it happened in, and its make-up by category."""
 
@@ -113,6 +124,7 @@ class Memory:
     top_modules: list[ModuleBytes] | None = None  # the largest (module, category) at the peak, largest first
     top_sites: list[SiteBytes] | None = None  # CUDA: the largest allocation sites at the trace's peak
     attention: Attention | None = None  # CUDA predictions: the attention kernel assumed for each kind of call
+    streams: list[StreamUse] | None = None  # predictions of several CUDA streams: each stream's share
 
 
 @dataclass

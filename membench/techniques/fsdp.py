@@ -2,6 +2,14 @@
 
 from membench.common.errors import UserError
 from membench.techniques.base import Technique
+from membench.techniques.mesh import fsdp_submesh
+
+
+def _dtype(name: str | None):
+    """A --param-dtype / --reduce-dtype name as torch's dtype (None: FSDP2's default); torch only where it runs."""
+    import torch
+
+    return None if name is None else {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
 class Fsdp(Technique):
@@ -12,6 +20,8 @@ class Fsdp(Technique):
     Runs through torchrun (--nproc-per-node N; gloo on CPU, nccl on CUDA); --batch-size is per rank, and rank r
     trains on the r-th slice of a batch of N x batch-size, so the check compares against one process at that
     batch. Stacks with ckpt/sac (the checkpoint sits inside FSDP's hooks), amp-bf16, bf16 and opt-in-bwd.
+    --mesh picks the ranks it shards over (dp_shard; with dp_replicate, HSDP: sharded within a group, replicated
+    across groups), --param-dtype / --reduce-dtype its MixedPrecisionPolicy, --reshard-after-forward the blocks'.
     """
 
     name = "fsdp"
@@ -20,7 +30,8 @@ class Fsdp(Technique):
     distributed = True
     conflicts = ("fsdp-offload",)
     conflict_reason = "fsdp-offload is fsdp with CPU offload: choose one"
-    order = 35  # after ckpt/sac have wrapped the blocks, before any optimizer is made
+    order = 35  # after ckpt/sac (and tp) have wrapped the blocks, before any optimizer is made
+    options = ("mesh", "param_dtype", "reduce_dtype", "reshard_after_forward")
 
     def __init__(self, *args, **kwargs):
         from membench.private import fsdp_api
@@ -35,19 +46,21 @@ class Fsdp(Technique):
 
     def configure(self, state) -> None:
         import torch.distributed as dist
-        from torch.distributed.device_mesh import init_device_mesh
+
+        from membench.private import fsdp_mixed_precision
 
         if not dist.is_initialized():
             raise UserError(f"technique {self.name} runs under torchrun: use `membench run` (it launches torchrun)")
         # The mesh of the run's device: without one, fully_shard builds its default mesh on the machine's
         # accelerator (torch._C._get_accelerator(), torch/distributed/fsdp/_fully_shard/_fsdp_init.py), so a
         # --device cpu run on a GPU machine would shard onto CUDA while its batches stay on the CPU.
-        mesh = init_device_mesh(state.device.type, (dist.get_world_size(),))
-        policy = self.offload_policy(state.device.type)
+        spec = self.spec
+        options = dict(mesh=fsdp_submesh(state), offload_policy=self.offload_policy(state.device.type),
+                       mp_policy=fsdp_mixed_precision(_dtype(spec.param_dtype), _dtype(spec.reduce_dtype)))
         blocks = state.workload.blocks(state.model) if state.workload.blocks else []
         for block in blocks:
-            self._fully_shard(block, mesh=mesh, offload_policy=policy)
-        self._fully_shard(state.model, mesh=mesh, offload_policy=policy)
+            self._fully_shard(block, reshard_after_forward=spec.reshard_after_forward, **options)
+        self._fully_shard(state.model, **options)  # the root: fully_shard's default (not resharded after forward)
         if state.on_model is not None:
             state.on_model(state.model)  # the sharded parameters are new tensors: let the meter see them
 

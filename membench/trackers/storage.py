@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from membench.allocator.events import TraceEvent
+from membench.allocator.events import DEFAULT_STREAM, TraceEvent
 from membench.common.vocab import CATEGORIES, OTHER, PHASE_CATEGORY, RECOMPUTED
 from membench.private import (
     PRIM_DEVICE,
@@ -66,6 +66,11 @@ class StorageTracker(TorchDispatchMode):
         # predict/emulate/reductions.KernelCall), kept so that fit can work them out at other batch sizes.
         self.kernel_calls: list | None = [] if trace else None
         self.kernels = None  # a CUDA prediction's predict.emulate.kernels.CudaKernels: called around every op
+        # A prediction of several streams (predict/streams.py): the stream an allocation would be made on now, as a
+        # small int (0: the default stream); an allocation's trace event then carries it, when it is not 0.
+        self.stream_of = None
+        self._stream_keys: dict[int, int] = {}  # storage key -> its stream, for those not on the default stream
+        self.stream_bytes: dict[int, dict[str, int]] = {}  # stream -> category -> bytes allocated there (see below)
         self.device_types = device_types
         self.round_to = round_to
         self.budget = budget
@@ -280,12 +285,32 @@ class StorageTracker(TorchDispatchMode):
             self._changed()
 
     def _trace_alloc(self, key: int, nbytes: int) -> None:
+        stream = self.stream_of() if self.stream_of is not None else DEFAULT_STREAM
+        if stream != DEFAULT_STREAM:
+            self._stream_keys[key] = stream
         if self.trace is not None:
-            self.trace.append(TraceEvent.alloc(key, nbytes))
+            self.trace.append(TraceEvent.alloc(key, nbytes, stream))
 
     def _trace_free(self, key: int) -> None:
+        """A storage (or a size of it) lets go of its block: counted for its stream by the category it has now."""
+        if self.stream_of is not None:
+            self._count_on_stream(key, self._stream_keys.pop(key, DEFAULT_STREAM))
         if self.trace is not None:
             self.trace.append(TraceEvent.free(key))
+
+    def _count_on_stream(self, key: int, stream: int) -> None:
+        size, category, _ = self.live[key]
+        held = self.stream_bytes.setdefault(stream, {})
+        held[category] = held.get(category, 0) + size
+
+    def bytes_by_stream(self) -> dict[int, dict[str, int]]:
+        """Bytes allocated on each stream, by category: each storage (each size of one FSDP resizes) counted once,
+        by the category it had when freed, or has now."""
+        totals = {stream: dict(held) for stream, held in self.stream_bytes.items()}
+        for key, (size, category, _) in self.live.items():
+            held = totals.setdefault(self._stream_keys.get(key, 0), {})
+            held[category] = held.get(category, 0) + size
+        return {stream: {c: b for c, b in held.items() if b} for stream, held in totals.items()}
 
     def _changed(self) -> None:
         if self.current > self.peak.bytes:

@@ -99,5 +99,7 @@ def test_predict_prints_the_fits_line_first_and_no_paragraph_over_three_lines(tm
     if explain:
         assert "A prediction cannot see:" in conclusions and len([c for c in conclusions if c.startswith("  - ")]) >= 5
     else:
-        assert len(conclusions) == 4 and conclusions[-1].startswith("predictions: ")
+        # the answer, two lines of caveats, the attention kernels assumed (fp32 on an H100: efficient attention)
+        assert len(conclusions) == 5 and conclusions[-1].startswith("predictions: ")
         assert all(len(line) <= 120 for line in conclusions[:3])
+        assert conclusions[3].startswith("attention kernels assumed (")

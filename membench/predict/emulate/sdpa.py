@@ -86,6 +86,25 @@ class Sites:
                 f"CUDA {s.cuda_version // 1000}.{s.cuda_version % 1000 // 10}")
 
 
+def describe(attentions: list[Attention]) -> str | None:
+    """`predict`'s line for the attention kernels its records assumed, folded: each backend once, with the kinds
+    of call it ran and why the backends before it refused them; None when no record ran attention."""
+    by_backend: dict[str, list[str]] = {}
+    for attention in attentions:
+        for s in attention.sites:
+            flags = [f for f in ("causal" if s.is_causal else "", "mask" if s.mask else "",
+                                 f"dropout {s.dropout:g}" if s.dropout else "") if f]
+            text = f"q {list(s.query_shape)} {s.dtype}" + (f" {' '.join(flags)}" if flags else "")
+            text += f" ({'; '.join(s.refused)})" if s.refused else ""
+            if text not in by_backend.setdefault(s.backend, []):
+                by_backend[s.backend].append(text)
+    if not by_backend:
+        return None
+    rules = "; ".join(sorted({a.rule for a in attentions}))
+    return (f"attention kernels assumed ({rules}): "
+            + "; ".join(f"{backend} for {', '.join(texts)}" for backend, texts in by_backend.items()))
+
+
 _ACTIVE: list[Sites] = []  # the innermost cuda_sdpa's sites
 
 
