@@ -112,8 +112,8 @@ def answer(records: list[RunRecord], gpu: Gpu) -> str:
                 f"{fmt_bytes(base.peak.nbytes)})")
     best = cheapest([f for f in fits if f.record.name != "baseline"])
     if best is not None:
-        return (f"{head}; cheapest listed that fits: {best.record.name} ({cost_of(best.record.spec.run.techniques)} "
-                f"step-time cost, {fmt_bytes(best.margin)} to spare).")
+        return (f"{head}; cheapest listed that fits: {best.record.name} ({_cost(best.record.spec.run.techniques)}, "
+                f"{fmt_bytes(best.margin)} to spare).")
     others = [f for f in fits if f.record.name != "baseline"]
     if others:
         low = max(others, key=lambda f: f.margin)
@@ -147,6 +147,11 @@ def assumptions(records: list[RunRecord], gpu: Gpu | None, explain: bool, attent
     return lines
 
 
+def _cost(techniques: tuple[str, ...]) -> str:
+    cost = cost_of(techniques)
+    return "no step-time cost" if cost == "none" else f"{cost} step-time cost"
+
+
 def _gpu_in_short(gpu: Gpu) -> str:
     major, minor = gpu.compute_capability
     return f"{gpu.name} (sm{major}{minor})"
@@ -176,7 +181,7 @@ def fit_answer(fits: list[Fit], budget: int, by: str, gpu: Gpu | None) -> str:
     others = [f for f in fits if f.run != "baseline" and f.batch]
     best = min(others, key=lambda f: (COSTS.index(cost_of(tuple(f.run.split("+")))), -f.batch), default=None)
     cheapest_text = (f"cheapest listed that fits: {best.run} (up to batch {best.batch}, "
-                     f"{cost_of(tuple(best.run.split('+')))} step-time cost)") if best else "no listed technique fits"
+                     f"{_cost(tuple(best.run.split('+')))})") if best else "no listed technique fits"
     if base is None:
         return f"{head}: {cheapest_text}."
     if base.batch:

@@ -44,7 +44,7 @@ def test_a_baseline_over_the_gpu_names_the_cheapest_technique_that_fits():
     assert cost_of(("opt-in-bwd",)) == "low" and cost_of(("bf16",)) == "none" and cost_of(("ckpt",)) == "medium"
     line = answer(records, H100)
     assert line == ("H100 (80 GB = 74.51 GiB): baseline does not fit: 2.00 GiB over (peak reserved 76.51 GiB); "
-                    "cheapest listed that fits: bf16 (none step-time cost, 34.51 GiB to spare).")
+                    "cheapest listed that fits: bf16 (no step-time cost, 34.51 GiB to spare).")
     fits = fitting(records[:3], capacity(H100))
     assert cheapest(fits).record.name == "opt-in-bwd"  # without bf16: low beats medium (ckpt)
 
