@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 from membench.launch import progress
 from membench.launch.process import launch
 from membench.launch.progress import StageReader
@@ -94,6 +96,7 @@ def test_the_api_default_prints_one_quiet_line_per_stage():
     assert text[2].startswith("membench: ckpt: ok, ") and len(text) == 3
 
 
+@pytest.mark.slow
 def test_run_sweep_passes_stages_to_a_callback_or_prints_them(tmp_path, capsys):
     import membench
 
