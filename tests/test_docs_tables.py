@@ -101,3 +101,33 @@ def test_a_documented_table_is_what_the_command_prints(shown, tmp_path):
         assert shown.table.column(header) == printed.column(header), (
             f"{shown.page}: {shown.command}: column {header!r} shows {shown.table.column(header)}, the program "
             f"prints {printed.column(header)}:\n{proc.stdout}")
+
+
+OPTIMIZER_TABLE = re.compile(r"^\| optimizer \| baseline \| peak phase \| opt-in-bwd \| peak phase \|\n"
+                             r"\|[-|]+\|\n((?:\|.*\|\n)+)", re.MULTILINE)
+
+
+def optimizer_rows() -> list[list[str]]:
+    """docs/workloads.md's optimizer table: per optimizer, the baseline's and opt-in-bwd's predicted peak
+    allocated (GiB) and peak phase, from `membench predict --workload gpt-small --batch-size 1 --optimizer OPT
+    --techniques opt-in-bwd`."""
+    [body] = OPTIMIZER_TABLE.findall((ROOT / "docs" / "workloads.md").read_text())
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in body.splitlines()]
+
+
+def test_the_optimizer_table_is_found():
+    assert [row[0] for row in optimizer_rows()] == ["adam", "adamw", "sgd", "sgd-momentum", "adafactor"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", optimizer_rows(), ids=lambda row: row[0])
+def test_the_optimizer_table_is_what_predict_prints(row, tmp_path):
+    command = ["membench", "predict", "--workload", "gpt-small", "--batch-size", "1", "--optimizer", row[0],
+               "--techniques", "opt-in-bwd"]
+    proc = subprocess.run([sys.executable, "-m", *command], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = parse_table(proc.stdout)
+    peaks, phases = printed.column("predicted alloc GiB"), printed.column("peak phase")
+    assert printed.column("run") == ["baseline", "opt-in-bwd"]
+    assert row[1:] == [peaks[0], phases[0], peaks[1], phases[1]], proc.stdout
