@@ -198,6 +198,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeline", action=argparse.BooleanOptionalAction, default=default(MeasureSpec, "timeline"),
                    help="after the measured step, record a categorised memory timeline in a few extra untimed steps "
                         "(CUDA: also a snapshot for pytorch.org/memory_viz) (default: on)")
+    p.add_argument("--predict", action=argparse.BooleanOptionalAction, default=default(MeasureSpec, "predict"),
+                   help="after each run, predict it on fake tensors for the device it ran on and print the "
+                        "prediction beside the measurement, with where they part ways (default: on)")
 
 
 GOAL_HELP = ("what the recommendation optimises: lowest-peak (default: the lowest peak that trains the same model, "
@@ -215,7 +218,7 @@ def _model_options(args) -> dict:
 def run_options(args) -> dict:
     """`membench run`'s options as `api.plan` (and `membench.run_sweep`) take them."""
     return dict(steps=args.steps, warmup=args.warmup, min_time_s=args.min_time, check=not args.no_check,
-                timeout_s=args.timeout, timeline=args.timeline,
+                timeout_s=args.timeout, timeline=args.timeline, predict=args.predict,
                 peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
                 nproc_per_node=_ranks_per_node(args), torchrun_args=args.torchrun_args,
                 memory_budget=args.memory_budget, **_model_options(args))

@@ -296,6 +296,23 @@ def attach_out_of_memory_observer(observer) -> None:
     torch._C._cuda_attach_out_of_memory_observer(observer)
 
 
+# Labels on the history (torch.cuda.memory._set_memory_metadata: the calling thread's later trace entries carry it as
+# user_metadata; _annotate_tensor: an "annotate" entry naming a live block), checked on torch 2.14.1's source (CPU):
+# both exist there and are no-ops with backend:cudaMallocAsync. Not yet run on a GPU.
+def history_labels_supported() -> bool:
+    memory = torch.cuda.memory
+    return (hasattr(memory, "_set_memory_metadata") and hasattr(memory, "_annotate_tensor")
+            and memory._memory_metadata_supported())
+
+
+def set_memory_metadata(text: str) -> None:
+    torch.cuda.memory._set_memory_metadata(text)
+
+
+def annotate_tensor(tensor, text: str) -> None:
+    torch.cuda.memory._annotate_tensor(tensor, text)
+
+
 # --- the end of a backward pass (trackers/modules.py) --------------------------------------------------------------
 # The autograd engine runs a queued callback once the current backward finishes: where the module whose backward
 # ran last stops owning what is allocated. torch.utils.module_tracker does the same. checked: 2.14.1
@@ -332,3 +349,14 @@ def capturable_on_cpu():
     finally:
         for module in patched:
             module._get_capturable_supported_devices = original
+
+
+# --- the kernel SDPA picks (benchmarks/gpu_acceptance.py) ------------------------------------------------------------
+# checked: 2.14.1 (torch._fused_sdp_choice returns an SDPBackend value)
+def sdpa_backend(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False) -> str:
+    """The kernel scaled_dot_product_attention picks for these inputs (torch._fused_sdp_choice, the same choice
+    at::scaled_dot_product_attention makes), by torch.nn.attention.SDPBackend's name."""
+    from torch.nn.attention import SDPBackend
+
+    choice = torch._fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal)
+    return next((name for name, b in SDPBackend.__members__.items() if int(b.value) == choice), str(choice))

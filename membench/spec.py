@@ -215,6 +215,7 @@ class MeasureSpec:
     check: bool = True  # train baseline and technique side by side and compare (equivalence)
     check_steps: int = 2
     timeline: bool = True  # a few extra untimed steps that record a categorised memory timeline
+    predict: bool = True  # after the measurement, the run predicted for its device beside it (predict/beside.py)
     peak_flops: float | None = None  # the device's peak FLOP/s, for MFU where membench does not know it
 
     def validated(self) -> MeasureSpec:

@@ -77,6 +77,7 @@ class _Prepared(Technique):
     def configure(self, state) -> None:
         if self.cuda and optimizers.cuda_defaults_to_foreach(self.spec.optimizer):
             state.optimizer_options.setdefault("foreach", True)
+        state.clip_foreach_on_cuda = self.cuda  # predict/emulate/foreach_norm.py
 
 
 class _WithRealRanks(Technique):
