@@ -461,3 +461,13 @@ def test_report_on_any_folder_writes_a_report_or_says_why_in_one_line(valid, dat
     assert code in (0, 1, 2) and "Traceback" not in err
     if code == 2:
         assert len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("event", ["a\nb", {"action": "alloc", "addr": "x\ny", "size": 1},
+                                   {"action": "alloc", "addr": 0, "size": 1, "stream": "1\n2"}])
+def test_a_trace_event_with_a_newline_is_refused_in_one_line(event):
+    from membench.allocator.snapshot import _check_event
+
+    with pytest.raises(UserError) as refused:
+        _check_event(event)
+    assert "\n" not in str(refused.value)
