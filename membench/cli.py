@@ -119,8 +119,8 @@ def add_sharding_options(p: argparse.ArgumentParser) -> None:
     group = p.add_argument_group("sharding", "fsdp, fsdp-offload and tp: the mesh and FSDP2's own options")
     group.add_argument("--mesh", type=_mesh_text, default=None, metavar="DIM=SIZE,...",
                        help="the device mesh by torchtitan's dimension names: dp_shard (FSDP), dp_replicate (HSDP "
-                            "with dp_shard), tp (tensor parallel), e.g. dp_shard=8,tp=2; its size is the number of "
-                            "ranks (default: dp_shard over every rank)")
+                            "with dp_shard), e.g. dp_replicate=2,dp_shard=4 (tp: not supported yet); its size is the "
+                            "number of ranks (default: dp_shard over every rank)")
     group.add_argument("--param-dtype", choices=DTYPES, default=None,
                        help="FSDP2's MixedPrecisionPolicy param_dtype: the dtype parameters are all-gathered and "
                             "computed in (default: their own, fp32)")
@@ -394,6 +394,12 @@ def print_predictions(results: list, args, attention: str | None = None) -> None
 
     print(render(results))
     target = gpu(args.gpu) if args.device == "cuda" else None
+    if target is not None:  # each run's whole-device estimate per rank and its sources: what the answer reads
+        from membench.predict.device import device_lines
+
+        lines = device_lines(results, target)
+        if lines:
+            print("\n" + "\n".join(lines))
     print()
     if target is not None:
         print(answer(results, target))
@@ -416,8 +422,8 @@ def cmd_fit(args) -> int:
 
     budget = parse_bytes(args.budget)
     by = args.by or ("reserved" if args.device == "cuda" else "allocated")
-    if by == "reserved" and args.device != "cuda":
-        raise UserError("--by reserved needs --device cuda: reserved memory is the CUDA caching allocator's")
+    if by in ("reserved", "device") and args.device != "cuda":
+        raise UserError(f"--by {by} needs --device cuda: reserved memory is the CUDA caching allocator's")
     # Planned at --accum-steps samples, a batch every technique takes (accumulation splits it into micro-batches);
     # each technique's search then runs over the multiples of the smallest batch it takes. The child process
     # (the only one that imports torch) plans, searches and says whether this machine has a CUDA GPU.
@@ -427,11 +433,13 @@ def cmd_fit(args) -> int:
     fits = [Fit(**f) for f in answer["fits"]]
     confirm = args.device == "cuda" and answer["cuda"] and not args.no_confirm
     if confirm:  # real runs on this GPU, each in its own process
+        from membench.predict.device import outside_allocator
         from membench.predict.fit import confirm_on_gpu
         from membench.spec import Job
 
-        fits = [confirm_on_gpu(Job.from_dict(j), f, budget, args.out or Path("results") / "fit")
-                for j, f in zip(answer["jobs"], fits)]
+        jobs = [Job.from_dict(j) for j in answer["jobs"]]  # --by device: the allocator's share of the budget
+        fits = [confirm_on_gpu(j, f, budget - (outside_allocator(j.run) if by == "device" else 0),
+                               args.out or Path("results") / "fit") for j, f in zip(jobs, fits)]
     print_fits(fits, budget, by, args, confirm, answer["cannot_see"])
     return 0
 
@@ -555,9 +563,11 @@ def _add_fit_and_replay_commands(sub) -> None:
     p.add_argument("--budget", required=True, help="memory budget, e.g. 24GiB (GiB = 2**30) or 80GB")
     p.add_argument("--max-batch", type=_checked("max_batch"), default=65536,
                    help="stop searching here (default 65536)")
-    p.add_argument("--by", choices=("reserved", "allocated"), default=None,
+    p.add_argument("--by", choices=("reserved", "allocated", "device"), default=None,
                    help="which predicted peak must fit: reserved (what decides CUDA out-of-memory; the default for "
-                        "--device cuda, from the allocator simulator) or allocated (the default for --device cpu)")
+                        "--device cuda, from the allocator simulator), allocated (the default for --device cpu) or "
+                        "device (reserved + the CUDA context + NCCL's buffers per rank, as predict's whole-device "
+                        "estimate: for a budget of the whole card)")
     p.add_argument("--jobs", type=_checked("jobs"), default=None,
                    help="techniques fitted at once, each in a process of its own (default: this machine's cores; "
                         "1: one after another)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from membench.common.units import fmt_bytes
+from membench.predict.device import run_mesh, whole_device
 from membench.predict.gpus import Gpu
 from membench.results import RunRecord
 from membench.techniques import COSTS, REGISTRY, cost_of
@@ -43,13 +44,16 @@ class DevicePeak:
 
 
 def device_peak(record: RunRecord) -> DevicePeak | None:
-    """The one number the fits line compares with the GPU's memory: peak reserved (what the caching allocator holds
-    from the driver, which is what runs out first), for now. A whole-device estimate (reserved + CUDA context +
-    workspaces outside the allocator) replaces it here."""
+    """The one number the fits line compares with the GPU's memory: the whole-device estimate at the peak of
+    reserved (predict/device.py: reserved + the CUDA context + NCCL's buffers), with reserved as replayed under the
+    card where the unbounded simulation reserves more than it holds (the allocator releases cached blocks first);
+    where even that runs out of memory, the unbounded figure, which does not fit."""
     memory = record.memory
     if record.status != "ok" or memory is None or memory.peak_reserved_bytes is None:
         return None
-    return DevicePeak(memory.peak_reserved_bytes, "peak reserved")
+    card = memory.on_card
+    reserved = card.peak_reserved_bytes if card is not None and not card.oom else memory.peak_reserved_bytes
+    return DevicePeak(whole_device(reserved, run_mesh(record.spec.run)).total, "whole device")
 
 
 @dataclass(frozen=True)
@@ -85,8 +89,8 @@ def cheapest(fits: list[Fitting]) -> Fitting | None:
 
 
 def capacity(gpu: Gpu) -> int:
-    """The card's memory as sold (GB of 10**9 bytes), what the fits line compares with. The CUDA context and the
-    workspaces outside the caching allocator take part of it (the whole-device estimate will count them)."""
+    """The card's memory as sold (GB of 10**9 bytes), what the fits line compares the whole-device estimate with
+    (as predict/device.py's fits_on)."""
     return gpu.memory_gb * 10**9
 
 
@@ -202,6 +206,8 @@ def fit_assumptions(gpu: Gpu | None, by: str, confirmed: bool, cannot_see: list[
     else:
         checked = "confirmed on this GPU" if confirmed else "not confirmed (no CUDA GPU here)"
         lines = [f"PREDICTED (no timing) for {_gpu_in_short(gpu)}; {checked}."]
+    if by == "device":  # predict/device.py's parts: the CUDA context and NCCL's buffers are estimates
+        lines[0] = lines[0][:-1] + "; peaks include the estimated CUDA context and NCCL buffers (`membench predict`)."
     if explain:
         return lines + ["A prediction cannot see:"] + [f"  - {item}" for item in cannot_see]
     if cannot_see:

@@ -95,6 +95,16 @@ class StreamUse:
 
 
 @dataclass
+class OnCard:
+    """A CUDA prediction replayed under the GPU's memory, where unbounded it would reserve more than the card has:
+    the caching allocator then releases its cached blocks and retries before it runs out (predict/device.py)."""
+
+    capacity_bytes: int  # the GPU's nominal memory less the CUDA context and NCCL buffers estimated
+    peak_reserved_bytes: int  # the peak of reserved memory under that capacity
+    oom: bool  # out of memory even after releasing every cached block
+
+
+@dataclass
 class Memory:
     """Peak memory of the measured step(s), the phase and step it happened in, and its make-up by category."""
 
@@ -125,6 +135,7 @@ class Memory:
     top_sites: list[SiteBytes] | None = None  # CUDA: the largest allocation sites at the trace's peak
     attention: Attention | None = None  # CUDA predictions: the attention kernel assumed for each kind of call
     streams: list[StreamUse] | None = None  # predictions of several CUDA streams: each stream's share
+    on_card: OnCard | None = None  # CUDA predictions that reserve more than the GPU holds: replayed under it
 
 
 @dataclass
