@@ -2,8 +2,9 @@
 
 Convention: the line `<!-- test: printed by: membench ARGS -->` right before a fenced block says the block is the
 table `membench ARGS` prints (run in a temporary folder), or some of its columns: every column the page shows is
-compared, row by row, with the printed column of the same header (the first, where a header repeats). Only
-deterministic columns belong in such a table (memory, status, peak phase): cut timing columns, and say so.
+compared, row by row, with the printed column of the same header (the first, where a header repeats); lines
+shown after the table (after a blank line) must each be printed as shown. Only deterministic columns belong in such
+a table (memory, status, peak phase): cut timing columns, and say so.
 The commands are whole models (minutes on a 2-core machine), so running them is marked slow; finding and parsing
 the tables is not.
 """
@@ -61,10 +62,12 @@ class Shown:
     page: str
     command: str
     table: Table
+    after: list[str]  # the block's lines after the table: each printed as shown
 
 
 def shown_tables() -> list[Shown]:
-    return [Shown(page.name, command, parse_table(block))
+    return [Shown(page.name, command, parse_table(block), [line for line in block.partition("\n\n")[2].splitlines()
+                                                          if line.strip()])
             for page in PAGES for command, block in PRINTED.findall(page.read_text())]
 
 
@@ -101,6 +104,8 @@ def test_a_documented_table_is_what_the_command_prints(shown, tmp_path):
         assert shown.table.column(header) == printed.column(header), (
             f"{shown.page}: {shown.command}: column {header!r} shows {shown.table.column(header)}, the program "
             f"prints {printed.column(header)}:\n{proc.stdout}")
+    missing = [line for line in shown.after if line not in proc.stdout.splitlines()]
+    assert not missing, f"{shown.page}: {shown.command} no longer prints {missing}:\n{proc.stdout}"
 
 
 OPTIMIZER_TABLE = re.compile(r"^\| optimizer \| baseline \| peak phase \| opt-in-bwd \| peak phase \|\n"
