@@ -73,8 +73,8 @@ def plan(workload: str = DEFAULT_WORKLOAD, techniques: str | None = None, batch_
          device: str = "auto", target_device: str | None = None, in_process: bool = False, **options) -> list[Job]:
     """Validate everything and expand into one Job per run (baseline first). Nothing runs yet.
 
-    techniques: None is the default set (DEFAULT_TECHNIQUES), without ckpt for a workload that declares no blocks
-    (with a note on stderr); techniques the user names are never skipped, only refused.
+    techniques: None is the default set (DEFAULT_TECHNIQUES), without those this workload or batch cannot take
+    (a note on stderr for each); techniques the user names are never skipped, only refused.
     target_device: the device the numbers are for, when it is not where they are computed (a prediction for
     CUDA is computed on CPU): techniques are checked against it.
     in_process: the caller runs the workload in this process anyway (predict, fit): validate it here too.
@@ -98,22 +98,24 @@ def plan(workload: str = DEFAULT_WORKLOAD, techniques: str | None = None, batch_
     # Inference has no backward and no step for the default techniques to act on: the baseline alone.
     default = "baseline" if base.inference else DEFAULT_TECHNIQUES
     stacks = parse_techniques(default if techniques is None else techniques)
-    if techniques is None and loaded.blocks is None and not base.inference:
-        # The default set is a suggestion: a model with no blocks declared cannot be checkpointed, so skip it
-        # (saying so) rather than fail the user's first run. A named technique is refused instead.
-        print("membench: skipping ckpt (a default technique): workload declares no blocks to checkpoint "
-              "(Workload.blocks)", file=sys.stderr)
-        stacks = tuple(s for s in stacks if "ckpt" not in s)
-    specs = expand(base, stacks)
     jobs = []
-    for spec in specs:
-        # --nproc-per-node is for the distributed techniques; the others (and the baseline) are single-device runs,
-        # measured per device at --batch-size: what a rank's numbers compare against.
-        if not resolve(spec).distributed:
-            spec = dataclasses.replace(spec, nproc_per_node=1)
-        resolve(spec).validate(spec, loaded)
-        if target_device is None:
-            _check_ranks_fit(spec)
+    for spec in expand(base, stacks):
+        try:
+            # --nproc-per-node is for the distributed techniques; the others (and the baseline) are single-device
+            # runs, measured per device at --batch-size: what a rank's numbers compare against.
+            if not resolve(spec).distributed:
+                spec = dataclasses.replace(spec, nproc_per_node=1)
+            resolve(spec).validate(spec, loaded)
+            if target_device is None:
+                _check_ranks_fit(spec)
+        except UserError as exc:
+            # The default set is a suggestion: a technique this workload or batch cannot take (accum at a batch its
+            # steps do not divide, ckpt without blocks) is skipped, saying why, rather than failing the user's
+            # first run. A technique the user names is refused instead, and the baseline always runs.
+            if techniques is not None or not spec.techniques:
+                raise
+            print(f"membench: skipping {spec.name} (a default technique): {exc}", file=sys.stderr)
+            continue
         jobs.append(Job(spec, measure, launch))
     return jobs
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import re
 import sys
@@ -11,7 +10,7 @@ from pathlib import Path
 
 from membench.common.errors import UserError
 from membench.common.units import parse_bytes
-from membench.spec import CHECKS, MAX_COUNT, Check
+from membench.spec import CHECKS
 
 
 def _typed(check, parse=int):
@@ -35,17 +34,6 @@ def _typed(check, parse=int):
 def _checked(field: str, parse=int):
     """The argument type of the run-spec option stored in `field`: the spec's own check (spec.CHECKS)."""
     return _typed(CHECKS[field], parse)
-
-
-def _jobs(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an integer: 1 or more") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is out of range: 1 or more techniques at once (1: one after "
-                                         "another)")
-    return value
 
 
 def _path(text: str) -> Path:
@@ -163,15 +151,17 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", default=DEFAULT_GPU, type=_gpu_name, metavar="NAME",
                    help=f"the GPU a --device cuda prediction is for: its cuBLAS workspace and compute capability "
                         f"(default {DEFAULT_GPU}; valid: {', '.join(GPUS)})")
-    p.add_argument("--world-size", type=_typed(Check("--world-size", int, 1)), default=None,
+    p.add_argument("--world-size", type=_checked("world_size"), default=None,
                    help=f"ranks a distributed technique (FSDP) is predicted for, in one process (default: --mesh's "
-                        f"size, else 1; at most {MAX_WORLD_SIZE})")
+                        f"size, else 1; at most {CHECKS['world_size'].high})")
     p.add_argument("--warmup", type=_checked("warmup"), default=1,
                    help="steps before the predicted one: 0 predicts a first step (the optimizer creates its state "
                         "inside it); 1 or more, the steady state (default 1)")
     p.add_argument("--timeout", type=_checked("timeout_s", float), default=1800.0,
                    help="seconds for the whole command: loading the workload's code and every prediction, in a "
                         "child process (default 1800; at least 30 s: Python and torch start first)")
+    p.add_argument("--explain", action="store_true",
+                   help="after the answer, list everything a prediction cannot see (each record's cannot_see)")
 
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
@@ -340,97 +330,65 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-MAX_WORLD_SIZE = 1024  # a prediction plays one rank and computes every collective's shapes for all of them
-
-
 def _predict_plan(args, batch_size: int) -> dict:
     """What `plan` gets for predict and fit: the same validation as `run`, against the device predicted for
     (predictions are computed on cpu). Planning loads the workload, so it happens in the child process."""
+    if args.device == "cuda" and os.environ.get("CUBLAS_WORKSPACE_CONFIG"):
+        from membench.predict.gpus import workspace_from_config
+
+        # A workspace no GPU could hold is refused before anything starts; one torch cannot parse is its default,
+        # with torch's warning, said where the prediction runs.
+        workspace_from_config(os.environ["CUBLAS_WORKSPACE_CONFIG"])
     world = args.world_size
     if args.mesh is not None:
         from membench.techniques.mesh import parse_mesh
 
         world = parse_mesh(args.mesh, None if world is None else world).size
     world = world or 1
-    if world > MAX_WORLD_SIZE:
-        raise UserError(f"--world-size {world} is more ranks than a prediction can play: at most {MAX_WORLD_SIZE}")
+    if world > CHECKS["world_size"].high:  # a --mesh of more ranks than a prediction can play
+        raise UserError(f"--mesh {args.mesh} is {world} ranks, more than a prediction can play: at most "
+                        f"{CHECKS['world_size'].high}")
     return dict(workload=args.workload, techniques=args.techniques, batch_size=batch_size,
                 target_device=args.device, nproc_per_node=world, check=False, timeline=False,
                 warmup=args.warmup, gpu=args.gpu if args.device == "cuda" else None,
                 **_model_options(args))
 
 
-def _new_folders(path: Path) -> list[Path]:
-    """The folders make_dir(path) is about to create, innermost first."""
-    return [p for p in [path, *path.parents] if not p.exists()]
-
-
-def _remove_new_folders(out: Path, new: list[Path]) -> None:
-    """Remove the folders a refused command created, and its lock file, while it still holds the lock: a writer
-    that opened the lock file since is refused, one that comes later finds no folder or makes its own (rmdir of a
-    folder that is no longer empty fails, and the folder stays)."""
-    if not new:
-        return
-    from membench.launch.sweep import LOCK_NAME
-
-    with contextlib.suppress(OSError):
-        (out / LOCK_NAME).unlink()
-        for folder in new:
-            folder.rmdir()
-
-
 def cmd_predict(args) -> int:
-    from membench.common.fsio import make_dir
     from membench.launch.probe import call_isolated
-    from membench.launch.sweep import locked
-    from membench.predict.run import CANNOT_SEE, default_predict_dir
-    from membench.report.table import render
     from membench.results import read_result, result_path
-    from membench.results.sweep import Sweep
-    from membench.spec import RunSpec
 
-    plan = _predict_plan(args, args.batch_size)
-    out = args.out or default_predict_dir(RunSpec(workload=args.workload, batch_size=args.batch_size,
-                                                  device=args.device))
-    new = _new_folders(Path(out).absolute())
-    out = make_dir(out).resolve()  # an --out that cannot be written: said first; absolute, whatever user code does
-    with locked(out):  # a sweep writing there, or another prediction, is refused
-        # The user's code (loading the workload) and the predictions run in one child process under --timeout;
-        # it refuses to replace a measurement and archives earlier predictions (child.probe.predict_request).
-        try:
-            answer = call_isolated("predict", {"plan": plan, "out": str(out)}, args.timeout,
-                                   f"predicting {args.workload!r}")
-        except UserError:  # refused (a workload that does not load, an unknown technique): nothing left behind
-            _remove_new_folders(out, new)
-            raise
+    # From loading the user's code to the last prediction, one child process under --timeout does the work, the
+    # only one that imports torch: it picks the default folder, locks it, refuses to replace a measurement and
+    # archives earlier predictions (child.probe.predict_request). This process reads what it wrote.
+    request = {"plan": _predict_plan(args, args.batch_size), "out": str(args.out.absolute()) if args.out else None}
+    answer = call_isolated("predict", request, args.timeout, f"predicting {args.workload!r}")
+    out = Path(answer["out"])
     results = [read_result(result_path(out, name)) for name in answer["names"]]
-    print(render(Sweep.group(results)))
-    if args.device == "cuda":
-        from membench.predict.device import device_lines
-        from membench.predict.gpus import gpu
-
-        print(f"\nPREDICTED cuda memory for an {gpu(args.gpu).describe()}, with CUDA's autocast policy (no "
-              "timing); a prediction cannot see: " + "; ".join(CANNOT_SEE))
-        from membench.predict.emulate.sdpa import describe
-
-        attention = describe([r.memory.attention for r in results if r.memory and r.memory.attention])
-        if attention:
-            print(attention)
-        print("\n".join(["", *device_lines(results, gpu(args.gpu))]))
-    else:  # the CPU tracker is what the prediction reproduces: no CUDA caveat applies
-        print("\nPREDICTED cpu memory (no timing): what `membench run --device cpu` measures, to the byte where the "
-              "model does not branch on tensor values")
-    _print_assumed(results)
+    print_predictions(results, args, answer.get("attention"))
     print(f"predictions: {out}")
     return 0 if all(r.status == "ok" for r in results) else 1
 
 
-def _print_assumed(results) -> None:
-    """What the predictions answered without knowing (predict/emulate/values.py), folded to one line."""
-    assumed = list(dict.fromkeys(a for r in results for a in (r.assumed or [])))
-    if assumed:
-        more = f"; and {len(assumed) - 2} more" if len(assumed) > 2 else ""
-        print(f"assumed ({len(assumed)}, each in its record's `assumed`): " + "; ".join(assumed[:2]) + more)
+def print_predictions(results: list, args, attention: str | None = None) -> None:
+    """The table, then the answer for the target GPU first among the conclusions, then what was assumed."""
+    from membench.predict.gpus import gpu
+    from membench.predict.verdict import answer, assumptions
+    from membench.report.table import render
+    from membench.results.sweep import Sweep
+
+    print(render(Sweep.group(results)))
+    target = gpu(args.gpu) if args.device == "cuda" else None
+    if target is not None:  # each run's whole-device estimate per rank and its sources: what the answer reads
+        from membench.predict.device import device_lines
+
+        lines = device_lines(results, target)
+        if lines:
+            print("\n" + "\n".join(lines))
+    print()
+    if target is not None:
+        print(answer(results, target))
+    print("\n".join(assumptions(results, target, args.explain, attention)))
 
 
 def cmd_check(args) -> int:
@@ -444,31 +402,41 @@ def cmd_check(args) -> int:
 
 
 def cmd_fit(args) -> int:
-    import torch
-    from tabulate import tabulate
-
-    from membench.common.units import ByteFormat, fmt_bytes, parse_bytes
     from membench.launch.probe import call_isolated
-    from membench.predict.fit import Fit, confirm_on_gpu, default_jobs
-    from membench.spec import Job
+    from membench.predict.verdict import Fit
 
     budget = parse_bytes(args.budget)
     by = args.by or ("reserved" if args.device == "cuda" else "allocated")
     if by in ("reserved", "device") and args.device != "cuda":
         raise UserError(f"--by {by} needs --device cuda: reserved memory is the CUDA caching allocator's")
     # Planned at --accum-steps samples, a batch every technique takes (accumulation splits it into micro-batches);
-    # each technique's search then runs over the multiples of the smallest batch it takes.
+    # each technique's search then runs over the multiples of the smallest batch it takes. The child process
+    # (the only one that imports torch) plans, searches and says whether this machine has a CUDA GPU.
     request = {"plan": _predict_plan(args, args.accum_steps), "budget": budget, "by": by,
-               "max_batch": args.max_batch, "jobs": args.jobs or default_jobs()}
+               "max_batch": args.max_batch, "jobs": args.jobs}
     answer = call_isolated("fit", request, args.timeout, f"fitting {args.workload!r}")
     fits = [Fit(**f) for f in answer["fits"]]
-    confirm = args.device == "cuda" and torch.cuda.is_available() and not args.no_confirm
-    if confirm:
+    confirm = args.device == "cuda" and answer["cuda"] and not args.no_confirm
+    if confirm:  # real runs on this GPU, each in its own process
         from membench.predict.device import outside_allocator
+        from membench.predict.fit import confirm_on_gpu
+        from membench.spec import Job
 
         jobs = [Job.from_dict(j) for j in answer["jobs"]]  # --by device: the allocator's share of the budget
         fits = [confirm_on_gpu(j, f, budget - (outside_allocator(j.run) if by == "device" else 0),
                                args.out or Path("results") / "fit") for j, f in zip(jobs, fits)]
+    print_fits(fits, budget, by, args, confirm, answer["cannot_see"])
+    return 0
+
+
+def print_fits(fits: list, budget: int, by: str, args, confirmed: bool, cannot_see: list[str]) -> None:
+    """The table of largest batches, how they were searched, then the answer first among the conclusions."""
+    from tabulate import tabulate
+
+    from membench.common.units import ByteFormat
+    from membench.predict.gpus import gpu
+    from membench.predict.verdict import fit_answer, fit_assumptions
+
     # One unit for the table, with enough decimals that peaks either side of the budget never print the same.
     fmt = ByteFormat([budget] + [v for f in fits for v in (f.peak, f.over_peak if f.over_batch else None)])
     rows = [[f.run, f.batch, fmt.with_unit(f.peak), f"{f.over_batch}: {fmt.with_unit(f.over_peak)}"
@@ -477,19 +445,14 @@ def cmd_fit(args) -> int:
     print(tabulate(rows, headers=["run", "max batch (predicted)", f"predicted peak {by}", "first batch over: peak",
                                   "predictions", "simulated", "max batch (measured)", "note"],
                    tablefmt="simple", disable_numparse=True))
-    where = "confirmed on this GPU" if confirm else "not confirmed: no CUDA GPU here" if args.device == "cuda" \
-        else "cpu target"
-    headroom = "CUDA context, library workspaces" + (", fragmentation" if by == "allocated" else "")
-    if by == "device":  # its estimate of the context and NCCL's buffers is in the peak: see predict's sources
-        headroom = "workspaces outside the allocator; its CUDA context and NCCL buffers are estimates, with the " \
-                   "sources `membench predict` prints"
-    print(f"\nbudget {fmt_bytes(budget)} ({budget} B) of PREDICTED {args.device} peak {by}; {where}. "
-          f"Leave headroom for what a prediction cannot see ({headroom}).")
     methods = sorted({f.method for f in fits if f.batch})
     if methods:
         print("searched " + "; ".join(methods) + " (predictions: full predictions made; simulated: batches "
               "evaluated from derived allocations through the allocator simulator)")
-    return 0
+    target = gpu(args.gpu) if args.device == "cuda" else None
+    print()
+    print(fit_answer(fits, budget, by, target))
+    print("\n".join(fit_assumptions(target, by, confirmed, cannot_see, args.explain)))
 
 
 def cmd_replay(args) -> int:
@@ -519,6 +482,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"membench {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_measure_commands(sub)
+    _add_predict_command(sub)
+    _add_check_command(sub)
+    _add_fit_and_replay_commands(sub)
+    return parser
+
+
+def _add_measure_commands(sub) -> None:
+    """run, techniques, report, compare: the commands that measure and read measurements."""
     p = sub.add_parser("run", help="measure the baseline and each technique, each in its own process")
     add_run_options(p)
     p.set_defaults(func=cmd_run)
@@ -539,6 +511,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--markdown", type=_path, default=None, help="also write the table as markdown to this file")
     p.set_defaults(func=cmd_compare)
 
+
+def _add_predict_command(sub) -> None:
+    """predict: a GPU's memory without one."""
     p = sub.add_parser("predict", help="predict each technique's peak CUDA memory with no GPU (fake tensors)")
     add_workload_options(p)
     add_target_options(p)
@@ -546,6 +521,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where predictions go (default results/predicted/<machine>/<device>-<workload>-bs<N>)")
     p.set_defaults(func=cmd_predict)
 
+
+def _add_check_command(sub) -> None:
+    """check: the CI gate."""
     p = sub.add_parser("check", help="compare results against a baseline: exit 0 ok, 1 regression, 2 usage error")
     p.add_argument("current", type=_path, help="results directory (or file) to check")
     p.add_argument("--baseline", type=_path, required=True, help="results directory (or file) to compare against")
@@ -561,18 +539,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: that is a failure, exit 1)")
     p.set_defaults(func=cmd_check)
 
+
+def _add_fit_and_replay_commands(sub) -> None:
+    """fit and replay: the largest batch under a budget; a snapshot through the allocator simulator."""
     p = sub.add_parser("fit", help="the largest batch per technique under a memory budget, from predictions")
     add_workload_options(p, batch=False)
     add_target_options(p)
     p.add_argument("--budget", required=True, help="memory budget, e.g. 24GiB (GiB = 2**30) or 80GB")
-    p.add_argument("--max-batch", type=_typed(Check("--max-batch", int, 1, MAX_COUNT)), default=65536,
+    p.add_argument("--max-batch", type=_checked("max_batch"), default=65536,
                    help="stop searching here (default 65536)")
     p.add_argument("--by", choices=("reserved", "allocated", "device"), default=None,
                    help="which predicted peak must fit: reserved (what decides CUDA out-of-memory; the default for "
                         "--device cuda, from the allocator simulator), allocated (the default for --device cpu) or "
                         "device (reserved + the CUDA context + NCCL's buffers per rank, as predict's whole-device "
                         "estimate: for a budget of the whole card)")
-    p.add_argument("--jobs", type=_jobs, default=None,
+    p.add_argument("--jobs", type=_checked("jobs"), default=None,
                    help="techniques fitted at once, each in a process of its own (default: this machine's cores; "
                         "1: one after another)")
     p.add_argument("--no-confirm", action="store_true", help="on a GPU, do not confirm predictions with real runs")
@@ -588,13 +569,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--capacity", type=_size, default=None,
                    help="device memory for the simulation, e.g. 80GiB (GiB = 2**30): beyond it cudaMalloc fails, "
                         "cached segments are released and retried, then OOM (default: unlimited)")
-    p.add_argument("--memory-fraction", type=_typed(Check("--memory-fraction", float, 0, positive=True), float),
-                   default=None,
+    p.add_argument("--memory-fraction", type=_checked("memory_fraction", float), default=None,
                    help="as torch.cuda.set_per_process_memory_fraction: reserve at most this share of --capacity; "
                         "garbage_collection_threshold acts only under a fraction, as in PyTorch")
     p.add_argument("--json", action="store_true", help="print one JSON object (bytes) instead of tables")
     p.set_defaults(func=cmd_replay)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,8 +8,6 @@ import socket
 import subprocess
 from pathlib import Path
 
-import torch
-
 from membench.results import Environment
 
 
@@ -43,6 +41,8 @@ def _driver_version() -> str | None:
 
 def describe(device: str) -> Environment:
     """This machine, as the record a result carries (the result schema's own type: nothing to copy)."""
+    import torch  # here, not at the top: machine_key is read by commands that never run a step
+
     cuda = device == "cuda"
     return Environment(
         device=device,

@@ -44,10 +44,45 @@ def cuda_defaults_to_foreach(name: str) -> bool:
 
 @functools.cache
 def user_factory(name: str) -> Callable[..., torch.optim.Optimizer]:
+    """`package.module:factory`: a torch.optim.Optimizer subclass, or a Python function that builds one from the
+    parameters. Anything else (a builtin such as os:system or builtins:eval, another class) is refused before it is
+    called, as is an optimizer the training step cannot drive (refuse_unusable)."""
     factory = import_attr(name, "optimizer")
-    if not callable(factory):
-        raise UserError(f"optimizer {name!r}: {name.partition(':')[0]} has no callable {name.partition(':')[2]!r}")
+    if isinstance(factory, type):
+        if not issubclass(factory, torch.optim.Optimizer) or factory is torch.optim.Optimizer:
+            raise UserError(f"optimizer {name!r} is the class {factory.__name__}, not a subclass of "
+                            "torch.optim.Optimizer")
+        refuse_unusable(name, factory)
+    elif not (inspect.isfunction(factory) or isinstance(factory, functools.partial)):
+        raise UserError(f"optimizer {name!r} is a {type(factory).__name__}, not an optimizer: give a "
+                        "torch.optim.Optimizer subclass or a Python function that builds one from the parameters")
+    try:  # called as make() calls it: the parameters, and the options it takes by name (lr at least)
+        inspect.signature(factory).bind(None, **_taken(factory, {"lr": 1.0}))
+    except (TypeError, ValueError):
+        raise UserError(f"optimizer {name!r} cannot be called with the parameters alone (it needs more arguments): "
+                        "give a torch.optim.Optimizer subclass or a function of the parameters") from None
     return factory
+
+
+def _taken(factory: Callable, kwargs: dict) -> dict:
+    """Of the options make() has, those the factory takes by name (all of them where it takes **kwargs)."""
+    taken = inspect.signature(factory).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in taken.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in taken}
+
+
+def refuse_unusable(name: str, cls: type) -> None:
+    """An optimizer membench's training step cannot drive: one whose step() needs a closure (LBFGS re-evaluates the
+    loss itself; the step calls optimizer.step() after backward), or SparseAdam (sparse gradients only: a model's
+    dense parameters get dense ones, which it rejects)."""
+    closure = inspect.signature(cls.step).parameters.get("closure")
+    if closure is not None and closure.default is inspect.Parameter.empty:
+        raise UserError(f"optimizer {name!r}: {cls.__name__}.step needs a closure that re-evaluates the loss, and "
+                        "membench's training step calls step() after backward, as most loops do")
+    if issubclass(cls, torch.optim.SparseAdam):
+        raise UserError(f"optimizer {name!r}: {cls.__name__} takes sparse gradients only (nn.Embedding(sparse=True)); "
+                        "a model's dense parameters get dense gradients, which it rejects")
 
 
 def check(name: str) -> None:
@@ -72,12 +107,9 @@ def make(name: str, params, lr: float, **options) -> torch.optim.Optimizer:
             raise UserError(f"optimizer {name} does not take {', '.join(sorted(unsupported))}")
         return cls(params, lr=lr, **defaults, **{k: v for k, v in options.items() if k in accepted})
     factory = user_factory(name)
-    kwargs = {"lr": lr, **options}
-    taken = inspect.signature(factory).parameters
-    if not any(p.kind is p.VAR_KEYWORD for p in taken.values()):
-        kwargs = {k: v for k, v in kwargs.items() if k in taken}
-    optimizer = factory(params, **kwargs)
+    optimizer = factory(params, **_taken(factory, {"lr": lr, **options}))
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise UserError(f"optimizer factory {name!r} must return a torch.optim.Optimizer built from the parameters "
                         f"it is given, got {type(optimizer).__name__}")
+    refuse_unusable(name, type(optimizer))
     return optimizer

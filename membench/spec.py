@@ -34,6 +34,9 @@ DEFAULT_TECHNIQUES = "accum,ckpt,opt-in-bwd"
 
 MAX_COUNT = 2**31 - 1  # batch, steps, ranks: beyond this torch's int32 sizes and indices overflow
 MAX_SEED = 2**32 - 1  # the seed range every generator (torch, numpy, random) takes
+MAX_WORLD_SIZE = 1024  # a prediction plays one rank and computes every collective's shapes for all of them
+MAX_JOBS = 1024  # processes fit runs at once: more than any machine's cores
+MAX_TIMEOUT_S = 366 * 86400.0  # a year: more than any run, well under threading.TIMEOUT_MAX (a longer wait overflows)
 
 
 def _shown(value) -> str:
@@ -71,8 +74,9 @@ class Check:
             raise UserError(f"{self.option} must be {self.valid}, got {_shown(value)}")
 
 
-# The run-spec options' checks by field name (None, where a field allows it, is checked by the caller). Fields
-# without an entry are checked by kind (device, optimizer, zero_grad, gpu, torchrun_args) in `validated`.
+# Every numeric option's check, by the field (or the CLI's dest) it sets: the one table of bounds (None, where a field
+# allows it, is checked by the caller). Fields without an entry are checked by kind (device, optimizer, zero_grad,
+# gpu, torchrun_args) in `validated`. A new option adds its line here; the CLI's argument type reads it (cli._checked).
 CHECKS: dict[str, Check] = {
     "batch_size": Check("--batch-size", int, 1, MAX_COUNT),
     "accum_steps": Check("--accum-steps", int, 1, MAX_COUNT),
@@ -84,11 +88,20 @@ CHECKS: dict[str, Check] = {
     "clip_grad_norm": Check("--clip-grad-norm", float, 0, positive=True),
     "steps": Check("--steps", int, 1, MAX_COUNT),
     "check_steps": Check("--check-steps", int, 1, MAX_COUNT),  # no CLI option: the API's and a spec file's
-    "warmup": Check("--warmup", int, 0),
-    "min_time_s": Check("--min-time", float, 0, what="zero or a positive number of seconds"),
+    "warmup": Check("--warmup", int, 0, MAX_COUNT),
+    "min_time_s": Check("--min-time", float, 0, MAX_TIMEOUT_S, what="zero or a positive number of seconds (at "
+                        f"most {MAX_TIMEOUT_S:.0f}: 366 days)"),
     # The CLI takes TFLOP/s and the spec FLOP/s: positive either way, the one bound there is.
     "peak_flops": Check("--peak-tflops", float, 0, positive=True),
-    "timeout_s": Check("--timeout", float, 0, positive=True),
+    "timeout_s": Check("--timeout", float, 0, MAX_TIMEOUT_S, positive=True,
+                       what=f"a positive number of seconds, at most {MAX_TIMEOUT_S:.0f} (366 days)"),
+    # Options of predict, fit and replay, which set no spec field:
+    "world_size": Check("--world-size", int, 1, MAX_WORLD_SIZE,
+                        what=f"an integer from 1 to {MAX_WORLD_SIZE} (the ranks one prediction plays)"),
+    "jobs": Check("--jobs", int, 1, MAX_JOBS, what=f"an integer from 1 to {MAX_JOBS} (1: one after another)"),
+    "max_batch": Check("--max-batch", int, 1, MAX_COUNT),
+    "memory_fraction": Check("--memory-fraction", float, 0, 1, positive=True,
+                             what="a number above 0 and at most 1 (as torch.cuda.set_per_process_memory_fraction)"),
     # True and False too (bool is checked apart); an int is a world size to reshard to, a divisor of dp_shard
     # (techniques/mesh.py checks that against the mesh)
     "reshard_after_forward": Check("--reshard-after-forward", int, 2, MAX_COUNT),

@@ -13,7 +13,8 @@ from tests.helpers import cli, probe_in_process
 CASES = [
     (["run", "--techniques", "accum,foo"], "unknown technique 'foo'; valid: baseline, accum"),
     (["run", "--workload", "resnet9000"], "unknown workload 'resnet9000'; valid: vit-tiny"),
-    (["run", "--workload", "vit-tiny", "--batch-size", "6"], "--batch-size 6 is not divisible by --accum-steps 4"),
+    (["run", "--workload", "vit-tiny", "--batch-size", "6", "--techniques", "accum"],
+     "--batch-size 6 is not divisible by --accum-steps 4"),
     (["run", "--steps", "0"], "--steps must be an integer from 1 to 2147483647, got 0"),
     (["run", "--batch-size", "-3"], "--batch-size must be an integer from 1 to 2147483647, got -3"),
     (["run", "--techniques", "accum+opt-in-bwd"],
@@ -30,10 +31,11 @@ CASES = [
     (["run", "--workload", "a" + ".a" * 3000 + ":f"], "characters) is not package.module:factory"),
     (["run", "--workload", "a" * 190 + ":f"], "cannot import workload module"),
     # Numbers: finite, in range.
-    (["run", "--timeout", "nan"], "--timeout must be a finite positive number, got nan"),
+    (["run", "--timeout", "nan"],
+     "--timeout must be a positive number of seconds, at most 31622400 (366 days), got nan"),
     (["run", "--lr", "nan"], "--lr must be a finite positive number, got nan"),
     (["run", "--lr", "1e400"], "--lr must be a finite positive number, got inf"),
-    (["run", "--warmup", "-1"], "--warmup must be zero or a positive integer, got -1"),
+    (["run", "--warmup", "-1"], "--warmup must be an integer from 0 to 2147483647, got -1"),
     (["run", "--memory-budget", "9" * 400], "is too large to be a size in bytes"),
     (["run", "--torchrun-args", "'"], "cannot split \"'\" into arguments: No closing quotation"),
     (["check", "x", "--baseline", "y", "--rule", "peak_allocated:1e400%"], "the limit must be a finite number"),

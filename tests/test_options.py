@@ -28,10 +28,22 @@ def _bad_values(check) -> list:
     return [check.low - 1] + ([check.high + 1] if check.high is not None else [])
 
 
-def _cases():
+def _spec_fields() -> set[str]:
+    """The numeric fields of the specs (the rest of spec.CHECKS are options of predict, fit and replay)."""
+    import dataclasses
+
+    from membench.spec import LaunchSpec, MeasureSpec, RunSpec
+
+    return {f.name for cls in (RunSpec, MeasureSpec, LaunchSpec) for f in dataclasses.fields(cls)
+            if {"int", "float"} & set(str(f.type).replace("|", " ").split())}
+
+
+def _cases(fields=None):
     from membench.spec import CHECKS
 
     for field, check in CHECKS.items():
+        if field not in (_spec_fields() if fields is None else fields):
+            continue
         for value in _bad_values(check):
             # --memory-budget's text is a size, read by units.parse_bytes, which refuses 0 itself (its own words).
             if not (field == "memory_budget" and value < 1):
@@ -61,10 +73,23 @@ def test_the_cli_and_the_api_refuse_a_bad_value_with_one_message(monkeypatch, tm
 
 def test_every_numeric_option_of_the_specs_has_its_check():
     """A new count, rate or time on a spec gets its bound in spec.CHECKS, or neither the CLI nor the API checks it."""
-    import dataclasses
+    from membench.spec import CHECKS
 
-    from membench.spec import CHECKS, LaunchSpec, MeasureSpec, RunSpec
+    assert _spec_fields() <= set(CHECKS)
+    assert set(CHECKS) - _spec_fields() == set(COMMAND_OPTIONS)
 
-    numeric = {f.name for cls in (RunSpec, MeasureSpec, LaunchSpec) for f in dataclasses.fields(cls)
-               if {"int", "float"} & set(str(f.type).replace("|", " ").split())}
-    assert numeric == set(CHECKS)
+
+# The checks of options that set no spec field, and the command line each is given on (before the bad value).
+COMMAND_OPTIONS = {"world_size": ["predict"], "jobs": ["fit", "--budget", "1GiB"],
+                   "max_batch": ["fit", "--budget", "1GiB"], "memory_fraction": ["replay", "snapshot.pickle"]}
+
+
+@pytest.mark.parametrize("field,value", list(_cases(set(COMMAND_OPTIONS))))
+def test_the_options_of_predict_fit_and_replay_are_bounded_by_the_same_table(field, value):
+    from membench.spec import CHECKS
+
+    command = COMMAND_OPTIONS[field]
+    proc = cli(*command, CHECKS[field].option, str(value))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert f"error: {CHECKS[field].option} must be {CHECKS[field].valid}, got {value!r}" in lines[0]

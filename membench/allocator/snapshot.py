@@ -96,14 +96,14 @@ def pick_device(snapshot: dict, device: int | None = None) -> int:
 
 def _check_event(event) -> dict:
     if not isinstance(event, dict) or not isinstance(event.get("action"), str):
-        raise UserError(f"a trace event is not a dict with an 'action': {str(event)[:80]}")
+        raise UserError(f"a trace event is not a dict with an 'action': {repr(event)[:80]}")
     if event["action"] in (ALLOC, FREE, SEGMENT_ALLOC, SEGMENT_FREE, "free", "free_requested"):
         if not isinstance(event.get("addr"), int) or not isinstance(event.get("size"), int):
-            raise UserError(f"a {event['action']!r} event has no integer 'addr' and 'size': {str(event)[:80]}")
+            raise UserError(f"a {event['action']!r} event has no integer 'addr' and 'size': {repr(event)[:80]}")
         if event["size"] < 0 or event["addr"] < 0:
-            raise UserError(f"a {event['action']!r} event has a negative 'addr' or 'size': {str(event)[:80]}")
+            raise UserError(f"a {event['action']!r} event has a negative 'addr' or 'size': {repr(event)[:80]}")
     if not _is_int(event.get("stream", 0)):
-        raise UserError(f"a {event['action']!r} event's 'stream' is not an integer: {str(event)[:80]}")
+        raise UserError(f"a {event['action']!r} event's 'stream' is not an integer: {repr(event)[:80]}")
     return event
 
 

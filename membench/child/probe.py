@@ -9,6 +9,7 @@ crash the sweep itself (the launcher starts them and waits):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -17,14 +18,24 @@ from pathlib import Path
 
 from membench.api import plan
 from membench.common.errors import UserError, failure_line
+from membench.common.fsio import make_dir
 from membench.common.units import fmt_bytes
 from membench.launch import lifeline
 from membench.launch.pool import WorkerDied, run_in_order
+from membench.launch.sweep import LOCK_NAME, locked
 from membench.predict.device import outside_allocator
-from membench.predict.fit import Fit, fit_batch
-from membench.predict.run import predict_all, predict_traced, refuse_over_measurements
+from membench.predict.emulate.sdpa import describe
+from membench.predict.fit import Fit, default_jobs, fit_batch
+from membench.predict.run import (
+    CANNOT_SEE,
+    default_predict_dir,
+    predict_all,
+    predict_traced,
+    refuse_over_measurements,
+    reusing_models,
+)
 from membench.results import archive
-from membench.spec import Job
+from membench.spec import Job, RunSpec
 
 
 def plan_here(args: dict) -> dict:
@@ -47,24 +58,70 @@ def call_here(kind: str, request: dict) -> dict:
         return {"error": failure_line(exc, request.get("workload") or request.get("plan", {}).get("workload"))}
 
 
+def predict_out(request: dict) -> Path:
+    """request["out"], else the default folder (named after this machine and its torch, which the CLI's process
+    never imports); made, and absolute before the user's code runs (it may change the working directory)."""
+    if request.get("out"):
+        return make_dir(Path(request["out"])).resolve()
+    p = request["plan"]
+    return make_dir(default_predict_dir(RunSpec(workload=p["workload"], batch_size=p["batch_size"],
+                                                device=p["target_device"]))).resolve()
+
+
 def predict_request(request: dict) -> dict:
-    """In the child process of `membench predict` (launch.probe.call_isolated): plan the runs (loading the user's
-    code), predict each into request["out"], say how each went on stderr; the answer names the result files."""
+    """In the child process of `membench predict` (launch.probe.call_isolated), the one that imports torch: lock
+    the folder (a sweep writing there, or another prediction, is refused), plan the runs (loading the user's code),
+    predict each into it, say how each went on stderr; the answer names the folder and the result files."""
+    new = _new_folders(request)
+    out = predict_out(request)
+    with locked(out):
+        try:
+            return _predict_into(request, out)
+        except BaseException:  # refused (a workload that does not load, a measurement in the way): nothing left
+            _remove_new_folders(out, new)
+            raise
+
+
+def _new_folders(request: dict) -> list[Path]:
+    """The folders predict_out is about to create, innermost first."""
+    p = request["plan"]
+    path = Path(request["out"]) if request.get("out") else default_predict_dir(
+        RunSpec(workload=p["workload"], batch_size=p["batch_size"], device=p["target_device"]))
+    return [f for f in [path.absolute(), *path.absolute().parents] if not f.exists()]
+
+
+def _remove_new_folders(out: Path, new: list[Path]) -> None:
+    """Remove the folders a refused prediction created, and its lock file, while it still holds the lock: a writer
+    that opened the lock file since is refused, one that comes later finds no folder or makes its own (rmdir of a
+    folder that is no longer empty fails, and the folder stays)."""
+    if not new:
+        return
+    with contextlib.suppress(OSError):
+        (out / LOCK_NAME).unlink()
+        for folder in new:
+            folder.rmdir()
+
+
+def _predict_into(request: dict, out: Path) -> dict:
     jobs = plan(**request["plan"], in_process=True)
-    out = Path(request["out"])
     refuse_over_measurements(jobs, out)
 
     def start(job) -> None:  # a large model takes a while per run: say which one is going
         archive(out, job.name)  # an earlier prediction moves to previous/, as a run's result does
         print(f"predicting {job.name} ...", file=sys.stderr, flush=True)
 
+    attentions = []
+
     def done(job, record) -> None:
         print(f"predicted {job.name}: {record.status} ({record.wall_s:.1f} s)", file=sys.stderr, flush=True)
         if record.traceback:  # a membench bug, not the user's: show where
             print(record.traceback, file=sys.stderr, flush=True)
+        if record.memory is not None and record.memory.attention is not None:
+            attentions.append(record.memory.attention)
 
     predict_all(jobs, out, on_start=start, on_done=done)
-    return {"names": [job.name for job in jobs]}
+    # Folded here, where torch is imported already: the CLI's process prints it without importing torch.
+    return {"names": [job.name for job in jobs], "out": str(out), "attention": describe(attentions)}
 
 
 def fit_request(request: dict) -> dict:
@@ -90,17 +147,23 @@ def fit_request(request: dict) -> dict:
         return dataclasses.replace(fit, peak=None if fit.peak is None else fit.peak + outside,
                                    over_peak=None if fit.over_peak is None else fit.over_peak + outside)
 
-    workers = min(request.get("jobs", 1), len(jobs))
+    workers = min(request.get("jobs") or default_jobs(), len(jobs))
     reason = fork_refused() if workers > 1 else None
     if reason is not None:
         print(f"membench: the fitting process cannot fork ({reason}): techniques fitted one at a time",
               file=sys.stderr, flush=True)
         workers = 1
-    if workers > 1:
-        fits = fit_in_forks(jobs, fit_one, workers, request["plan"].get("workload"))
-    else:
-        fits = [fit_one(job) for job in jobs]
-    return {"fits": [dataclasses.asdict(f) for f in fits], "jobs": [job.to_dict() for job in jobs]}
+    with reusing_models():  # every batch the search tries starts from the same meta model
+        if workers > 1:
+            fits = fit_in_forks(jobs, fit_one, workers, request["plan"].get("workload"))
+        else:
+            fits = [fit_one(job) for job in jobs]
+    import torch
+
+    # Asked once the workers are done (it starts CUDA's driver, after which a fork could not use CUDA): whether the
+    # CLI's process, which never imports torch, may confirm the fits with real runs on this GPU.
+    return {"fits": [dataclasses.asdict(f) for f in fits], "jobs": [job.to_dict() for job in jobs],
+            "cuda": torch.cuda.is_available(), "cannot_see": list(CANNOT_SEE)}
 
 
 def fork_refused() -> str | None:

@@ -21,8 +21,7 @@ import os
 import sys
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
+# torch is imported inside the functions a rank calls: the launcher's side (merge_ranks) starts without it.
 
 
 def launched_by_torchrun() -> bool:
@@ -32,6 +31,9 @@ def launched_by_torchrun() -> bool:
 @contextlib.contextmanager
 def process_group(device: str):
     """Join torchrun's process group for the duration of one run; a no-op for a plain process."""
+    import torch
+    import torch.distributed as dist
+
     if not launched_by_torchrun() or dist.is_initialized():
         yield
         return
@@ -45,11 +47,15 @@ def process_group(device: str):
 
 
 def rank_world() -> tuple[int, int]:
+    import torch.distributed as dist
+
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
 
 def gather(obj) -> list:
     """Every rank's `obj`, in rank order, on every rank (all ranks must call it)."""
+    import torch.distributed as dist
+
     if not dist.is_initialized():
         return [obj]
     out: list = [None] * dist.get_world_size()
@@ -65,6 +71,8 @@ def agree(error: BaseException | None, what: str) -> None:
     """A collective status check after work with no collective in it: every rank says whether it failed; a rank
     that failed raises its own error, and every other rank raises PeerFailed naming it, so no rank goes on
     alone into the next collective. All ranks must call it; a plain process just raises its error."""
+    import torch.distributed as dist
+
     if not dist.is_initialized() or dist.get_world_size() == 1:
         if error is not None:
             raise error

@@ -10,7 +10,10 @@ process can use is a little less (the CUDA context and the driver take their sha
 
 from __future__ import annotations
 
+import functools
 import os
+import re
+import sys
 from dataclasses import dataclass
 
 from membench.common.errors import UserError
@@ -56,30 +59,84 @@ GPUS = {g.name: g for g in (
 )}
 
 
+# Other names of the table's GPUs: what torch.cuda.get_device_name() and nvidia-smi call each card, and the
+# spellings of the product's form factor and size. Matched like the table's names: whole, case and the choice of
+# space or '-' aside ("h100 sxm5" is H100; "h-1-0-0" is nothing).
+ALIASES = {
+    "H100": ("H100-SXM", "H100-SXM5", "H100-80GB", "NVIDIA H100 80GB HBM3"),
+    "H100-PCIe": ("NVIDIA H100 PCIe",),
+    "H200": ("NVIDIA H200",),
+    "A100": ("A100-80GB", "A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB"),
+    "A100-40GB": ("A100-SXM4-40GB", "NVIDIA A100-SXM4-40GB", "A100-PCIE-40GB", "NVIDIA A100-PCIE-40GB"),
+    "V100": ("V100-16GB", "V100-SXM2-16GB", "Tesla V100-SXM2-16GB", "V100-PCIE-16GB", "Tesla V100-PCIE-16GB"),
+    "V100-32GB": ("V100-SXM2-32GB", "Tesla V100-SXM2-32GB", "V100-PCIE-32GB", "Tesla V100-PCIE-32GB"),
+    "L4": ("NVIDIA L4",),
+    "RTX4090": ("RTX 4090", "GeForce RTX 4090", "NVIDIA GeForce RTX 4090"),
+    "A10G": ("NVIDIA A10G",),
+    "T4": ("Tesla T4",),
+}
+
+
+def _key(name: str) -> str:
+    return " ".join(name.replace("-", " ").split()).casefold()
+
+
+_BY_KEY = {_key(alias): GPUS[name] for name, aliases in ALIASES.items() for alias in (name, *aliases)}
+
+
 def gpu(name: str | None) -> Gpu:
-    """The GPU of that name (case and '-'/' ' insensitive), or one line naming the valid ones."""
-    key = (name or DEFAULT_GPU).upper().replace(" ", "").replace("_", "-")
-    for known in GPUS.values():
-        if known.name.upper() == key or known.name.upper().replace("-", "") == key.replace("-", ""):
-            return known
-    raise UserError(f"unknown --gpu {name!r}; valid: {', '.join(GPUS)}")
+    """The GPU of that name or alias (ALIASES; case, spaces and '-' aside), or one line naming the valid ones. None
+    is the default GPU; any text must name one (an empty one names none)."""
+    if name is None:
+        name = DEFAULT_GPU
+    found = _BY_KEY.get(_key(name)) if isinstance(name, str) and len(name) <= 100 else None
+    if found is None:
+        shown = repr(name) if not isinstance(name, str) or len(name) <= 60 else repr(name[:60]) + "..."
+        raise UserError(f"unknown --gpu {shown}; valid: {', '.join(GPUS)} (or the name torch or nvidia-smi gives "
+                        "the card, e.g. 'NVIDIA H100 80GB HBM3')")
+    return found
 
 
 def cublas_workspace_bytes(compute_capability: tuple[int, int], env: dict | None = None) -> int:
     """What torch gives each cuBLAS handle (aten/src/ATen/cuda/CublasHandlePool.cpp, parseChosenWorkspaceSize,
     torch 2.x): CUBLAS_WORKSPACE_CONFIG (":SIZE_KiB:COUNT" pairs, summed) when set, else 4096 KiB x 8 on sm90
     (Hopper) and 4096 KiB x 2 + 16 KiB x 8 elsewhere. It is allocated through the caching allocator."""
+    default = 4096 * 1024 * 8 if compute_capability == (9, 0) else 4096 * 1024 * 2 + 16 * 1024 * 8
     config = (os.environ if env is None else env).get("CUBLAS_WORKSPACE_CONFIG")
-    if config:
-        parts = config.split(":")[1:]
-        try:
-            sizes = [int(p) for p in parts]
-        except ValueError:
-            raise UserError(f"CUBLAS_WORKSPACE_CONFIG={config!r} is not :SIZE:COUNT pairs (KiB), "
-                            "e.g. :4096:8") from None
-        if len(sizes) % 2 or not sizes or any(s < 0 for s in sizes):
-            raise UserError(f"CUBLAS_WORKSPACE_CONFIG={config!r} is not :SIZE:COUNT pairs (KiB), e.g. :4096:8")
-        return sum(size * count for size, count in zip(sizes[::2], sizes[1::2])) * 1024
-    if compute_capability == (9, 0):
-        return 4096 * 1024 * 8
-    return 4096 * 1024 * 2 + 16 * 1024 * 8
+    if not config:
+        return default
+    chosen = workspace_from_config(config)
+    if chosen is None:
+        _warn_unparsed(config, default)
+        return default
+    return chosen
+
+
+def workspace_from_config(config: str) -> int | None:
+    """CUBLAS_WORKSPACE_CONFIG read as torch reads it (parseChosenWorkspaceSize): every ":SIZE:COUNT" found anywhere
+    in it (std::regex ":([0-9]+):([0-9]+)", searched for, not matched whole), SIZE x 1024 x COUNT summed in 64-bit
+    unsigned arithmetic, which wraps; None where no pair is found (torch then warns and takes its default). A number
+    std::stoull cannot read (2**64 or more) makes torch raise, and a total of 2**63 bytes or more is no tensor
+    torch can make (a GPU is out of memory at once): both are refused, in one line."""
+    pairs = re.findall(r":([0-9]+):([0-9]+)", config)
+    if not pairs:
+        return None
+    shown = config if len(config) <= 60 else config[:60] + "..."
+    if any(len(n) > 20 or int(n) >= 2**64 for pair in pairs for n in pair):
+        raise UserError(f"CUBLAS_WORKSPACE_CONFIG={shown!r}: a number past 2**64 - 1, which torch cannot read "
+                        "(std::stoull out of range: its first cuBLAS call raises); e.g. :4096:8")
+    total = sum(int(size) * 1024 * int(count) for size, count in pairs) % 2**64
+    if total >= 2**63:
+        raise UserError(f"CUBLAS_WORKSPACE_CONFIG={shown!r} asks each cuBLAS handle for {total:,} B (torch "
+                        "multiplies in 64 bits, wrapping): every GPU is out of memory at the first matmul; "
+                        "e.g. :4096:8")
+    return total
+
+
+@functools.cache
+def _warn_unparsed(config: str, default: int) -> None:
+    """Once per process (torch warns once per handle)."""
+    shown = config if len(config) <= 60 else config[:60] + "..."
+    print(f"membench: warning: CUBLAS_WORKSPACE_CONFIG={shown!r} has no :SIZE:COUNT pair; torch warns (\"Could "
+          f"not parse CUBLAS_WORKSPACE_CONFIG\") and uses its default, {default:,} B per handle, as predicted here",
+          file=sys.stderr)

@@ -10,6 +10,7 @@ and lists what it cannot see; `membench check` refuses to compare the two kinds 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import gc
 import os
@@ -136,7 +137,7 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     run = dataclasses.replace(spec, device="cpu", memory_budget=None)  # fake tensors live on cpu
     stack, workload = _what_runs(run, spec.device)
     ranks = world_size(spec, stack)
-    meta_model = _model_on_meta(stack, workload, ranks)
+    meta_model = _model_on_meta(run, stack, workload, ranks)
     warmup = min(job.measure.warmup, 1)  # after one step the optimizer state exists: the steady state
     primes = derive_warmup and _derivable(spec, stack, warmup, ranks)
     gpu = gpus.gpu(spec.gpu) if cuda else None
@@ -169,18 +170,18 @@ def _what_runs(run: RunSpec, target: str) -> tuple[Stack, Workload]:
         moved = ", ".join(t.name for t in stack.techniques if not t.predictable)
         raise CannotPredict(f"{moved} moves tensors between host and device memory, which a prediction on CPU "
                             "cannot tell apart: measure it on a GPU")
-    workload = load_workload(run.workload, run.seq_len)
+    workload = _workload(run)
     stack.validate(run, workload)
     return stack, workload
 
 
-def _model_on_meta(stack: Stack, workload: Workload, ranks: int | None):
+def _model_on_meta(run: RunSpec, stack: Stack, workload: Workload, ranks: int | None):
     """The model on meta, nothing allocated yet; a technique may build it its own way (another dtype)."""
     if ranks:
         import torch.distributed.fsdp  # noqa: F401 - imported before the tracker starts, so it sees FSDP's frees
     meta_build = lambda: fake.build_on_meta(workload.build_model)  # noqa: E731
     meta_model = next((m for t in stack.techniques if (m := t.build_model(meta_build, "meta")) is not None), None)
-    return meta_model or meta_build()
+    return meta_model or _default_model(run, meta_build)
 
 
 @contextlib.contextmanager
@@ -259,6 +260,42 @@ def _label(traced: Traced, spec: RunSpec, stack: Stack,
         if on_streams is not None:
             names, by_stream = on_streams
             memory.streams = streams.stream_uses(names, by_stream, reserved.reserved_by_stream_at_peak)
+
+
+# While predict_all (or fit) runs: each workload loaded, and its model built on meta, once (reusing_models).
+_REUSED: dict[tuple, tuple] | None = None
+
+
+@contextlib.contextmanager
+def reusing_models():
+    """Within, the configurations of one command share their workload and its meta model: a configuration that
+    builds the model the default way (no technique builds it another way) starts from a deep copy of the one built
+    first, so what it predicts is what a fresh process predicts (tests/test_reuse.py compares the records)."""
+    global _REUSED
+    outer, _REUSED = _REUSED, {} if _REUSED is None else _REUSED
+    try:
+        yield
+    finally:
+        _REUSED = outer
+
+
+def _workload(spec: RunSpec):
+    key = ("workload", spec.workload, spec.seq_len)
+    if _REUSED is None:
+        return load_workload(spec.workload, spec.seq_len)
+    if key not in _REUSED:
+        _REUSED[key] = load_workload(spec.workload, spec.seq_len)
+    return _REUSED[key]
+
+
+def _default_model(spec: RunSpec, build):
+    """The model built the default way on meta: built, or a copy of the one built for an earlier configuration."""
+    if _REUSED is None:
+        return build()
+    key = ("model", spec.workload, spec.seq_len)
+    if key not in _REUSED:
+        _REUSED[key] = build()
+    return copy.deepcopy(_REUSED[key])
 
 
 def _derivable(spec: RunSpec, stack: Stack, warmup: int, ranks: int | None) -> bool:
@@ -353,16 +390,18 @@ def predict(job: Job, round_to: int | None = None) -> RunRecord:
 
 
 def predict_all(jobs: list[Job], out_dir: Path | None, on_done=None, on_start=None) -> list[RunRecord]:
+    """Each job predicted in turn in this process, sharing the workload's model (reusing_models)."""
     results = []
-    for job in jobs:
-        if on_start:
-            on_start(job)
-        record = predict(job)
-        if out_dir is not None:
-            write_record(result_path(out_dir, job.name), record)
-        if on_done:
-            on_done(job, record)
-        results.append(record)
+    with reusing_models():
+        for job in jobs:
+            if on_start:
+                on_start(job)
+            record = predict(job)
+            if out_dir is not None:
+                write_record(result_path(out_dir, job.name), record)
+            if on_done:
+                on_done(job, record)
+            results.append(record)
     return results
 
 

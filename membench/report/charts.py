@@ -9,22 +9,20 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-
-import matplotlib
-
-matplotlib.use("Agg")
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
+from typing import TYPE_CHECKING
 
 from membench.common import units
-from membench.common.errors import UserError  # noqa: E402
-from membench.common.fsio import atomic_write_bytes, atomic_write_text, make_dir, read_bounded, side_file  # noqa: E402
-from membench.common.vocab import CATEGORIES  # noqa: E402
-from membench.report import noise  # noqa: E402
-from membench.report.explain import breakdown  # noqa: E402
-from membench.results import RunRecord  # noqa: E402
-from membench.results.sweep import Sweep  # noqa: E402
-from membench.results.timeline import Timeline, parse_timeline  # noqa: E402
+from membench.common.errors import UserError
+from membench.common.fsio import atomic_write_bytes, atomic_write_text, make_dir, read_bounded, side_file
+from membench.common.vocab import CATEGORIES
+from membench.report import noise
+from membench.report.explain import breakdown
+from membench.results import RunRecord
+from membench.results.sweep import Sweep
+from membench.results.timeline import Timeline, parse_timeline
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 # Categories: the Okabe-Ito palette (told apart with the common colour-vision deficiencies), recomputed
 # activations a lighter shade of activations. Phases: greys only, so a phase never looks like a category (green
@@ -33,6 +31,18 @@ COLORS = {"parameters": "#0072B2", "gradients": "#E69F00", "optimizer_state": "#
           "activations": "#D55E00", "recomputed_activations": "#F0B48A", "temporaries": "#CC79A7",
           "inputs": "#56B4E9", "other": "#999999"}
 PHASE_COLORS = {"inputs": "#f7f7f7", "forward": "#e6e6e6", "backward": "#c4c4c4", "optimizer": "#8f8f8f"}
+
+
+def _matplotlib():
+    """(Figure, Patch), imported when a chart is drawn: a report without charts, and the timeline page's colours,
+    start without matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    return Figure, Patch
 
 
 def _text(value) -> str:
@@ -68,6 +78,7 @@ def peak_chart(sweep: Sweep) -> Figure | None:
         return None
     peaks = [r.peak for r in runs]
     unit, scale = unit_for(max(peaks))
+    Figure, Patch = _matplotlib()
     fig = Figure(figsize=(max(5.0, 1.1 * len(runs) + 2.5), 4.2))
     ax = fig.subplots()
     names = [_text(r.name) for r in runs]
@@ -122,6 +133,7 @@ def timeline_chart(sweep: Sweep) -> Figure | None:
     unit, scale = unit_for(top)
     cols = min(len(runs), 4)
     rows = -(-len(runs) // cols)
+    Figure, Patch = _matplotlib()
     fig = Figure(figsize=(4.2 * cols, 3.3 * rows + 0.6))
     axes = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False).ravel()
     for ax, (result, t) in zip(axes, runs):
@@ -189,6 +201,7 @@ def pareto_chart(sweep: Sweep) -> Figure | None:
         return None
     points = [(r.peak, r.timing.throughput) for r in runs]
     unit, scale = unit_for(max(m for m, _ in points))
+    Figure, _ = _matplotlib()
     fig = Figure(figsize=(6, 4.2))
     ax = fig.subplots()
     front = pareto_front(points)

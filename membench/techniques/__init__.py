@@ -1,17 +1,19 @@
-"""The technique registry: names, what each one trades, and the rules for stacking them with '+'."""
+"""The technique registry: names, what each one trades, and the rules for stacking them with '+'.
+
+Read without torch (`membench techniques`, `check`, `compare`, the CLI's validation): a technique module imports
+torch inside the hooks that run a step, never at its top (tests/test_startup.py checks it).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 
-import torch
-
 from membench.common.errors import UserError
 from membench.techniques.accum import GradientAccumulation
 from membench.techniques.act_offload import ActivationOffload
 from membench.techniques.amp import AmpBf16, AmpFp16
-from membench.techniques.base import Technique
+from membench.techniques.base import COSTS, Cost, Technique
 from membench.techniques.baseline import Baseline
 from membench.techniques.bf16 import Bf16
 from membench.techniques.ckpt import ActivationCheckpointing
@@ -48,6 +50,11 @@ def parse_techniques(text: str) -> tuple[tuple[str, ...], ...]:
         stack = tuple(n for n in names if n != "baseline")
         if "baseline" in names and stack:
             raise UserError(f"'baseline' cannot be combined with other techniques in {item!r}")
+        same = next((s for s in stacks if set(s) == set(stack)), None)
+        if same is not None:
+            raise UserError(f"--techniques names {'+'.join(stack) or 'baseline'} twice"
+                            + (f" (as {'+'.join(same)}: a stack's order does not matter)" if same != stack else "")
+                            + "; each run is listed once (the baseline always runs)")
         stacks.append(stack)
     if not stacks:
         raise UserError("--techniques is empty; valid: " + ", ".join(REGISTRY))
@@ -106,7 +113,7 @@ class Stack:
     techniques: tuple[Technique, ...]
     distributed: bool  # launched through torchrun
     numerics: str  # exact, rounding, batch-split or precision: how closely it must match the baseline
-    param_dtype: torch.dtype | None  # the dtype the parameters train in (None: fp32)
+    param_dtype: str | None  # the name of the torch dtype the parameters train in ("bfloat16"; None: fp32)
     same_init: bool  # False: initial values may differ from the baseline's draw
     predictable: bool  # whether a prediction on CPU can tell its device memory from its host memory
     env: dict[str, str]  # environment variables for the run's own process
@@ -159,5 +166,11 @@ def conflicts_of(name: str) -> tuple[str, ...]:
                  if n in REGISTRY[name].conflicts or name in cls.conflicts)
 
 
-__all__ = ["REGISTRY", "Technique", "parse_techniques", "check_stack", "check_loop", "resolve", "Stack",
-           "conflicts_of"]
+def cost_of(names: tuple[str, ...]) -> Cost:
+    """A stack's step-time cost class: its costliest technique's (base.Technique.cost); "none" for the baseline."""
+    ranks = [COSTS.index(REGISTRY[n].cost) for n in names if n in REGISTRY]
+    return COSTS[max(ranks, default=0)]
+
+
+__all__ = ["REGISTRY", "Technique", "COSTS", "Cost", "cost_of", "parse_techniques", "check_stack", "check_loop",
+           "resolve", "Stack", "conflicts_of"]

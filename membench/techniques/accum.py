@@ -11,6 +11,7 @@ class GradientAccumulation(Technique):
 
     name = "accum"
     summary = "split the batch into --accum-steps micro-batches: less activation memory, lower throughput"
+    cost = "medium"
     numerics = "batch-split"
     order = 20
     options = ("accum_steps",)

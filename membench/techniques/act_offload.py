@@ -1,5 +1,3 @@
-import torch
-
 from membench.techniques.base import Technique
 
 
@@ -13,10 +11,13 @@ class ActivationOffload(Technique):
 
     name = "act-offload"
     summary = "keep saved activations in host memory (save_on_cpu): less device memory, PCIe traffic each step"
+    cost = "high"
     devices = ("cuda",)
     predictable = False  # on CPU, host and device memory are one
     order = 45
 
     def configure(self, state) -> None:
+        import torch
+
         pin = torch.cuda.is_available()  # pinned host memory makes the copies asynchronous; CPU tests go without
         state.forward_contexts.append(lambda: torch.autograd.graph.save_on_cpu(pin_memory=pin))

@@ -1,7 +1,5 @@
 """Automatic mixed precision: matmuls in 16 bits under torch.autocast, parameters and optimizer in fp32."""
 
-import torch
-
 from membench.techniques.base import Technique
 
 
@@ -17,11 +15,13 @@ class AmpBf16(Technique):
     numerics = "precision"
     conflicts = ("amp-fp16", "bf16")
     conflict_reason = "one numeric format per run: amp-bf16, amp-fp16 or bf16"
-    autocast_dtype = torch.bfloat16
+    autocast_dtype = "bfloat16"  # torch's name: the registry is read without importing torch
     order = 40
 
     def configure(self, state) -> None:
-        device_type, dtype = state.device.type, self.autocast_dtype
+        import torch
+
+        device_type, dtype = state.device.type, getattr(torch, self.autocast_dtype)
         state.forward_contexts.append(lambda: torch.autocast(device_type, dtype=dtype))
 
 
@@ -39,9 +39,11 @@ class AmpFp16(AmpBf16):
     conflicts = ("amp-bf16", "bf16", "opt-in-bwd", "fsdp", "fsdp-offload")
     conflict_reason = ("one numeric format per run; the gradient scaler must see all gradients before any step "
                        "(not with opt-in-bwd) and would skip steps per rank under FSDP")
-    autocast_dtype = torch.float16
+    autocast_dtype = "float16"
 
     def configure(self, state) -> None:
+        import torch
+
         super().configure(state)
         scaler = torch.amp.GradScaler(state.device.type)
 

@@ -7,15 +7,18 @@ techniques ("ckpt+opt-in-bwd") configure the same `TrainState` one after another
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Literal
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # a technique module imports torch where a hook runs: the registry is read without it
+    from torch import nn
 
-if TYPE_CHECKING:
     from membench.spec import RunSpec
     from membench.step import TrainState
     from membench.workloads import Workload
+
+
+Cost = Literal["none", "low", "medium", "high"]
+COSTS: tuple[Cost, ...] = ("none", "low", "medium", "high")  # cheapest first
 
 
 class Technique:
@@ -28,7 +31,8 @@ class Technique:
     operations: same up to last-bit rounding after one step), "batch-split" (same up to fp rounding of sums),
     or "precision" (changes the numbers on purpose; the loss difference is reported).
     devices: where it means something. distributed: run through torchrun.
-    param_dtype: the dtype it trains the parameters in (None: fp32); init-on-device builds at it.
+    param_dtype: the name of the torch dtype it trains the parameters in ("bfloat16"; None: fp32);
+    init-on-device builds at it.
     same_init: False if the initial values may differ from the baseline's draw (the equivalence check then
     starts both runs from the baseline's initial values).
     env: environment variables for the run's own process only.
@@ -38,6 +42,11 @@ class Technique:
     order: when `configure` runs relative to the others in a stack (small first).
     options: the RunSpec fields only this technique reads (accum's --accum-steps): a run without the technique
     does not depend on them, so check, compare and --resume pair it whatever their value (techniques.pairing_key).
+    cost: what it costs in step time, as its summary says, in four classes (COSTS, cheapest first): "none" (as
+    fast or faster: a fused step, 16-bit matmuls, an allocator setting), "low" (more, smaller kernels or overlapped
+    communication), "medium" (compute again or in smaller pieces: checkpointing, accumulation), "high" (host
+    memory traffic every step: offloading). A prediction has no timing: this is how it names the cheapest
+    technique that fits (predict.verdict), never a measured figure.
     """
 
     name: ClassVar[str]
@@ -50,15 +59,16 @@ class Technique:
     distributed: ClassVar[bool] = False
     env: ClassVar[dict[str, str]] = {}
     order: ClassVar[int] = 50
-    param_dtype: ClassVar[torch.dtype | None] = None
+    param_dtype: ClassVar[str | None] = None
     same_init: ClassVar[bool] = True
     predictable: ClassVar[bool] = True
     recomputes_forward: ClassVar[bool] = False
     options: ClassVar[tuple[str, ...]] = ()
+    cost: ClassVar[Cost] = "none"
 
-    def __init__(self, spec: RunSpec, stack_param_dtype: torch.dtype | None = None):
+    def __init__(self, spec: RunSpec, stack_param_dtype: str | None = None):
         self.spec = spec
-        self.stack_param_dtype = stack_param_dtype  # the dtype the whole stack trains in (None: fp32)
+        self.stack_param_dtype = stack_param_dtype  # the dtype the whole stack trains in, by name (None: fp32)
 
     def validate(self, spec: RunSpec, workload: Workload) -> None:
         """Raise UserError if this technique cannot run with this spec or workload."""

@@ -1,5 +1,3 @@
-import torch
-
 from membench.techniques.base import Technique
 
 
@@ -14,14 +12,18 @@ class Bf16(Technique):
     numerics = "precision"
     conflicts = ("amp-bf16", "amp-fp16")
     conflict_reason = "one numeric format per run: amp-bf16, amp-fp16 or bf16"
-    param_dtype = torch.bfloat16
+    param_dtype = "bfloat16"
     order = 10
 
     def build_model(self, build, device):
+        import torch
+
         # The usual way: build in fp32 on the host, then cast and move (init-on-device builds at bf16 directly).
         return build().to(device=device, dtype=torch.bfloat16)
 
     def configure(self, state) -> None:
+        import torch
+
         move = state.batch_to_device
 
         def to_device(batch, device):

@@ -1,10 +1,7 @@
 import functools
 
-from torch.utils.checkpoint import checkpoint
-
 from membench.common.errors import UserError
 from membench.techniques.base import Technique
-from membench.trackers.recompute import marked
 
 
 class ActivationCheckpointing(Technique):
@@ -15,6 +12,7 @@ class ActivationCheckpointing(Technique):
 
     name = "ckpt"
     summary = "recompute each block's activations in backward: less activation memory, ~1/3 more compute"
+    cost = "medium"
     order = 30
     recomputes_forward = True
 
@@ -28,6 +26,10 @@ class ActivationCheckpointing(Technique):
         return {}
 
     def configure(self, state) -> None:
+        from torch.utils.checkpoint import checkpoint
+
+        from membench.trackers.recompute import marked
+
         options = self.checkpoint_options()
         for block in state.workload.blocks(state.model):
             # marked: the memory trackers count what the forward allocates again in backward as recomputed

@@ -11,6 +11,7 @@ class ForeachOff(Technique):
 
     name = "foreach-off"
     summary = "optimizer with foreach=False: no multi-tensor intermediates at the step, slower step on GPU"
+    cost = "low"
     conflicts = ("fused-adam",)  # both choose the optimizer's implementation: one per run
     conflict_reason = "both choose the optimizer step's implementation: one per run"
     order = 15

@@ -1,14 +1,15 @@
 """FSDP2: parameters, gradients and optimizer state sharded across the ranks that torchrun starts."""
 
-import torch
-import torch.distributed as dist
-
 from membench.common.errors import UserError
-from membench.private import fsdp_api, fsdp_mixed_precision
 from membench.techniques.base import Technique
 from membench.techniques.mesh import fsdp_submesh
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+def _dtype(name: str | None):
+    """A --param-dtype / --reduce-dtype name as torch's dtype (None: FSDP2's default); torch only where it runs."""
+    import torch
+
+    return None if name is None else {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
 class Fsdp(Technique):
@@ -25,6 +26,7 @@ class Fsdp(Technique):
 
     name = "fsdp"
     summary = "FSDP2 fully_shard over torchrun ranks: 1/N of params, grads and optimizer state per rank"
+    cost = "low"
     distributed = True
     conflicts = ("fsdp-offload",)
     conflict_reason = "fsdp-offload is fsdp with CPU offload: choose one"
@@ -32,6 +34,8 @@ class Fsdp(Technique):
     options = ("mesh", "param_dtype", "reduce_dtype", "reshard_after_forward")
 
     def __init__(self, *args, **kwargs):
+        from membench.private import fsdp_api
+
         super().__init__(*args, **kwargs)
         # Importing FSDP takes most of a second, so only a run that uses it does; and before any tracker starts,
         # which sees FSDP's storage resizes only if FSDP is imported when it starts (storage.py).
@@ -41,6 +45,10 @@ class Fsdp(Technique):
         return self._offload_policy()
 
     def configure(self, state) -> None:
+        import torch.distributed as dist
+
+        from membench.private import fsdp_mixed_precision
+
         if not dist.is_initialized():
             raise UserError(f"technique {self.name} runs under torchrun: use `membench run` (it launches torchrun)")
         # The mesh of the run's device: without one, fully_shard builds its default mesh on the machine's
@@ -48,7 +56,7 @@ class Fsdp(Technique):
         # --device cpu run on a GPU machine would shard onto CUDA while its batches stay on the CPU.
         spec = self.spec
         options = dict(mesh=fsdp_submesh(state), offload_policy=self.offload_policy(state.device.type),
-                       mp_policy=fsdp_mixed_precision(DTYPES.get(spec.param_dtype), DTYPES.get(spec.reduce_dtype)))
+                       mp_policy=fsdp_mixed_precision(_dtype(spec.param_dtype), _dtype(spec.reduce_dtype)))
         blocks = state.workload.blocks(state.model) if state.workload.blocks else []
         for block in blocks:
             self._fully_shard(block, reshard_after_forward=spec.reshard_after_forward, **options)
@@ -66,6 +74,7 @@ class FsdpOffload(Fsdp):
 
     name = "fsdp-offload"
     summary = "fsdp with sharded params, grads and optimizer state in host memory: least device memory"
+    cost = "high"
     conflicts = ("fsdp", "opt-offload")
     conflict_reason = "fsdp-offload already keeps the optimizer state in host memory"
     devices = ("cuda",)

@@ -1,5 +1,3 @@
-import torch
-
 from membench.techniques.base import Technique
 
 
@@ -18,7 +16,9 @@ class InitOnDevice(Technique):
     order = 5  # builds the model before any other technique could (bf16 builds host-then-cast otherwise)
 
     def build_model(self, build, device):
-        dtype = self.target_dtype()
+        import torch
+
+        dtype = getattr(torch, self.target_dtype())
         previous = torch.get_default_dtype()
         torch.set_default_dtype(dtype)
         try:
@@ -27,5 +27,6 @@ class InitOnDevice(Technique):
         finally:
             torch.set_default_dtype(previous)
 
-    def target_dtype(self) -> torch.dtype:
-        return self.stack_param_dtype or torch.float32
+    def target_dtype(self) -> str:
+        """The name of the torch dtype the model is built at."""
+        return self.stack_param_dtype or "float32"

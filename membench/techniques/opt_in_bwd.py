@@ -11,6 +11,7 @@ class OptimizerInBackward(Technique):
 
     name = "opt-in-bwd"
     summary = "step the optimizer inside backward, per parameter: no full set of gradients, no foreach buffers"
+    cost = "low"
     conflicts = ("accum",)  # a step per micro-batch would not be accumulation any more
     conflict_reason = "a step per micro-batch would not be accumulation any more"
     order = 60

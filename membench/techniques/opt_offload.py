@@ -1,5 +1,3 @@
-import torch
-
 from membench.techniques.base import Technique
 
 
@@ -14,6 +12,7 @@ class OptimizerOffload(Technique):
 
     name = "opt-offload"
     summary = "optimizer state and step in host memory: no Adam state on the device, slow host step"
+    cost = "high"
     devices = ("cuda",)
     predictable = False  # on CPU, host and device memory are one
     conflicts = ("fsdp-offload", "opt-in-bwd", "fsdp")
@@ -22,6 +21,8 @@ class OptimizerOffload(Technique):
     numerics = "rounding"
 
     def configure(self, state) -> None:
+        import torch
+
         pin = torch.cuda.is_available()
         pairs = []
         for p in state.model.parameters():

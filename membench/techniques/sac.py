@@ -1,16 +1,12 @@
 import functools
 
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
-
-from membench.private import attention_and_matmul_ops
 from membench.techniques.ckpt import ActivationCheckpointing
 
-# Expensive to recompute, and their outputs are what the rest of the block is computed from: keep them.
-SAVED_OPS = attention_and_matmul_ops()
 
+def _policy(saved: set, ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
 
-def _policy(ctx, op, *args, **kwargs):
-    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+    return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 class SelectiveCheckpointing(ActivationCheckpointing):
@@ -22,9 +18,16 @@ class SelectiveCheckpointing(ActivationCheckpointing):
 
     name = "sac"
     summary = "selective checkpointing: keep matmul/attention outputs, recompute the cheap ops in backward"
+    cost = "low"
     conflicts = ("ckpt",)
     conflict_reason = "both checkpoint the same blocks: choose one"
     order = 30
 
     def checkpoint_options(self) -> dict:
-        return {"context_fn": functools.partial(create_selective_checkpoint_contexts, _policy)}
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+        from membench.private import attention_and_matmul_ops
+
+        # Expensive to recompute, and their outputs are what the rest of the block is computed from: keep them.
+        policy = functools.partial(_policy, attention_and_matmul_ops())
+        return {"context_fn": functools.partial(create_selective_checkpoint_contexts, policy)}

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # the workload names are read without torch (the CLI's --help): torch is imported where it runs
+    import torch
+    from torch import nn
 
-Batch = tuple[torch.Tensor, ...]
+    Batch = tuple[torch.Tensor, ...]
+else:
+    Batch = tuple  # tuple[torch.Tensor, ...]
 
 
 @dataclass(frozen=True)
@@ -42,12 +46,16 @@ class Workload:
 
 
 def classification_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    from torch import nn
+
     images, labels = batch
     return nn.functional.cross_entropy(model(images), labels)
 
 
 def image_batch(image_size: int, num_classes: int, channels: int = 3) -> Callable[[int, torch.Generator], Batch]:
     def make(batch_size: int, generator: torch.Generator) -> Batch:
+        import torch
+
         images = torch.randn(batch_size, channels, image_size, image_size, generator=generator)
         labels = torch.randint(0, num_classes, (batch_size,), generator=generator)
         return images, labels

@@ -263,6 +263,13 @@ def _host_memory() -> int | None:
 
 def _head(spec: str, config) -> str:
     _, _, head = parse(spec)
+    if getattr(config, "is_encoder_decoder", False) and head != "causal-lm":
+        # Its loss needs decoder inputs (labels shifted by the config's decoder_start_token_id), which none of the
+        # heads below make: refused in one line rather than failing inside the model's forward. A causal-lm head
+        # asked for by name (BartForCausalLM) is the decoder alone, which trains as any decoder does.
+        raise UserError(f"workload 'hf:{spec}': {config.model_type} is an encoder-decoder model, and membench trains "
+                        f"encoder-only and decoder-only ones ({', '.join(HEADS)} heads); wrap it in a "
+                        "package.module:factory Workload whose batches carry its decoder inputs")
     classes = _auto_classes()
     if head is None:
         # Encoders that transformers also offers a causal head for (bert, roberta, ...) are trained as masked LMs.

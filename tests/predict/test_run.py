@@ -95,7 +95,7 @@ def test_cli_predict_writes_predictions_apart_and_labels_the_table(tmp_path, cap
                      "--out", str(out)])
     text = capsys.readouterr().out
     assert code == 0
-    assert "predicted alloc MiB" in text and "PREDICTED cuda memory" in text and "cannot see" in text
+    assert "predicted alloc MiB" in text and "PREDICTED (no timing) for H100" in text and "not seen:" in text
     assert sorted(p.name for p in out.glob("*.json")) == ["baseline.json", "ckpt.json"]
 
 
@@ -110,7 +110,7 @@ def test_the_gpu_predicted_for_sizes_the_workspaces_and_is_recorded_and_printed(
         record = read_result(out / "baseline.json")
         peaks[record.spec.run.gpu] = record.memory.peak_allocated_bytes
     text = capsys.readouterr().out
-    assert "for an H100 (sm90" in text and "for an A100 (sm80" in text
+    assert "for H100 (sm90" in text and "for A100 (sm80" in text
     assert peaks["H100"] - peaks["A100"] == 2 * (32 * 2**20 - 8_519_680)
     with pytest.raises(SystemExit) as exit_:  # argparse's usage error: exit 2
         cli.main(["predict", "--gpu", "B9000"])

@@ -6,37 +6,20 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from membench.common.errors import UserError
 from membench.predict import gpus
 from membench.predict.emulate.reductions import KernelScratch
 from membench.predict.fit.affine import AffineTrace, NotAffine
 from membench.predict.run import Traced, allocator_settings
+from membench.predict.verdict import Fit  # read by the CLI without torch
 from membench.spec import Job
 from membench.techniques import resolve
 from membench.workloads import load_workload
 
 BELOW_CHECKED = 8  # batches below the answer simulated to say whether smaller ones fail (reserved memory)
 SCAN_LIMIT = 64  # batches simulated downwards from the allocated-memory bound before bisecting instead
-
-
-@dataclass
-class Fit:
-    """batch fits (peak <= budget), batch + step does not (or max_batch was reached)."""
-
-    run: str
-    batch: int  # 0: not even the smallest batch fits
-    peak: int | None  # predicted peak at `batch`
-    step: int  # batch sizes this stack accepts are multiples of it (accumulation needs equal micro-batches)
-    over_batch: int | None  # the smallest batch tried that does not fit
-    over_peak: int | None
-    probes: int
-    confirmed: int | None = None  # largest batch that ran without OOM on the GPU, when confirmed
-    note: str = ""
-    simulations: int = 0  # batches evaluated from derived allocations (no prediction)
-    method: str = "full search"
-    fails_below: list[int] = field(default_factory=list)  # smaller batches that do not fit (reserved memory)
 
 
 def bisect_last(fits: Callable[[int], bool], lo: int, hi: int) -> tuple[int, int]:

@@ -1,0 +1,92 @@
+"""How long whole commands take, wall clock, side by side with starting Python and importing torch.
+
+    python benchmarks/startup_speed.py [--rounds 10] [--skip-predict]
+
+Each round runs every command once, one after another (rounds interleave them, so a change of load in the machine
+touches all of them alike); the table gives each command's median and range over the rounds, and its median against
+`python -c "import torch"` measured in the same rounds. The load average (1, 5, 15 minutes) is printed before and
+after: CPU timings on a shared machine swing several-fold with it, so compare ratios, not seconds.
+
+The commands: `python -c pass`; `python -c "import torch"`; `membench --version`; `membench replay --help`;
+`membench techniques`; and three vit_l_16 predictions for an H100 (`membench predict --workload vit_l_16
+--batch-size 1 --techniques opt-in-bwd,foreach-off`), into a temporary folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tabulate import tabulate
+
+
+def membench_script() -> str:
+    """The console script of this interpreter's environment (what a user types), else `python -m membench`."""
+    script = Path(sys.executable).parent / "membench"
+    return str(script) if script.exists() else shutil.which("membench") or ""
+
+
+def commands(out: Path, predict: bool) -> dict[str, list[str]]:
+    mb = [membench_script()] if membench_script() else [sys.executable, "-m", "membench"]
+    table = {
+        "python -c pass": [sys.executable, "-c", "pass"],
+        'python -c "import torch"': [sys.executable, "-c", "import torch"],
+        "membench --version": [*mb, "--version"],
+        "membench replay --help": [*mb, "replay", "--help"],
+        "membench techniques": [*mb, "techniques"],
+    }
+    if predict:
+        table["membench predict vit_l_16 (3 predictions)"] = [
+            *mb, "predict", "--workload", "vit_l_16", "--batch-size", "1", "--techniques", "opt-in-bwd,foreach-off",
+            "--out", str(out / "vit_l_16")]
+    return table
+
+
+def timed(command: list[str]) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    elapsed = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+    return elapsed
+
+
+def load() -> str:
+    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--skip-predict", action="store_true", help="leave out the vit_l_16 predictions")
+    args = parser.parse_args()
+    import torch  # for the versions line only, after the parent's own start-up no longer matters
+
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; Python "
+          f"{platform.python_version()}, torch {torch.__version__}")
+    print(f"load average before (1/5/15 min): {load()}")
+    with tempfile.TemporaryDirectory(prefix="membench-startup-") as tmp:
+        table = commands(Path(tmp), not args.skip_predict)
+        times: dict[str, list[float]] = {name: [] for name in table}
+        for _ in range(args.rounds):
+            for name, command in table.items():
+                times[name].append(timed(command))
+    print(f"load average after (1/5/15 min): {load()}")
+    torch_median = statistics.median(times['python -c "import torch"'])
+    rows = [[name, f"{statistics.median(t):.3f}", f"{min(t):.3f} - {max(t):.3f}",
+             f"{statistics.median(t) / torch_median:.2f}"] for name, t in times.items()]
+    print(tabulate(rows, headers=["command", f"median s ({args.rounds} rounds)", "range s",
+                                  'median / import torch'], tablefmt="simple", disable_numparse=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

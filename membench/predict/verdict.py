@@ -1,0 +1,216 @@
+"""The answer `membench predict` ends with: does the step fit the target GPU, by how much, and if the baseline does
+not, the cheapest listed technique that does; then at most three lines on what the prediction assumed.
+
+Read by the CLI's own process, which never imports torch: only result records, the GPU table and the technique
+registry's metadata. What "fits" is measured against is decided in one place, `device_peak`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from membench.common.units import fmt_bytes
+from membench.predict.device import run_mesh, whole_device
+from membench.predict.gpus import Gpu
+from membench.results import RunRecord
+from membench.techniques import COSTS, REGISTRY, cost_of
+
+
+@dataclass
+class Fit:
+    """What fit answers for one technique (predict/fit.py searches for it): batch fits (peak <= budget), batch +
+    step does not (or max_batch was reached)."""
+
+    run: str
+    batch: int  # 0: not even the smallest batch fits
+    peak: int | None  # predicted peak at `batch`
+    step: int  # batch sizes this stack accepts are multiples of it (accumulation needs equal micro-batches)
+    over_batch: int | None  # the smallest batch tried that does not fit
+    over_peak: int | None
+    probes: int
+    confirmed: int | None = None  # largest batch that ran without OOM on the GPU, when confirmed
+    note: str = ""
+    simulations: int = 0  # batches evaluated from derived allocations (no prediction)
+    method: str = "full search"
+    fails_below: list[int] = field(default_factory=list)  # smaller batches that do not fit (reserved memory)
+
+
+@dataclass(frozen=True)
+class DevicePeak:
+    """What a prediction says a rank holds on the device at its peak, and what that number is."""
+
+    nbytes: int
+    what: str  # e.g. "peak reserved": said in the fits line
+
+
+def device_peak(record: RunRecord) -> DevicePeak | None:
+    """The one number the fits line compares with the GPU's memory: the whole-device estimate at the peak of
+    reserved (predict/device.py: reserved + the CUDA context + NCCL's buffers), with reserved as replayed under the
+    card where the unbounded simulation reserves more than it holds (the allocator releases cached blocks first);
+    where even that runs out of memory, the unbounded figure, which does not fit."""
+    memory = record.memory
+    if record.status != "ok" or memory is None or memory.peak_reserved_bytes is None:
+        return None
+    card = memory.on_card
+    reserved = card.peak_reserved_bytes if card is not None and not card.oom else memory.peak_reserved_bytes
+    return DevicePeak(whole_device(reserved, run_mesh(record.spec.run)).total, "whole device")
+
+
+@dataclass(frozen=True)
+class Fitting:
+    """One prediction against the GPU's memory: margin > 0 is room to spare, < 0 is how far over."""
+
+    record: RunRecord
+    peak: DevicePeak
+    margin: int
+
+    @property
+    def fits(self) -> bool:
+        return self.margin >= 0
+
+
+def fitting(records: list[RunRecord], capacity: int) -> list[Fitting]:
+    return [Fitting(r, peak, capacity - peak.nbytes) for r in records for peak in [device_peak(r)] if peak]
+
+
+def cheapest(fits: list[Fitting]) -> Fitting | None:
+    """Of the runs that fit, the one whose techniques cost least in step time (their declared cost class), then one
+    that trains the same model (not a precision change), then the fewest techniques, then the most room."""
+    candidates = [f for f in fits if f.fits]
+    if not candidates:
+        return None
+
+    def key(f: Fitting):
+        names = f.record.spec.run.techniques
+        precision = any(REGISTRY[n].numerics == "precision" for n in names if n in REGISTRY)
+        return COSTS.index(cost_of(names)), precision, len(names), -f.margin
+
+    return min(candidates, key=key)
+
+
+def capacity(gpu: Gpu) -> int:
+    """The card's memory as sold (GB of 10**9 bytes), what the fits line compares the whole-device estimate with
+    (as predict/device.py's fits_on)."""
+    return gpu.memory_gb * 10**9
+
+
+def _gb(gpu: Gpu) -> str:
+    return f"{gpu.name} ({gpu.memory_gb} GB = {fmt_bytes(capacity(gpu))})"
+
+
+def answer(records: list[RunRecord], gpu: Gpu) -> str:
+    """One line: whether the baseline fits `gpu`, by how much, and what fits when it does not."""
+    fits = fitting(records, capacity(gpu))
+    per_rank = " per rank" if any((r.world_size or 1) > 1 for r in records) else ""
+    where = _gb(gpu)
+    base = next((f for f in fits if f.record.name == "baseline"), None)
+    if base is None:
+        failed = next((r for r in records if r.name == "baseline"), None)
+        why = f" ({_first_line(failed.error)})" if failed is not None and failed.error else ""
+        head = f"{where}: the baseline could not be predicted{why}"
+    elif base.fits:
+        return (f"{where}: baseline fits{per_rank}, {fmt_bytes(base.margin)} to spare ({base.peak.what} "
+                f"{fmt_bytes(base.peak.nbytes)}).")
+    else:
+        head = (f"{where}: baseline does not fit{per_rank}: {fmt_bytes(-base.margin)} over ({base.peak.what} "
+                f"{fmt_bytes(base.peak.nbytes)})")
+    best = cheapest([f for f in fits if f.record.name != "baseline"])
+    if best is not None:
+        return (f"{head}; cheapest listed that fits: {best.record.name} ({_cost(best.record.spec.run.techniques)}, "
+                f"{fmt_bytes(best.margin)} to spare).")
+    others = [f for f in fits if f.record.name != "baseline"]
+    if others:
+        low = max(others, key=lambda f: f.margin)
+        return f"{head}; no listed technique fits: the lowest, {low.record.name}, is {fmt_bytes(-low.margin)} over."
+    return head + "."
+
+
+def assumptions(records: list[RunRecord], gpu: Gpu | None, explain: bool, attention: str | None = None) -> list[str]:
+    """What the prediction assumed: two lines, and a third with the attention kernels it assumed (the child's
+    predict/emulate/sdpa.describe line) or else the first value it answered without knowing (each record's
+    cannot_see and assumed hold the full lists), or with `explain` every item, one per line."""
+    seen = next((r.cannot_see for r in records if r.cannot_see), None) or []
+    if gpu is None:  # the CPU tracker is what the prediction reproduces: no CUDA caveat applies
+        lines = ["PREDICTED cpu memory (no timing): what `membench run --device cpu` measures, to the byte where the",
+                 "model does not branch on tensor values."]
+    else:
+        lines = [f"PREDICTED (no timing) for {_gpu_in_short(gpu)}, with CUDA's autocast and kernels;",
+                 "reserved memory from the caching-allocator simulator" + _not_seen(seen, explain)]
+    assumed = list(dict.fromkeys(a for r in records for a in (r.assumed or [])))
+    if explain:
+        return (lines + ["A prediction cannot see:"] + [f"  - {item}" for item in seen]
+                + ([attention] if attention else [])
+                + (["Answered without knowing (each record's `assumed`):"] if assumed else [])
+                + [f"  - {item}" for item in assumed])
+    if attention:  # the kernel torch would choose on the GPU (predict/emulate/sdpa.py), in full: it is a choice
+        more = f"; and {len(assumed)} values assumed (--explain)" if assumed else ""
+        lines.append(attention + more)
+    elif assumed:  # values read back, rules of another release: predict/emulate/values.py
+        more = f" and {len(assumed) - 1} more (--explain)" if len(assumed) > 1 else ""
+        lines.append(f"Assumed: {_first_line(assumed[0])}{more}.")
+    return lines
+
+
+def _cost(techniques: tuple[str, ...]) -> str:
+    cost = cost_of(techniques)
+    return "no step-time cost" if cost == "none" else f"{cost} step-time cost"
+
+
+def _gpu_in_short(gpu: Gpu) -> str:
+    major, minor = gpu.compute_capability
+    return f"{gpu.name} (sm{major}{minor})"
+
+
+def _not_seen(seen: list[str], explain: bool) -> str:
+    if not seen or explain:
+        return "."
+    return f"; not seen: {_first_clause(seen[0])} and {len(seen) - 1} more (--explain)."
+
+
+def _first_line(text: str, width: int = 100) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= width else line[:width] + "..."
+
+
+def _first_clause(text: str) -> str:
+    return text.split(" (")[0].split(";")[0]
+
+
+def fit_answer(fits: list[Fit], budget: int, by: str, gpu: Gpu | None) -> str:
+    """One line: the baseline's largest batch within the budget, or, when not even its smallest batch fits, by how
+    much it is over and the cheapest listed technique that fits."""
+    where = f"{gpu.name}, " if gpu is not None else ""
+    head = f"{where}within {fmt_bytes(budget)} of predicted peak {by}"
+    base = next((f for f in fits if f.run == "baseline"), None)
+    others = [f for f in fits if f.run != "baseline" and f.batch]
+    best = min(others, key=lambda f: (COSTS.index(cost_of(tuple(f.run.split("+")))), -f.batch), default=None)
+    cheapest_text = (f"cheapest listed that fits: {best.run} (up to batch {best.batch}, "
+                     f"{_cost(tuple(best.run.split('+')))})") if best else "no listed technique fits"
+    if base is None:
+        return f"{head}: {cheapest_text}."
+    if base.batch:
+        spare = f", {fmt_bytes(budget - base.peak)} to spare" if base.peak is not None else ""
+        larger = max(others, key=lambda f: f.batch, default=None)
+        more = (f"; the largest batch: {larger.run} at {larger.batch}" if larger is not None
+                and larger.batch > base.batch else "")
+        return f"{head}: the baseline trains at most batch {base.batch}{spare}{more}."
+    over = (f": {fmt_bytes(base.over_peak - budget)} over at batch {base.over_batch}"
+            if base.over_batch and base.over_peak is not None else "")
+    return f"{head}: the baseline does not fit even its smallest batch{over}; {cheapest_text}."
+
+
+def fit_assumptions(gpu: Gpu | None, by: str, confirmed: bool, cannot_see: list[str], explain: bool) -> list[str]:
+    """What the fit assumed, in two lines (with `explain`: every item a prediction cannot see)."""
+    if gpu is None:
+        lines = [f"PREDICTED cpu peak {by} (no timing): what `membench run --device cpu` measures."]
+    else:
+        checked = "confirmed on this GPU" if confirmed else "not confirmed (no CUDA GPU here)"
+        lines = [f"PREDICTED (no timing) for {_gpu_in_short(gpu)}; {checked}."]
+    if by == "device":  # predict/device.py's parts: the CUDA context and NCCL's buffers are estimates
+        lines[0] = lines[0][:-1] + "; peaks include the estimated CUDA context and NCCL buffers (`membench predict`)."
+    if explain:
+        return lines + ["A prediction cannot see:"] + [f"  - {item}" for item in cannot_see]
+    if cannot_see:
+        lines.append(f"Leave headroom for what it cannot see: {_first_clause(cannot_see[0])} and "
+                     f"{len(cannot_see) - 1} more (--explain).")
+    return lines

@@ -1,0 +1,138 @@
+"""Tables the documentation shows as a command's output are what that command prints now, column for column.
+
+Convention: the line `<!-- test: printed by: membench ARGS -->` right before a fenced block says the block is the
+table `membench ARGS` prints (run in a temporary folder), or some of its columns: every column the page shows is
+compared, row by row, with the printed column of the same header (the first, where a header repeats); lines
+shown after the table (after a blank line) must each be printed as shown. Only deterministic columns belong in such
+a table (memory, status, peak phase): cut timing columns, and say so.
+The commands are whole models (minutes on a 2-core machine), so running them is marked slow; finding and parsing
+the tables is not.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PRINTED = re.compile(r"^<!-- test: printed by: (membench [^\n]*?) -->[ \t]*\n```[^\n]*\n(.*?)^```",
+                     re.MULTILINE | re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Table:
+    headers: list[str]
+    rows: list[list[str]]
+
+    def column(self, header: str) -> list[str]:
+        i = self.headers.index(header)
+        return [row[i] for row in self.rows]
+
+
+def parse_table(text: str) -> Table:
+    """The first table in tabulate's "simple" layout in `text`: its header line, the dashes line (which gives each
+    column's span, so headers and cells may hold single spaces), and the rows up to the first blank line."""
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if i > 0 and re.fullmatch(r"-+( +-+)*", line.strip()))
+    spans = [m.span() for m in re.finditer(r"-+", lines[at])]
+
+    def cells(line: str) -> list[str]:
+        # the last column runs to the line's end: a cell may be wider than its dashes when tabulate right-pads
+        return [line[a:(b if k < len(spans) - 1 else None)].strip() for k, (a, b) in enumerate(spans)]
+
+    body = []
+    for line in lines[at + 1:]:
+        if not line.strip():
+            break
+        body.append(cells(line))
+    return Table(cells(lines[at - 1]), body)
+
+
+@dataclass(frozen=True)
+class Shown:
+    page: str
+    command: str
+    table: Table
+    after: list[str]  # the block's lines after the table: each printed as shown
+
+
+def shown_tables() -> list[Shown]:
+    return [Shown(page.name, command, parse_table(block), [line for line in block.partition("\n\n")[2].splitlines()
+                                                          if line.strip()])
+            for page in PAGES for command, block in PRINTED.findall(page.read_text())]
+
+
+def test_the_convention_finds_and_parses_a_table():
+    text = ("x\n<!-- test: printed by: membench predict --workload w -->\n```\nrun         peak GiB    vs base\n"
+            "----------  ----------  ---------\nbaseline    1.50        +0.0%\nckpt x      0.75        -50.0%\n```\n")
+    [(command, block)] = PRINTED.findall(text)
+    assert command == "membench predict --workload w"
+    table = parse_table(block)
+    assert table.headers == ["run", "peak GiB", "vs base"]
+    assert table.column("run") == ["baseline", "ckpt x"] and table.column("vs base") == ["+0.0%", "-50.0%"]
+
+
+def test_the_documented_tables_are_found():
+    shown = shown_tables()
+    assert {s.page for s in shown} >= {"workloads.md"}
+    for s in shown:
+        assert s.table.rows and "run" in s.table.headers, f"{s.page}: {s.command}: no table with a run column"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shown", shown_tables(), ids=lambda s: f"{s.page}:{s.command[len('membench '):][:60]}")
+def test_a_documented_table_is_what_the_command_prints(shown, tmp_path):
+    scripts = Path(sys.executable).parent
+    if not (scripts / "membench").exists() and not shutil.which("membench"):
+        pytest.skip("membench is not installed as a console script here (pip install -e .)")
+    env = {**os.environ, "PATH": os.pathsep.join([str(scripts), os.environ.get("PATH", "")])}
+    proc = subprocess.run(shlex.split(shown.command), cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=1800)
+    assert proc.returncode == 0, f"{shown.command} failed:\n{proc.stderr[-3000:]}"
+    printed = parse_table(proc.stdout)
+    for header in shown.table.headers:
+        assert header in printed.headers, f"{shown.page}: column {header!r} is not printed by {shown.command}"
+        assert shown.table.column(header) == printed.column(header), (
+            f"{shown.page}: {shown.command}: column {header!r} shows {shown.table.column(header)}, the program "
+            f"prints {printed.column(header)}:\n{proc.stdout}")
+    missing = [line for line in shown.after if line not in proc.stdout.splitlines()]
+    assert not missing, f"{shown.page}: {shown.command} no longer prints {missing}:\n{proc.stdout}"
+
+
+OPTIMIZER_TABLE = re.compile(r"^\| optimizer \| baseline \| peak phase \| opt-in-bwd \| peak phase \|\n"
+                             r"\|[-|]+\|\n((?:\|.*\|\n)+)", re.MULTILINE)
+
+
+def optimizer_rows() -> list[list[str]]:
+    """docs/workloads.md's optimizer table: per optimizer, the baseline's and opt-in-bwd's predicted peak
+    allocated (GiB) and peak phase, from `membench predict --workload gpt-small --batch-size 1 --optimizer OPT
+    --techniques opt-in-bwd`."""
+    [body] = OPTIMIZER_TABLE.findall((ROOT / "docs" / "workloads.md").read_text())
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in body.splitlines()]
+
+
+def test_the_optimizer_table_is_found():
+    assert [row[0] for row in optimizer_rows()] == ["adam", "adamw", "sgd", "sgd-momentum", "adafactor"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", optimizer_rows(), ids=lambda row: row[0])
+def test_the_optimizer_table_is_what_predict_prints(row, tmp_path):
+    command = ["membench", "predict", "--workload", "gpt-small", "--batch-size", "1", "--optimizer", row[0],
+               "--techniques", "opt-in-bwd"]
+    proc = subprocess.run([sys.executable, "-m", *command], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = parse_table(proc.stdout)
+    peaks, phases = printed.column("predicted alloc GiB"), printed.column("peak phase")
+    assert printed.column("run") == ["baseline", "opt-in-bwd"]
+    assert row[1:] == [peaks[0], phases[0], peaks[1], phases[1]], proc.stdout
