@@ -352,8 +352,14 @@ def cmd_predict(args) -> int:
 
 
 def _print_assumed(results) -> None:
-    """What the predictions answered without knowing (predict/emulate/values.py), folded to one line."""
-    assumed = list(dict.fromkeys(a for r in results for a in (r.assumed or [])))
+    """What the predictions answered without knowing (predict/emulate/values.py), folded to one line; the torch
+    release's unchecked rules (predict/emulate/versions.py) on a line of their own."""
+    from membench.predict.emulate import versions
+
+    stated = versions.notice()
+    assumed = list(dict.fromkeys(a for r in results for a in (r.assumed or []) if a != stated))
+    if stated is not None and any(stated in (r.assumed or []) for r in results):
+        print(stated)
     if assumed:
         more = f"; and {len(assumed) - 2} more" if len(assumed) > 2 else ""
         print(f"assumed ({len(assumed)}, each in its record's `assumed`): " + "; ".join(assumed[:2]) + more)

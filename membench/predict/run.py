@@ -21,7 +21,7 @@ from membench import environment, optimizers, private
 from membench.common.errors import UserError
 from membench.measure import Session
 from membench.predict import gpus, steady
-from membench.predict.emulate import fake
+from membench.predict.emulate import fake, versions
 from membench.predict.emulate.autocast import cuda_policy
 from membench.predict.emulate.kernels import CudaKernels
 from membench.results import Memory, RunRecord, result_path, write_record
@@ -261,7 +261,8 @@ def predict(job: Job, round_to: int | None = None) -> RunRecord:
                        started=started, predicted=True, predicted_for=job.run.device, cannot_see=list(CANNOT_SEE))
     try:
         traced = predict_traced(job, round_to, trace=job.run.device == "cuda")
-        record.memory, record.assumed = traced.memory, traced.assumed or None
+        stated = versions.notice() if job.run.device == "cuda" else None  # rules not checked on this torch
+        record.memory, record.assumed = traced.memory, [*traced.assumed, *filter(None, [stated])] or None
         record.world_size = world_size(job.run, resolve(job.run, target_device=job.run.device)) or 1
     except UserError:
         raise
