@@ -120,7 +120,7 @@ def diagnostic(truth: Path, below_only: bool = False, below_mib: int | None = No
         path = truth / "traces" / f"medium_{ctx}_{kind}_memory_snapshot.pickle"
         real_alloc, real_reserved, _ = vp.real(path)
         trace = vp.predicted_trace(truth, ctx, kind == "training", autocast)
-        reset = trace.index(("reset_peak",))
+        reset = next(i for i, e in enumerate(trace) if e.kind == "reset_peak")
         meta = fake.build_on_meta(lambda ctx=ctx: BasicsTransformerLM(
             vocab_size=vp.VOCAB, context_length=ctx, d_model=1024, num_layers=24, num_heads=16, d_ff=4096))
         moved = len(list(meta.parameters())) + len(list(meta.buffers()))  # model.to(device): one malloc each

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 import torch  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
-from membench.allocator import simulate  # noqa: E402
+from membench.allocator import TraceEvent, simulate  # noqa: E402
 from membench.allocator.replay import actual_of, replay  # noqa: E402
 from membench.allocator.snapshot import ALLOC, FREE, initial_state, load_snapshot  # noqa: E402
 from membench.predict import gpus
@@ -64,8 +64,8 @@ def predicted(truth: Path, ctx: int, training: bool, autocast: bool) -> tuple[in
     return result.peak_allocated_bytes, result.peak_reserved_bytes
 
 
-def predicted_trace(truth: Path, ctx: int, training: bool, autocast: bool) -> list[tuple]:
-    """The whole process's predicted allocations and frees, with ("reset_peak",) where the script reset them."""
+def predicted_trace(truth: Path, ctx: int, training: bool, autocast: bool) -> list[TraceEvent]:
+    """The whole process's predicted allocations and frees, with a reset_peak event where the script reset them."""
     sys.path.insert(0, str(truth))
     from cs336_basics.model import BasicsTransformerLM
     from cs336_basics.nn_utils import cross_entropy
@@ -115,18 +115,18 @@ def predicted_trace(truth: Path, ctx: int, training: bool, autocast: bool) -> li
                         model(inputs[0])
     # The whole process's allocations through the allocator simulator, its peaks reset where the script reset
     # them: max_memory_allocated() counts whole blocks (a large block keeps a remainder of up to 1 MiB unsplit).
-    return [*tracker.trace[:start], ("reset_peak",), *tracker.trace[start:]]
+    return [*tracker.trace[:start], TraceEvent("reset_peak"), *tracker.trace[start:]]
 
 
-def recorded_step_events(trace: list[tuple]) -> list[tuple[str, int]]:
+def recorded_step_events(trace: list[TraceEvent]) -> list[tuple[str, int]]:
     """A predicted trace's events after its reset, as ("alloc" | "free", requested bytes)."""
     sizes, events, recording = {}, [], False
     for event in trace:
-        if event[0] == "alloc":
-            sizes[event[1]] = event[2]
-        if recording and event[0] in ("alloc", "free"):
-            events.append((event[0], sizes[event[1]]))
-        recording = recording or event[0] == "reset_peak"
+        if event.kind == "alloc":
+            sizes[event.key] = event.size
+        if recording and event.kind in ("alloc", "free"):
+            events.append((event.kind, sizes[event.key]))
+        recording = recording or event.kind == "reset_peak"
     return events
 
 

@@ -103,6 +103,45 @@ def add_workload_options(p: argparse.ArgumentParser, batch: bool = True) -> None
     loop.add_argument("--inference", action="store_true",
                       help="the forward alone: eval mode, torch.inference_mode, no backward, no optimizer "
                            "(default techniques: the baseline only)")
+    add_sharding_options(p)
+
+
+def _reshard(text: str) -> bool | int:
+    word = text.strip().lower()
+    if word in ("true", "false"):
+        return word == "true"
+    if word.isdigit():
+        return _checked("reshard_after_forward")(word)
+    raise argparse.ArgumentTypeError(f"{text[:40]!r} is not true, false or a world size to reshard to")
+
+
+def _mesh_text(text: str) -> str:
+    from membench.techniques.mesh import parse_mesh
+
+    try:
+        return parse_mesh(text).text
+    except UserError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_sharding_options(p: argparse.ArgumentParser) -> None:
+    from membench.spec import DTYPES
+
+    group = p.add_argument_group("sharding", "fsdp, fsdp-offload and tp: the mesh and FSDP2's own options")
+    group.add_argument("--mesh", type=_mesh_text, default=None, metavar="DIM=SIZE,...",
+                       help="the device mesh by torchtitan's dimension names: dp_shard (FSDP), dp_replicate (HSDP "
+                            "with dp_shard), tp (tensor parallel), e.g. dp_shard=8,tp=2; its size is the number of "
+                            "ranks (default: dp_shard over every rank)")
+    group.add_argument("--param-dtype", choices=DTYPES, default=None,
+                       help="FSDP2's MixedPrecisionPolicy param_dtype: the dtype parameters are all-gathered and "
+                            "computed in (default: their own, fp32)")
+    group.add_argument("--reduce-dtype", choices=DTYPES, default=None,
+                       help="MixedPrecisionPolicy reduce_dtype: the dtype gradients are reduce-scattered in "
+                            "(default: the param dtype)")
+    group.add_argument("--reshard-after-forward", type=_reshard, default=None, metavar="true|false|N",
+                       help="free each block's gathered parameters after its forward (true), keep them for "
+                            "backward (false), or keep them sharded over N ranks (a divisor of dp_shard) (default: "
+                            "fully_shard's, true for blocks)")
 
 
 def _gpu_name(text: str) -> str:
@@ -123,9 +162,9 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", default=DEFAULT_GPU, type=_gpu_name, metavar="NAME",
                    help=f"the GPU a --device cuda prediction is for: its cuBLAS workspace and compute capability "
                         f"(default {DEFAULT_GPU}; valid: {', '.join(GPUS)})")
-    p.add_argument("--world-size", type=_typed(Check("--world-size", int, 1)), default=1,
-                   help=f"ranks a distributed technique (FSDP) is predicted for, in one process (default 1, at most "
-                        f"{MAX_WORLD_SIZE})")
+    p.add_argument("--world-size", type=_typed(Check("--world-size", int, 1)), default=None,
+                   help=f"ranks a distributed technique (FSDP) is predicted for, in one process (default: --mesh's "
+                        f"size, else 1; at most {MAX_WORLD_SIZE})")
     p.add_argument("--warmup", type=_checked("warmup"), default=1,
                    help="steps before the predicted one: 0 predicts a first step (the optimizer creates its state "
                         "inside it); 1 or more, the steady state (default 1)")
@@ -178,7 +217,8 @@ GOAL_HELP = ("what the recommendation optimises: lowest-peak (default: the lowes
 def _model_options(args) -> dict:
     return dict(accum_steps=args.accum_steps, optimizer=args.optimizer, lr=args.lr, seed=args.seed,
                 seq_len=args.seq_len, zero_grad=args.zero_grad, clip_grad_norm=args.clip_grad_norm,
-                inference=args.inference)
+                inference=args.inference, mesh=args.mesh, param_dtype=args.param_dtype,
+                reduce_dtype=args.reduce_dtype, reshard_after_forward=args.reshard_after_forward)
 
 
 def run_options(args) -> dict:
@@ -186,8 +226,17 @@ def run_options(args) -> dict:
     return dict(steps=args.steps, warmup=args.warmup, min_time_s=args.min_time, check=not args.no_check,
                 timeout_s=args.timeout, timeline=args.timeline,
                 peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
-                nproc_per_node=args.nproc_per_node, torchrun_args=args.torchrun_args,
+                nproc_per_node=_ranks_per_node(args), torchrun_args=args.torchrun_args,
                 memory_budget=args.memory_budget, **_model_options(args))
+
+
+def _ranks_per_node(args) -> int:
+    """--nproc-per-node, or on one node (no --torchrun-args) --mesh's size when that is not given."""
+    if args.mesh is None or args.nproc_per_node != 1 or args.torchrun_args:
+        return args.nproc_per_node
+    from membench.techniques.mesh import parse_mesh
+
+    return parse_mesh(args.mesh).size
 
 
 def cmd_run(args) -> int:
@@ -309,11 +358,16 @@ MAX_WORLD_SIZE = 1024  # a prediction plays one rank and computes every collecti
 def _predict_plan(args, batch_size: int) -> dict:
     """What `plan` gets for predict and fit: the same validation as `run`, against the device predicted for
     (predictions are computed on cpu). Planning loads the workload, so it happens in the child process."""
-    if args.world_size > MAX_WORLD_SIZE:
-        raise UserError(f"--world-size {args.world_size} is more ranks than a prediction can play: at most "
-                        f"{MAX_WORLD_SIZE}")
+    world = args.world_size
+    if args.mesh is not None:
+        from membench.techniques.mesh import parse_mesh
+
+        world = parse_mesh(args.mesh, None if world is None else world).size
+    world = world or 1
+    if world > MAX_WORLD_SIZE:
+        raise UserError(f"--world-size {world} is more ranks than a prediction can play: at most {MAX_WORLD_SIZE}")
     return dict(workload=args.workload, techniques=args.techniques, batch_size=batch_size,
-                target_device=args.device, nproc_per_node=args.world_size, check=False, timeline=False,
+                target_device=args.device, nproc_per_node=world, check=False, timeline=False,
                 warmup=args.warmup, gpu=args.gpu if args.device == "cuda" else None,
                 **_model_options(args))
 
@@ -343,6 +397,11 @@ def cmd_predict(args) -> int:
 
         print(f"\nPREDICTED cuda memory for an {gpu(args.gpu).describe()}, with CUDA's autocast policy (no "
               "timing); a prediction cannot see: " + "; ".join(CANNOT_SEE))
+        from membench.predict.emulate.sdpa import describe
+
+        attention = describe([r.memory.attention for r in results if r.memory and r.memory.attention])
+        if attention:
+            print(attention)
     else:  # the CPU tracker is what the prediction reproduces: no CUDA caveat applies
         print("\nPREDICTED cpu memory (no timing): what `membench run --device cpu` measures, to the byte where the "
               "model does not branch on tensor values")

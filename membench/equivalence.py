@@ -291,18 +291,9 @@ def _check(spec: RunSpec, stack: Stack, workload: Workload, check_steps: int = 2
     rank, world = rank_world()
     if not stack.techniques:
         return Equivalence(verdict="reference", detail="the baseline is the reference")
-    mode = stack.numerics
-    if mode in ("rounding", "batch-split"):
-        # One step: later steps start from parameters that already differ by rounding and amplify it.
-        check_steps = 1
-    if world > 1 and mode == "exact":
-        mode = "batch-split"  # the gradients of N ranks are summed in another order than one batch's
-    if mode == "batch-split":
-        # Adam's first step is ~lr*sign(g): it turns rounding noise in near-zero gradients into full-size
-        # updates. SGD's update is lr*g, so comparing SGD updates compares the gradients themselves.
-        spec = dataclasses.replace(spec, optimizer="sgd")
-    reference = dataclasses.replace(spec, techniques=(), batch_size=spec.batch_size * world)
-    tolerance = TOLERANCE.get(mode, EXACT_RTOL)
+    setup = _setup(spec, stack, world, check_steps)
+    mode, spec, reference, tolerance, check_steps = (setup.mode, setup.spec, setup.reference, setup.tolerance,
+                                                     setup.check_steps)
 
     def both(no_dropout: bool = False) -> tuple[Trained, Trained]:
         ref, error = None, None
@@ -338,23 +329,7 @@ def _check(spec: RunSpec, stack: Stack, workload: Workload, check_steps: int = 2
     verdict, detail = _verdict(diffs, why, mode, tolerance)
     batchnorm = _has_batchnorm(workload)
     if verdict == "not-equivalent" and random_ops and not (mode == "batch-split" and batchnorm):
-        # Different masks are not a different model: check again with the masks gone.
-        words = _random_words(random_ops)
-        ref2, run2 = both(no_dropout=True)
-        diffs2, why2 = _compare(ref2, run2, tolerance)
-        verdict2, detail2 = _verdict(diffs2, why2, mode, tolerance)
-        left = ref2.random_ops | run2.random_ops
-        if verdict2 in ("bitwise", "equivalent") and not left:
-            verdict = "equivalent"
-            result.apart_from, result.parts = words, diffs2
-            result.compared += ", again with dropout disabled"
-            detail = (f"equivalent apart from {words}: the step draws random numbers ({', '.join(sorted(random_ops))}"
-                      f"), and the runs draw them differently, so with dropout on the {detail.split(': ', 1)[-1]}; "
-                      f"with dropout disabled for the check, {detail2}")
-        else:
-            extra = (f"random ops remain with dropout disabled ({', '.join(sorted(left))})" if left
-                     else f"with dropout disabled for the check it is still {verdict2}: {detail2}")
-            detail = f"{detail} (the step draws random numbers: {words}; {extra})"
+        verdict, detail = _again_without_dropout(both, result, detail, random_ops, setup)
     recomputes = any(t.recomputes_forward for t in stack.techniques)
     if verdict == "not-equivalent" and recomputes and batchnorm and why is None and any(
             d.part in ("buffers", "buffer counters") and not d.within_tolerance for d in diffs):
@@ -366,3 +341,51 @@ def _check(spec: RunSpec, stack: Stack, workload: Workload, check_steps: int = 2
                   f"accumulation trains a different model ({detail})")
     result.verdict, result.detail = verdict, detail
     return result
+
+
+@dataclass
+class _Setup:
+    """What the check compares: its numerics mode, the run and the one-process reference it trains, the relative
+    tolerance, and how many steps."""
+
+    mode: str
+    spec: RunSpec
+    reference: RunSpec
+    tolerance: float
+    check_steps: int
+
+
+def _setup(spec: RunSpec, stack: Stack, world: int, check_steps: int) -> _Setup:
+    mode = stack.numerics
+    if mode in ("rounding", "batch-split"):
+        # One step: later steps start from parameters that already differ by rounding and amplify it.
+        check_steps = 1
+    if world > 1 and mode == "exact":
+        mode = "batch-split"  # the gradients of N ranks are summed in another order than one batch's
+    if mode == "batch-split":
+        # Adam's first step is ~lr*sign(g): it turns rounding noise in near-zero gradients into full-size
+        # updates. SGD's update is lr*g, so comparing SGD updates compares the gradients themselves.
+        spec = dataclasses.replace(spec, optimizer="sgd")
+    reference = dataclasses.replace(spec, techniques=(), batch_size=spec.batch_size * world)
+    return _Setup(mode, spec, reference, TOLERANCE.get(mode, EXACT_RTOL), check_steps)
+
+
+def _again_without_dropout(both, result: Equivalence, detail: str, random_ops: set[str],
+                           setup: _Setup) -> tuple[str, str]:
+    """A not-equivalent verdict of a step that draws random numbers, checked again with dropout off (different
+    masks are not a different model): the verdict and its detail; `result` says what was compared again."""
+    words = _random_words(random_ops)
+    ref2, run2 = both(no_dropout=True)
+    diffs2, why2 = _compare(ref2, run2, setup.tolerance)
+    verdict2, detail2 = _verdict(diffs2, why2, setup.mode, setup.tolerance)
+    left = ref2.random_ops | run2.random_ops
+    if verdict2 in ("bitwise", "equivalent") and not left:
+        result.apart_from, result.parts = words, diffs2
+        result.compared += ", again with dropout disabled"
+        return "equivalent", (f"equivalent apart from {words}: the step draws random numbers "
+                              f"({', '.join(sorted(random_ops))}), and the runs draw them differently, so with "
+                              f"dropout on the {detail.split(': ', 1)[-1]}; with dropout disabled for the check, "
+                              f"{detail2}")
+    extra = (f"random ops remain with dropout disabled ({', '.join(sorted(left))})" if left
+             else f"with dropout disabled for the check it is still {verdict2}: {detail2}")
+    return "not-equivalent", f"{detail} (the step draws random numbers: {words}; {extra})"

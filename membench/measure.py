@@ -27,6 +27,7 @@ from membench.spec import RunSpec
 from membench.step import TrainState, build_state, train_step
 from membench.techniques import Stack
 from membench.trackers import timeline
+from membench.trackers.memory import Meter
 from membench.trackers.storage import StorageTracker
 from membench.workloads import Batch, Workload
 
@@ -51,7 +52,7 @@ class Session:
     storage tracker; on fake tensors, a prediction) or a CudaMeter (the caching allocator's counters).
     """
 
-    def __init__(self, spec: RunSpec, stack: Stack, workload: Workload, meter, data: Iterator[Batch],
+    def __init__(self, spec: RunSpec, stack: Stack, workload: Workload, meter: Meter, data: Iterator[Batch],
                  track_host: bool = True):
         self.spec, self.stack, self.workload, self.meter, self.data = spec, stack, workload, meter, data
         self.track_host = track_host

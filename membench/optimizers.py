@@ -18,14 +18,6 @@ from membench.common.errors import UserError
 from membench.spec import OPTIMIZERS
 from membench.workloads import import_attr
 
-SUMMARY = {
-    "adam": "Adam: two states per parameter (exp_avg, exp_avg_sq) and a step counter per tensor",
-    "adamw": "AdamW (decoupled weight decay 0.01): Adam's states",
-    "sgd": "SGD without momentum: no state",
-    "sgd-momentum": "SGD with momentum 0.9: one state per parameter (momentum_buffer)",
-    "adafactor": "Adafactor: factored second moments (a row and a column vector per matrix), a full one per vector",
-}
-
 # Options a built-in optimizer accepts beyond lr (techniques pass foreach/fused; others are dropped for it).
 _BUILTIN = {
     "adam": (torch.optim.Adam, {}, ("foreach", "fused")),

@@ -117,11 +117,32 @@ def fsdp_api():
     return CPUOffloadPolicy, OffloadPolicy, fully_shard
 
 
+def fsdp_mixed_precision(param_dtype, reduce_dtype):
+    """FSDP2's MixedPrecisionPolicy (public since torch 2.6, before under the private name). checked: 2.14.1"""
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+    except ImportError:  # torch < 2.6
+        from torch.distributed._composable.fsdp import MixedPrecisionPolicy
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+
+
 def fsdp_storage_modules() -> list:
     """FSDP2's modules whose alloc_storage/free_storage resize unsharded parameters in place (no dispatch mode sees
     a storage resize). Only when FSDP is already imported: importing it costs a second. checked: 2.14.1"""
     names = ("torch.distributed.fsdp._fully_shard._fsdp_param", "torch.distributed.fsdp._fully_shard._fsdp_param_group")
     return [sys.modules[n] for n in names if n in sys.modules]
+
+
+def fsdp_comm_streams(model) -> dict[str, object]:
+    """The streams FSDP2 shares across a model's states (FSDPCommContext, made at the root's lazy init), by their
+    attribute names; empty before the first forward or for a model without FSDP. checked: 2.14.1"""
+    for module in model.modules():
+        get_state = getattr(module, "_get_fsdp_state", None)
+        comm = getattr(get_state(), "_comm_ctx", None) if get_state is not None else None
+        if comm is not None and hasattr(comm, "all_gather_copy_in_stream"):
+            names = ("all_gather_copy_in_stream", "all_gather_stream", "reduce_scatter_stream", "all_reduce_stream")
+            return {name: getattr(comm, name) for name in names if hasattr(comm, name)}
+    return {}
 
 
 # --- fake tensors and a fake process group: prediction without memory or GPU (predict/emulate/fake.py) ------------

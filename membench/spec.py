@@ -20,6 +20,8 @@ from membench.common.typedjson import build_checked
 
 Device = Literal["cpu", "cuda"]
 ZeroGrad = Literal["none", "zeros"]
+Dtype = Literal["fp32", "bf16", "fp16"]
+DTYPES = ("fp32", "bf16", "fp16")
 ZERO_GRAD = ("none", "zeros")  # optimizer.zero_grad(set_to_none=True), or set_to_none=False
 # Built-in optimizers by name; `package.module:factory` names any other (see membench.optimizers).
 OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adafactor")
@@ -87,6 +89,9 @@ CHECKS: dict[str, Check] = {
     # The CLI takes TFLOP/s and the spec FLOP/s: positive either way, the one bound there is.
     "peak_flops": Check("--peak-tflops", float, 0, positive=True),
     "timeout_s": Check("--timeout", float, 0, positive=True),
+    # True and False too (bool is checked apart); an int is a world size to reshard to, a divisor of dp_shard
+    # (techniques/mesh.py checks that against the mesh)
+    "reshard_after_forward": Check("--reshard-after-forward", int, 2, MAX_COUNT),
 }
 
 
@@ -124,6 +129,14 @@ class RunSpec:
     # The GPU a CUDA prediction is for (membench.predict.gpus: its cuBLAS workspace, its kernels); None: measured runs,
     # and predictions for cpu. Predictions for different GPUs are different sweeps.
     gpu: str | None = None
+    # Sharded training (fsdp, fsdp-offload, tp; techniques/mesh.py): the device mesh by torchtitan's dimension
+    # names ("dp_shard=8,tp=2"; None: one dp_shard dimension of every rank), and FSDP2's MixedPrecisionPolicy
+    # (param_dtype, reduce_dtype; None: the parameters' own) and reshard_after_forward (True, False or a world size
+    # to reshard to; None: fully_shard's default, True for blocks and False for the root).
+    mesh: str | None = None
+    param_dtype: Dtype | None = None
+    reduce_dtype: Dtype | None = None
+    reshard_after_forward: bool | int | None = None
 
     @property
     def name(self) -> str:
@@ -159,6 +172,21 @@ class RunSpec:
             gpu(self.gpu)
         if not isinstance(self.inference, bool):
             raise UserError(f"--inference must be true or false, got {self.inference!r}")
+        for option, dtype in (("--param-dtype", self.param_dtype), ("--reduce-dtype", self.reduce_dtype)):
+            if dtype is not None and dtype not in DTYPES:
+                raise UserError(f"unknown {option} {dtype!r}; valid: {', '.join(DTYPES)}")
+        if self.mesh is not None or self.reshard_after_forward is not None:
+            from membench.techniques.mesh import check_reshard_after_forward, parse_mesh
+
+            # Its size against the ranks is checked where they are known: predict's --world-size, and each rank
+            # of a run (several nodes: nproc_per_node is one node's share).
+            mesh = parse_mesh(self.mesh if self.mesh is not None else None, self.nproc_per_node
+                              if self.mesh is None else None)
+            if self.mesh is not None and mesh.text != self.mesh:
+                return dataclasses.replace(self, mesh=mesh.text).validated()  # one spelling: runs pair by it
+            if not isinstance(self.reshard_after_forward, bool) and self.reshard_after_forward is not None:
+                _check(self, "reshard_after_forward")
+            check_reshard_after_forward(self.reshard_after_forward, mesh)
         return self
 
 

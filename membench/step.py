@@ -34,6 +34,7 @@ class TrainState:
     batch_to_device: Callable[[Batch, torch.device], Batch] = lambda batch, device: tuple(
         t.to(device) for t in batch)
     on_model: Callable[[nn.Module], None] | None = None  # a technique that replaces the parameters calls it again
+    device_mesh: object | None = None  # sharded techniques' torch DeviceMesh, built once (techniques/mesh.py)
 
     def make_optimizer(self, params, **overrides) -> torch.optim.Optimizer:
         """The run's optimizer (--optimizer) over params. Options a technique sets (foreach, fused) reach only an

@@ -5,6 +5,7 @@
   max_split_size, garbage collection, roundup_power2_divisions, expandable segments, empty_cache, OOM retries)
 - snapshot: a restricted unpickler for snapshots and the backwards rebuild of the state at a trace's first event
 - replay: a recorded trace through the simulator, compared with what the real allocator did
+- events.TraceEvent: one event of an allocation trace (the storage tracker's, a recorded one's), read by name
 - simulate(): the entry point for an allocation trace of one's own (membench predict's)
 """
 
@@ -13,12 +14,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Hashable, Iterable
 
+from membench.allocator.events import DEFAULT_STREAM, KINDS, TraceEvent
 from membench.allocator.settings import AllocatorSettings, parse_alloc_conf, settings_from_env
 from membench.allocator.simulator import CachingAllocator, OutOfMemory, get_allocation_size, round_size
 
-__all__ = ["AllocatorSettings", "CachingAllocator", "OutOfMemory", "ReservedSummary", "SimulationResult",
-           "get_allocation_size", "parse_alloc_conf", "reserved_summary", "round_size", "run_events",
-           "settings_from_env", "simulate"]
+__all__ = ["DEFAULT_STREAM", "AllocatorSettings", "CachingAllocator", "OutOfMemory", "ReservedSummary",
+           "SimulationResult", "TraceEvent", "get_allocation_size", "parse_alloc_conf", "reserved_summary",
+           "round_size", "run_events", "settings_from_env", "simulate"]
 
 
 @dataclasses.dataclass
@@ -42,6 +44,8 @@ class SimulationResult:
     final_allocated_bytes: int
     allocations: int  # allocations made (up to an OOM)
     same_address: int | None = None  # a recorded trace's allocations the simulator placed at the recorded address
+    # Reserved at the peak of reserved, by the stream whose pool held it (0: the default stream).
+    reserved_by_stream_at_peak: dict[int, int] = dataclasses.field(default_factory=dict)
 
     @property
     def segments(self) -> list[int]:
@@ -54,14 +58,19 @@ class SimulationResult:
         return self.peak_reserved_bytes - self.allocated_at_peak_reserved
 
 
-def simulate(events: Iterable[tuple], settings: AllocatorSettings | str | None = None,
+def simulate(events: Iterable[TraceEvent | tuple], settings: AllocatorSettings | str | None = None,
              capacity: int | None = None, memory_fraction: float | None = None) -> SimulationResult:
     """Run an allocation trace through the caching allocator simulator.
 
-    events: in program order, each one of
+    events: in program order, TraceEvents (membench.allocator.events), or tuples, each one of
         ("alloc", key, size_bytes)  a storage of size_bytes is allocated (the raw requested size: the simulator
                                     rounds it as the allocator does); key is any hashable that names it
-        ("free", key)               that storage is freed (and its memory reusable at once: one stream)
+        ("alloc", key, size, stream) the same, on a stream other than the default one (0): its block serves only
+                                    requests on that stream, before and after it is freed (c10's pools are keyed by
+                                    stream: get_free_block takes a block of the request's stream only)
+        ("free", key)               that storage is freed, its block back in its own stream's pool at once (what a
+                                    free is when no record_stream delays it; FSDP2 calls none, and the collectives
+                                    it calls record none: see membench/predict/streams.py)
         ("empty_cache",)            torch.cuda.empty_cache()
         ("reset_peak",)             torch.cuda.reset_peak_memory_stats(): peaks count from here
     settings: AllocatorSettings, or PYTORCH_CUDA_ALLOC_CONF text such as "expandable_segments:True"
@@ -79,25 +88,32 @@ def simulate(events: Iterable[tuple], settings: AllocatorSettings | str | None =
     return run_events(CachingAllocator(settings, capacity, memory_fraction=memory_fraction), events)
 
 
-def run_events(alloc: CachingAllocator, events: Iterable[tuple], live: dict[Hashable, object] | None = None,
+def run_events(alloc: CachingAllocator, events: Iterable[TraceEvent | tuple],
+               live: dict[Hashable, object] | None = None,
                on_malloc: Callable[[Hashable, object], None] | None = None) -> SimulationResult:
-    """The one replay loop: `events` (as `simulate` takes them; an alloc may name its stream as a fourth item)
-    through `alloc`, until the end or the first allocation that does not fit. live: blocks allocated before the
-    first event, by key (a recorded trace's initial state); on_malloc(key, block) is called for each
-    allocation."""
+    """The one replay loop: `events` (TraceEvents, or the tuples `simulate` takes) through `alloc`, until the end or
+    the first allocation that does not fit. live: blocks allocated before the first event, by key (a recorded
+    trace's initial state); on_malloc(key, block) is called for each allocation."""
     live = {} if live is None else live
     oom_at = None
     allocations = 0
     for index, event in enumerate(events):
-        kind = event[0] if event else None
-        if kind == "alloc" and len(event) in (3, 4):
-            key, size = event[1], event[2]
+        if type(event) is not TraceEvent:
+            try:
+                event = TraceEvent.of(event)
+            except ValueError as exc:
+                raise ValueError(f"event {index}: {exc}") from None
+        kind, key = event.kind, event.key
+        if kind == "alloc":
             if key in live:
                 raise ValueError(f"event {index}: {key!r} is allocated twice without a free")
-            if not isinstance(size, int) or size < 0:
-                raise ValueError(f"event {index}: size must be a non-negative int, got {size!r}")
+            if not isinstance(event.size, int) or event.size < 0:
+                raise ValueError(f"event {index}: size must be a non-negative int, got {event.size!r}")
+            if event.size == 0:  # c10's allocate() asks the allocator for nothing (a null pointer), and frees nothing
+                live[key] = None
+                continue
             try:
-                block = alloc.malloc(size, event[3] if len(event) == 4 else 0)
+                block = alloc.malloc(event.size, event.stream)
             except OutOfMemory:
                 oom_at = index
                 break
@@ -105,17 +121,18 @@ def run_events(alloc: CachingAllocator, events: Iterable[tuple], live: dict[Hash
             live[key] = block
             if on_malloc is not None:
                 on_malloc(key, block)
-        elif kind == "free" and len(event) == 2:
-            if event[1] not in live:
-                raise ValueError(f"event {index}: free of {event[1]!r}, which is not allocated")
-            alloc.free(live.pop(event[1]))
-        elif kind == "empty_cache" and len(event) == 1:
+        elif kind == "free":
+            if key not in live:
+                raise ValueError(f"event {index}: free of {key!r}, which is not allocated")
+            block = live.pop(key)
+            if block is not None:
+                alloc.free(block)
+        elif kind == "empty_cache":
             alloc.empty_cache()
-        elif kind == "reset_peak" and len(event) == 1:
+        elif kind == "reset_peak":
             alloc.reset_peak()
         else:
-            raise ValueError(f"event {index}: expected ('alloc', key, size), ('free', key), ('empty_cache',) or "
-                             f"('reset_peak',), got {event!r}")
+            raise ValueError(f"event {index}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
     return SimulationResult(
         settings=alloc.settings, peak_reserved_bytes=alloc.peak_reserved, peak_allocated_bytes=alloc.peak_allocated,
         reserved_at_peak_allocated=alloc.reserved_at_peak_allocated,
@@ -123,7 +140,8 @@ def run_events(alloc: CachingAllocator, events: Iterable[tuple], live: dict[Hash
         segment_allocations=[(e.at_malloc, e.size) for e in alloc.segment_log if e.action in ("alloc", "map")],
         segments_released=sum(e.action in ("free", "unmap") for e in alloc.segment_log),
         num_alloc_retries=alloc.num_alloc_retries, oom=oom_at is not None, oom_at_event=oom_at,
-        final_reserved_bytes=alloc.reserved, final_allocated_bytes=alloc.allocated, allocations=allocations)
+        final_reserved_bytes=alloc.reserved, final_allocated_bytes=alloc.allocated, allocations=allocations,
+        reserved_by_stream_at_peak={s: b for s, b in alloc.reserved_by_stream_at_peak.items() if b})
 
 
 @dataclasses.dataclass
@@ -138,9 +156,10 @@ class ReservedSummary:
     allocator_settings: str  # the settings' PYTORCH_CUDA_ALLOC_CONF text ("default" for none)
     reserved_oom: bool
     reserved_method: str
+    reserved_by_stream_at_peak: dict[int, int] = dataclasses.field(default_factory=dict)  # stream -> bytes
 
 
-def reserved_summary(events: Iterable[tuple], settings: AllocatorSettings | str | None = None,
+def reserved_summary(events: Iterable[TraceEvent | tuple], settings: AllocatorSettings | str | None = None,
                      capacity: int | None = None, memory_fraction: float | None = None) -> ReservedSummary:
     """simulate(), as the fields a (predicted) memory result carries. Bytes throughout.
 
@@ -156,4 +175,5 @@ def reserved_summary(events: Iterable[tuple], settings: AllocatorSettings | str 
         reserved_at_peak_allocated_bytes=r.reserved_at_peak_allocated,
         fragmentation_at_peak_bytes=r.fragmentation_at_peak_bytes, segments_allocated=len(r.segments),
         allocator_settings=settings.label(), reserved_oom=r.oom,
-        reserved_method="simulated CUDA caching allocator (membench.allocator)")
+        reserved_method="simulated CUDA caching allocator (membench.allocator)",
+        reserved_by_stream_at_peak=r.reserved_by_stream_at_peak)

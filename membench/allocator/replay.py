@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 
 from membench.allocator import SimulationResult, run_events
+from membench.allocator.events import DEFAULT_STREAM, TraceEvent
 from membench.allocator.settings import AllocatorSettings
 from membench.allocator.simulator import CachingAllocator
 from membench.allocator.snapshot import ALLOC, FREE, SEGMENT_ALLOC, SEGMENT_FREE, Trace
@@ -86,18 +87,18 @@ def replay(trace: Trace, settings: AllocatorSettings | None = None, capacity: in
     return result
 
 
-def _events(trace: Trace) -> Iterator[tuple]:
+def _events(trace: Trace) -> Iterator[TraceEvent]:
     """The trace's events as `run_events` takes them, keyed by address; a run of segment_free events is one
     empty_cache."""
     previous = None
     for event in trace.events:
         action = event["action"]
         if action == ALLOC:
-            yield "alloc", event["addr"], event["size"], event.get("stream", 0)
+            yield TraceEvent.alloc(event["addr"], event["size"], event.get("stream", DEFAULT_STREAM))
         elif action in (FREE, "free"):
-            yield "free", event["addr"]
+            yield TraceEvent.free(event["addr"])
         elif action == SEGMENT_FREE and previous != SEGMENT_FREE:
-            yield ("empty_cache",)
+            yield TraceEvent("empty_cache")
         previous = action
 
 

@@ -7,8 +7,10 @@ pages of an expandable segment), release_available_cached_blocks (max_split_size
 (empty_cache, and the last retry before an OOM), garbage_collect_cached_blocks, and expandable segments
 (find_expandable_block, map_block, unmap_block).
 
-Not modelled: CUDA graph private pools, cross-stream use (record_stream delays a free until its events complete:
-feed the free at the time it completed), cudaMallocAsync, and memory the driver or other processes hold:
+Streams: a block belongs to the stream it was allocated on, free or not, and a request takes only its own
+stream's free blocks (c10 keys its pools by stream first); a segment is made for one stream. Not modelled: CUDA
+graph private pools, record_stream (it delays a free until events on the other streams complete: feed the free at
+the time it completed), cudaMallocAsync, and memory the driver or other processes hold:
 `capacity` is the memory cudaMalloc can get, all of it for this allocator; nor the address ranges the driver holds
 for itself, which decide where new segments lie (see CachingAllocator and docs/predict.md).
 """
@@ -172,7 +174,11 @@ class CachingAllocator:
         self.reserved = self.allocated = 0
         self.peak_reserved = self.peak_allocated = 0
         self.allocated_at_peak_reserved = self.reserved_at_peak_allocated = 0
-        self.num_alloc_retries = self.num_ooms = self.mallocs = 0
+        # Reserved memory by the stream whose pool holds it (a segment serves the stream it was made for), now and
+        # at the peak of reserved.
+        self.reserved_by_stream: dict[int, int] = {}
+        self.reserved_by_stream_at_peak: dict[int, int] = {}
+        self.num_alloc_retries = self.mallocs = 0
         self.segment_log: list[SegmentEvent] = []
         self.live_segments: dict[int, int] = {}  # base address -> size of every cudaMalloc'ed segment held
         self._max_split = self.settings.max_split_size if self.settings.max_split_size is not None else 2**64
@@ -232,6 +238,7 @@ class CachingAllocator:
         """torch.cuda.reset_peak_memory_stats(): the peaks start again from what is held now."""
         self.peak_reserved, self.allocated_at_peak_reserved = self.reserved, self.allocated
         self.peak_allocated, self.reserved_at_peak_allocated = self.allocated, self.reserved
+        self.reserved_by_stream_at_peak = dict(self.reserved_by_stream)
 
     def malloc(self, orig_size: int, stream: int = 0) -> Block:
         self.mallocs += 1
@@ -249,12 +256,12 @@ class CachingAllocator:
                 self._release_cached_blocks()
                 block = self._alloc_block(pool, stream, size, alloc_size, retry=True)
             if block is None:
-                self.num_ooms += 1
                 limit = self.capacity if self.allowed is None else self.allowed
                 raise OutOfMemory(f"cannot allocate {alloc_size} B: {self.reserved} B reserved of {limit} B")
         block = self._alloc_found_block(block, size, orig_size, self._should_split(block, size))
         if self.reserved > self.peak_reserved:
             self.peak_reserved, self.allocated_at_peak_reserved = self.reserved, self.allocated
+            self.reserved_by_stream_at_peak = dict(self.reserved_by_stream)
         if self.allocated > self.peak_allocated:
             self.peak_allocated, self.reserved_at_peak_allocated = self.allocated, self.reserved
         return block
@@ -299,11 +306,12 @@ class CachingAllocator:
                 block.allocated, block.requested = True, requested
                 self.allocated += block_size
                 by_ptr[ptr] = block
-        self.reserved += size
+        self._reserve(stream, size)
         self.live_segments[address] = size
         self._next_address = max(self._next_address, -(-(address + size) // ROUND_LARGE) * ROUND_LARGE)
         if self.reserved > self.peak_reserved:
             self.peak_reserved, self.allocated_at_peak_reserved = self.reserved, self.allocated
+            self.reserved_by_stream_at_peak = dict(self.reserved_by_stream)
         if self.allocated > self.peak_allocated:
             self.peak_allocated, self.reserved_at_peak_allocated = self.allocated, self.reserved
         return [by_ptr[ptr] for ptr, _, _ in allocated]
@@ -379,6 +387,10 @@ class CachingAllocator:
         return src.size
 
     # --- getting memory from the device and giving it back ------------------------------------------------------
+    def _reserve(self, stream: int, size: int) -> None:
+        """Reserved memory changes by `size` bytes (negative: released), held by `stream`'s pool."""
+        self.reserved += size
+        self.reserved_by_stream[stream] = self.reserved_by_stream.get(stream, 0) + size
     def _alloc_block(self, pool: Pool, stream: int, size: int, alloc_size: int, retry: bool) -> Block | None:
         if retry:
             self.num_alloc_retries += 1
@@ -389,14 +401,14 @@ class CachingAllocator:
         if self.capacity is not None and self.reserved + alloc_size > self.capacity:
             return None  # cudaMalloc: the device is full
         address = self._new_address(alloc_size)
-        self.reserved += alloc_size
+        self._reserve(stream, alloc_size)
         self.live_segments[address] = alloc_size
         self.segment_log.append(SegmentEvent("alloc", address, alloc_size, self.mallocs))
         return Block(address, alloc_size, pool, stream)
 
     def _release_block(self, block: Block) -> None:
         self.segment_log.append(SegmentEvent("free", block.ptr, block.size, self.mallocs))
-        self.reserved -= block.size
+        self._reserve(block.stream, -block.size)
         del self.live_segments[block.ptr]
         self._give_back_range(block.ptr, block.size)
         block.pool.remove(block)
@@ -510,7 +522,7 @@ class CachingAllocator:
         self._try_merge_blocks(block, block.prev, pool)
         self._try_merge_blocks(block, block.next, pool)
         pool.insert(block)
-        self.reserved += mapped
+        self._reserve(block.stream, mapped)
         self.segment_log.append(SegmentEvent("map", seg.base + begin * seg.page, mapped, self.mallocs))
         return True
 
@@ -551,5 +563,5 @@ class CachingAllocator:
         self._try_merge_blocks(block, block.prev, pool)
         self._try_merge_blocks(block, block.next, pool)
         pool.insert_unmapped(block)
-        self.reserved -= length
+        self._reserve(block.stream, -length)
         self.segment_log.append(SegmentEvent("unmap", start, length, self.mallocs))

@@ -19,7 +19,8 @@ from membench.api import plan
 from membench.common.errors import UserError, failure_line
 from membench.common.units import fmt_bytes
 from membench.launch import lifeline
-from membench.predict.fit import Fit, fit_batch, fit_in_parallel, fork_refused
+from membench.launch.pool import WorkerDied, run_in_order
+from membench.predict.fit import Fit, fit_batch
 from membench.predict.run import predict_all, predict_traced, refuse_over_measurements
 from membench.results import archive
 from membench.spec import Job
@@ -67,7 +68,7 @@ def predict_request(request: dict) -> dict:
 
 def fit_request(request: dict) -> dict:
     """In the child process of `membench fit` (launch.probe.call_isolated): plan the runs (loading the user's code),
-    fit each (request["jobs"] at a time: fit_in_parallel), showing every prediction on stderr as the search goes;
+    fit each (request["jobs"] at a time: fit_in_forks), showing every prediction on stderr as the search goes;
     the answer is the fits and their jobs."""
     budget, by = request["budget"], request["by"]
 
@@ -88,10 +89,44 @@ def fit_request(request: dict) -> dict:
               file=sys.stderr, flush=True)
         workers = 1
     if workers > 1:
-        fits = fit_in_parallel(jobs, fit_one, workers, request["plan"].get("workload"))
+        fits = fit_in_forks(jobs, fit_one, workers, request["plan"].get("workload"))
     else:
         fits = [fit_one(job) for job in jobs]
     return {"fits": [dataclasses.asdict(f) for f in fits], "jobs": [job.to_dict() for job in jobs]}
+
+
+def fork_refused() -> str | None:
+    """Why fit's workers may not be forked from this process, or None. Not once CUDA is initialised, nor once
+    autograd has run here (the user's factory may run a backward): the same probe as a sweep's forked runs."""
+    import torch
+
+    from membench.launch.fork import why_not_fork
+
+    return why_not_fork("cuda" if torch.cuda.is_initialized() else "cpu")
+
+
+def fit_in_forks(jobs: list[Job], fit_one, workers: int, workload: str | None) -> list[Fit]:
+    """fit_one(job) for every job in `workers` processes forked from this one, the workload already loaded
+    (launch.pool: the output in the serial loop's order), the fits in the order of `jobs`. A job that raises is the
+    same one line as in the serial loop; a worker that dies is one line naming the technique it was fitting."""
+
+    def answer(k: int) -> Fit | UserError:  # in a worker
+        try:
+            return fit_one(jobs[k])
+        except UserError as exc:
+            return UserError(str(exc))
+        except BaseException as exc:  # noqa: BLE001 - the user's code raising: one line, as serially
+            return UserError(failure_line(exc, workload))
+
+    try:
+        answers = run_in_order(answer, len(jobs), workers, stops=lambda a: isinstance(a, UserError))
+    except WorkerDied as died:
+        raise UserError(f"fitting {jobs[died.index].name} (in a process of its own) {died.how} before answering "
+                        "(the workload's code exits or crashes the process?)") from None
+    for a in answers:
+        if isinstance(a, UserError):
+            raise a
+    return answers
 
 
 def main(argv: list[str]) -> int:

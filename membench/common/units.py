@@ -24,10 +24,6 @@ def parse_bytes(text: str) -> int:
     return value
 
 
-def gib(nbytes: float | None) -> str:
-    return "-" if nbytes is None else f"{nbytes / 2**30:.3f}"
-
-
 def fmt_bytes(nbytes: float | None) -> str:
     if nbytes is None:
         return "-"

@@ -1,5 +1,5 @@
 """Running a user's code out of this process before any run: planning a sweep of a user's workload (`probe`), and
-predict or fit from loading the user's code to the answer (`call_isolated`). The child side is probe_child."""
+predict or fit from loading the user's code to the answer (`call_isolated`). The child side is child/probe.py."""
 
 from __future__ import annotations
 

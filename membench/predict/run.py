@@ -16,11 +16,13 @@ import os
 import time
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from membench import environment, optimizers, private
+from membench.allocator.events import TraceEvent
 from membench.common.errors import UserError
 from membench.measure import Session
-from membench.predict import gpus, steady
+from membench.predict import gpus, steady, streams
 from membench.predict.emulate import fake, versions
 from membench.predict.emulate.autocast import cuda_policy
 from membench.predict.emulate.kernels import CudaKernels
@@ -29,7 +31,10 @@ from membench.spec import Job, RunSpec
 from membench.step import batches
 from membench.techniques import Stack, Technique, resolve
 from membench.trackers.memory import CpuMeter
-from membench.workloads import load_workload
+from membench.workloads import Workload, load_workload
+
+if TYPE_CHECKING:
+    from membench.allocator import ReservedSummary
 
 CUDA_BLOCK = 512  # the caching allocator rounds every allocation up to a multiple of this
 
@@ -45,10 +50,9 @@ CANNOT_SEE = (
     "equal cached blocks a request reuses depends on the addresses the CUDA driver gives segments, which a CPU "
     "cannot know: it can move peak allocated by unsplit remainders (under 1 MiB each; 491,520 B on one of eight "
     "real traces) and peak reserved by a segment (40 MiB on another)",
-    "kernel choice: CUDA kernels may save other tensors than the CPU ones (cuDNN convolutions; attention is "
-    "predicted as a fused kernel that keeps the output and a log-sum-exp, as CUDA's do, with or without dropout, "
-    "except with dropout inside a checkpointed region, where it runs as the CPU's math path; "
-    "memory-efficient attention's padding of it to 32 queries and its dropout seed are not counted)",
+    "kernel choice: CUDA kernels may save other tensors than the CPU ones (cuDNN convolutions); attention runs "
+    "the kernel torch 2.14's rules choose for the GPU (printed), but cuDNN attention's engine workspace beyond its "
+    "frontend's is not known (0 assumed), and nn.MultiheadAttention's inference fast path keeps only its output",
     "ops whose output size depends on data, and model code that branches on tensor values",
 )
 
@@ -96,11 +100,11 @@ def world_size(spec: RunSpec, stack: Stack) -> int | None:
 
 @dataclasses.dataclass
 class Traced:
-    """A prediction with the allocations behind it: every ("alloc", key, raw bytes) and ("free", key) from the
-    model's construction on, in order; the measured step's begin at events[measured_from]."""
+    """A prediction with the allocations behind it: every allocation (its raw bytes) and free from the model's
+    construction on, in order; the measured step's begin at events[measured_from]."""
 
     memory: Memory
-    events: list[tuple]
+    events: list[TraceEvent]
     measured_from: int
     round_to: int
     kernel_calls: list = dataclasses.field(default_factory=list)  # calls that may take kernel scratch (fit)
@@ -124,69 +128,129 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     membench.predict.steady can (half the time; checked, and run after all where a check fails)."""
     spec = job.run
     cuda = spec.device == "cuda"
-    keep_trace = trace
     round_to = round_to or (CUDA_BLOCK if cuda else 1)
     run = dataclasses.replace(spec, device="cpu", memory_budget=None)  # fake tensors live on cpu
-    stack = resolve(run, target_device=spec.device)
+    stack, workload = _what_runs(run, spec.device)
+    ranks = world_size(spec, stack)
+    meta_model = _model_on_meta(stack, workload, ranks)
+    warmup = min(job.measure.warmup, 1)  # after one step the optimizer state exists: the steady state
+    primes = derive_warmup and _derivable(spec, stack, warmup, ranks)
+    gpu = gpus.gpu(spec.gpu) if cuda else None
+    tags = streams.StreamTags() if ranks and gpu is not None else None  # FSDP2's streams: the allocator's pools
+    on_streams = None
+    with _fake_world(ranks, gpu) as (values, attention):
+        session = _fake_session(run, stack, workload, meta_model, gpu, round_to,
+                                trace=trace or cuda or derive_warmup, tags=tags)
+        with _no_collector_within_steps():
+            session.build()
+            primed = steady.prime(session) if primes else None
+            _warm_up(session, primed, warmup)
+            traced = _measured_step(session, primed, round_to)
+            if tags is not None:
+                on_streams = tags.names(session.state.model), session.meter.tracker.bytes_by_stream()
+        session.detach()
+    if traced is None:  # a check refused the written warm-up step: run it instead
+        return predict_traced(job, round_to, trace=trace, derive_warmup=False)
+    _label(traced, spec, stack, on_streams)
+    traced.assumed = values.answered()
+    if attention is not None:
+        traced.memory.attention = attention.summary()
+    return traced
+
+
+def _what_runs(run: RunSpec, target: str) -> tuple[Stack, Workload]:
+    """The stack and workload, refused where a prediction on CPU cannot stand for them."""
+    stack = resolve(run, target_device=target)
     if not stack.predictable:
         moved = ", ".join(t.name for t in stack.techniques if not t.predictable)
         raise CannotPredict(f"{moved} moves tensors between host and device memory, which a prediction on CPU "
                             "cannot tell apart: measure it on a GPU")
-    workload = load_workload(spec.workload, spec.seq_len)
+    workload = load_workload(run.workload, run.seq_len)
     stack.validate(run, workload)
-    ranks = world_size(spec, stack)
+    return stack, workload
+
+
+def _model_on_meta(stack: Stack, workload: Workload, ranks: int | None):
+    """The model on meta, nothing allocated yet; a technique may build it its own way (another dtype)."""
     if ranks:
         import torch.distributed.fsdp  # noqa: F401 - imported before the tracker starts, so it sees FSDP's frees
-
-    # A technique may build its own way (another dtype): let it, but on meta, so nothing is allocated yet.
     meta_build = lambda: fake.build_on_meta(workload.build_model)  # noqa: E731
     meta_model = next((m for t in stack.techniques if (m := t.build_model(meta_build, "meta")) is not None), None)
-    meta_model = meta_model or meta_build()
-    warmup = min(job.measure.warmup, 1)  # after one step the optimizer state exists: the steady state
+    return meta_model or meta_build()
+
+
+@contextlib.contextmanager
+def _fake_world(ranks: int | None, gpu: gpus.Gpu | None):
+    """Fake tensors, a fake process group of `ranks`, and for a CUDA GPU CUDA's autocast policy instead of CPU's."""
     group = fake.fake_process_group(ranks) if ranks else contextlib.nullcontext()
-    # For a CUDA GPU: CUDA's autocast policy instead of CPU's, and cuBLAS's workspaces (see their modules); the
-    # fake CPU tensors stand for CUDA ones, which capturable optimizers accept.
-    policy = cuda_policy() if cuda else contextlib.nullcontext()
-    capturable = private.capturable_on_cpu() if cuda else contextlib.nullcontext()
-    with group, fake.fake_tensors() as values, policy, capturable:
-        prepared = _Prepared(run, fake.materialize(meta_model), cuda)
-        techniques = (prepared, *(_WithRealRanks(t) if t.distributed else t for t in stack.techniques))
-        meter = CpuMeter(round_to=round_to, trace=keep_trace or cuda or derive_warmup)
-        if cuda:
-            meter.tracker.kernels = CudaKernels(gpus.gpu(spec.gpu))
-        session = Session(run, dataclasses.replace(stack, techniques=techniques), workload, meter,
-                          _collected_between(batches(workload, run)), track_host=False)
-        with _no_collector_within_steps():
-            session.build()
-            primed = steady.prime(session) if derive_warmup and _derivable(spec, stack, warmup, ranks) else None
-            if primed is None:
-                session.warm_up(warmup)
-            else:
-                with meter.active():  # its batch is seen: the measured step lets go of it as a run's does
-                    session.skip(warmup)
-            measured_from = len(meter.tracker.trace or ())
-            start_bytes = meter.tracker.current
-            with steady.watching(session) if primed is not None else contextlib.nullcontext() as seen:
-                memory, _, _ = session.measure(1)
-            # A copy: the tracker's list goes on growing with frees while what the step left is collected later
-            # (in another prediction, even), and fit compares traces event for event.
-            trace = list(meter.tracker.trace or ())
-            calls = list(meter.tracker.kernel_calls or ())
-            if primed is not None:
-                gc.collect()  # what the step left for the collector: a run's next step frees it as it begins
-                garbage = [e[1] for e in meter.tracker.trace[len(trace):] if e[0] == "free"]
-                written = steady.write_warmup(primed, seen, trace, measured_from, garbage, memory.peak_allocated_bytes,
-                                              start_bytes, round_to, calls)
-        session.detach()
-    if primed is not None:
-        if isinstance(written, str):
-            return predict_traced(job, round_to, trace=keep_trace, derive_warmup=False)  # the warm-up step is run
-        trace, measured_from, calls = written
+    policy = cuda_policy(gpu) if gpu is not None else contextlib.nullcontext()
+    # The fake CPU tensors stand for CUDA ones, which capturable optimizers accept.
+    capturable = private.capturable_on_cpu() if gpu is not None else contextlib.nullcontext()
+    with group, fake.fake_tensors() as values, policy as attention, capturable:
+        yield values, attention
+
+
+def _fake_session(run: RunSpec, stack: Stack, workload: Workload, meta_model, gpu: gpus.Gpu | None,
+                  round_to: int, trace: bool, tags: streams.StreamTags | None) -> Session:
+    """The same Session a run measures with, on the fake model, under the exact tracker in round_to-byte blocks;
+    for a CUDA GPU (`gpu`) with what its kernels allocate besides their outputs (cuBLAS's workspaces, scratch)."""
+    prepared = _Prepared(run, fake.materialize(meta_model), cuda=gpu is not None)
+    techniques = (prepared, *(_WithRealRanks(t) if t.distributed else t for t in stack.techniques))
+    meter = CpuMeter(round_to=round_to, trace=trace)
+    if gpu is not None:
+        meter.tracker.kernels = CudaKernels(gpu)
+    if tags is not None:
+        meter.tracker.stream_of = tags.current
+    return Session(run, dataclasses.replace(stack, techniques=techniques), workload, meter,
+                   _collected_between(batches(workload, run)), track_host=False)
+
+
+def _warm_up(session: Session, primed: steady.Primed | None, warmup: int) -> None:
+    """The warm-up step: run, or where it was primed only its batch taken (the measured step lets go of it as a
+    run's does)."""
+    if primed is None:
+        session.warm_up(warmup)
+    else:
+        with session.meter.active():
+            session.skip(warmup)
+
+
+def _measured_step(session: Session, primed: steady.Primed | None, round_to: int) -> Traced | None:
+    """The measured step, and the trace from construction on; where the warm-up was primed, with the warm-up
+    step's allocations written in (steady.write_warmup), or None where a check refuses to write them."""
+    tracker = session.meter.tracker
+    measured_from = len(tracker.trace or ())
+    start_bytes = tracker.current
+    with steady.watching(session) if primed is not None else contextlib.nullcontext() as seen:
+        memory, _, _ = session.measure(1)
+    # A copy: the tracker's list goes on growing with frees while what the step left is collected later (in
+    # another prediction, even), and fit compares traces event for event.
+    trace = list(tracker.trace or ())
+    calls = list(tracker.kernel_calls or ())
+    if primed is None:
+        return Traced(memory, trace, measured_from, round_to, calls)
+    gc.collect()  # what the step left for the collector: a run's next step frees it as it begins
+    garbage = [e.key for e in tracker.trace[len(trace):] if e.kind == "free"]
+    try:
+        written = steady.write_warmup(primed, seen, trace, measured_from, garbage, memory.peak_allocated_bytes,
+                                      start_bytes, round_to, calls)
+    except steady.CannotWrite:
+        return None
+    return Traced(memory, written.events, written.measured_from, round_to, written.kernel_calls)
+
+
+def _label(traced: Traced, spec: RunSpec, stack: Stack,
+           on_streams: tuple[dict[int, tuple[str, str]], dict[int, dict[str, int]]] | None) -> None:
+    """What the prediction is of and how it was made; for a CUDA GPU, its reserved memory too, and where FSDP2 ran
+    on several streams (`on_streams`: their names, bytes allocated on each by category), each stream's share."""
+    memory = traced.memory
     memory.device = spec.device
-    memory.method = f"prediction: fake tensors, storage tracker, {round_to}-byte blocks"
-    if cuda:
-        _add_reserved(memory, trace, stack, spec.memory_budget)
-    return Traced(memory, trace, measured_from, round_to, calls, values.answered())
+    memory.method = f"prediction: fake tensors, storage tracker, {traced.round_to}-byte blocks"
+    if spec.device == "cuda":
+        reserved = _add_reserved(memory, traced.events, stack, spec.memory_budget)
+        if on_streams is not None:
+            names, by_stream = on_streams
+            memory.streams = streams.stream_uses(names, by_stream, reserved.reserved_by_stream_at_peak)
 
 
 def _derivable(spec: RunSpec, stack: Stack, warmup: int, ranks: int | None) -> bool:
@@ -223,7 +287,7 @@ def _collected_between(data):
         yield batch
 
 
-def _add_reserved(memory: Memory, trace: list[tuple], stack: Stack, budget: int | None) -> None:
+def _add_reserved(memory: Memory, trace: list[TraceEvent], stack: Stack, budget: int | None) -> ReservedSummary:
     """Reserved memory: the step's allocations, in order from the model's construction on, through the caching
     allocator simulator with the run's allocator settings (the user's PYTORCH_CUDA_ALLOC_CONF plus the stack's,
     e.g. expandable-segments). A budget acts as a memory fraction, as it does on a real GPU."""
@@ -238,6 +302,7 @@ def _add_reserved(memory: Memory, trace: list[tuple], stack: Stack, budget: int 
     memory.allocator_settings = r.allocator_settings
     memory.reserved_oom = r.reserved_oom
     memory.reserved_method = r.reserved_method
+    return r
 
 
 def allocator_settings(stack: Stack):

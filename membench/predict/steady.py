@@ -32,10 +32,8 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from membench import private
+from membench.allocator.events import TraceEvent
 from membench.measure import Session
-
-Event = tuple  # ("alloc", key, nbytes) or ("free", key), as trackers/storage.py traces them
-
 
 # Optimizers whose first step's state, written where the step begins, gives the trace a run warm-up step gives
 # (one parameter group; SGD with momentum makes its buffer first thing in its arithmetic): tests/predict/test_steady.py
@@ -49,9 +47,9 @@ class Primed:
 
     start: int  # the trace's length before priming: what came before is construction
     optimizers: list[int]  # ids, in the order the step code steps them
-    state: dict[int, list[Event]] = field(default_factory=dict)  # id(optimizer) -> allocations of its state
+    state: dict[int, list[TraceEvent]] = field(default_factory=dict)  # id(optimizer) -> allocations of its state
     state_params: dict[int, set[int]] = field(default_factory=dict)  # id(optimizer) -> ids of its parameters
-    workspaces: dict[str, Event] = field(default_factory=dict)  # thread -> its workspace's allocation
+    workspaces: dict[str, TraceEvent] = field(default_factory=dict)  # thread -> its workspace's allocation
 
 
 @dataclass
@@ -71,7 +69,7 @@ def prime(session: Session) -> Primed | None:
     trace = tracker.trace
     gc.collect()  # what construction left for the collector goes now, as at a run's first step
     primed = Primed(start=len(trace), optimizers=[id(o) for o in session.state.optimizers])
-    made: dict[int, list[Event]] = {}
+    made: dict[int, list[TraceEvent]] = {}
     with session.meter.active(), session.meter.phase("optimizer"):
         if tracker.kernels is not None:
             for thread in ("main", "autograd"):
@@ -91,11 +89,11 @@ def prime(session: Session) -> Primed | None:
             optimizer.zero_grad(set_to_none=True)
             primed.state_params[id(optimizer)] = {id(p) for p, state in optimizer.state.items() if state}
     gc.collect()
-    kept = {e[1] for e in _outliving(trace[primed.start:])}
+    kept = {e.key for e in _outliving(trace[primed.start:])}
     for key, events in made.items():
-        primed.state[key] = [e for e in events if e[1] in kept]
-    accounted = {e[1] for events in primed.state.values() for e in events} | {
-        e[1] for e in primed.workspaces.values()}
+        primed.state[key] = [e for e in events if e.key in kept]
+    accounted = {e.key for events in primed.state.values() for e in events} | {
+        e.key for e in primed.workspaces.values()}
     return primed if kept == accounted else None
 
 
@@ -120,53 +118,65 @@ def watching(session: Session):
         handle.remove()
 
 
-def write_warmup(primed: Primed, seen: Seen, trace: list[Event], measured_from: int, garbage: list[int],
-                 peak_bytes: int, start_bytes: int, round_to: int, calls: list | None = None
-                 ) -> tuple[list[Event], int, list] | str:
-    """The trace a prediction that ran its warm-up step would have made, where its measured step begins, and its
-    kernel calls (predict/emulate/reductions.KernelCall, from `calls`: the trace's); or why that cannot be written.
+class CannotWrite(Exception):
+    """Why a warm-up step cannot be written from the measured step (then it is run): one of write_warmup's checks."""
+
+
+@dataclass
+class Written:
+    """The trace a prediction that ran its warm-up step would have made."""
+
+    events: list[TraceEvent]
+    measured_from: int  # where its measured step begins
+    kernel_calls: list  # predict/emulate/reductions.KernelCall, each where it is in `events`
+
+
+def write_warmup(primed: Primed, seen: Seen, trace: list[TraceEvent], measured_from: int, garbage: list[int],
+                 peak_bytes: int, start_bytes: int, round_to: int, calls: list | None = None) -> Written:
+    """The trace a prediction that ran its warm-up step would have made, with its kernel calls (from `calls`: the
+    trace's); CannotWrite, with the check that failed, where that cannot be written.
 
     trace: construction, priming, then the measured step from measured_from. garbage: keys the measured step
     allocated that the cycle collector freed after it, in the order it freed them. peak_bytes, start_bytes: the
     measured step's peak and what was live at its start, in round_to-byte blocks."""
     measured = trace[measured_from:]
-    made = {e[1]: e[2] for e in measured if e[0] == "alloc"}
+    made = {e.key: e.size for e in measured if e.kind == "alloc"}
     garbage_keys = set(garbage)
     # What a step replaces (the batch: the data loader lets go of the last one as it makes the next) is made by
     # one step and freed by the next; in the primed prediction the one before the measured step's is the batch
     # session.skip made. Paired in the order they were made, size for size, with what the measured step made and
     # kept.
-    earlier = {e[1]: e[2] for e in trace[primed.start:measured_from] if e[0] == "alloc"}
-    freed_before = [e[1] for e in measured if e[0] == "free" and e[1] not in made]
-    kept = [e for e in _outliving(measured) if e[1] not in garbage_keys]
+    earlier = {e.key: e.size for e in trace[primed.start:measured_from] if e.kind == "alloc"}
+    freed_before = [e.key for e in measured if e.kind == "free" and e.key not in made]
+    kept = [e for e in _outliving(measured) if e.key not in garbage_keys]
     if any(key not in earlier for key in freed_before):
-        return "the measured step freed storages made before it"
+        raise CannotWrite("the measured step freed storages made before it")
     made_order = sorted(freed_before)  # keys count up as storages are made
-    if [earlier[key] for key in made_order] != [e[2] for e in kept]:
-        return "the measured step made storages that outlive it, as a first step does"
-    replaced = {old: new[1] for old, new in zip(made_order, kept)}
+    if [earlier[key] for key in made_order] != [e.size for e in kept]:
+        raise CannotWrite("the measured step made storages that outlive it, as a first step does")
+    replaced = {old: new.key for old, new in zip(made_order, kept)}
     # A run's measured step starts with the warm-up's garbage still live (the collector frees it as the step takes
     # its batch); a peak no higher than that start would be there, and the primed step cannot see it.
     if peak_bytes <= start_bytes + sum(-(-made[k] // round_to) * round_to for k in garbage):
-        return "the measured step's peak is not above what a warm-up step would leave at its start"
-    inserts: list[tuple[int, int, list[Event]]] = []  # (index in the measured step, order at that index, events)
+        raise CannotWrite("the measured step's peak is not above what a warm-up step would leave at its start")
+    inserts: list[tuple[int, int, list[TraceEvent]]] = []  # (index in the measured step, order at that index, events)
     for optimizer in primed.optimizers:
         state = primed.state[optimizer]
         if not state:
             continue
         if optimizer not in seen.steps:
-            return "an optimizer with state did not step in the measured step"
+            raise CannotWrite("an optimizer with state did not step in the measured step")
         at, with_grad = seen.steps[optimizer]
         if with_grad != primed.state_params[optimizer]:
-            return "an optimizer's parameters with gradients are not those it made state for"
+            raise CannotWrite("an optimizer's parameters with gradients are not those it made state for")
         inserts.append((at - measured_from, 0, state))
     for thread, event in primed.workspaces.items():
         if thread not in seen.first_use:
-            return f"no matmul ran on the {thread} thread"
+            raise CannotWrite(f"no matmul ran on the {thread} thread")
         inserts.append((seen.first_use[thread] - measured_from, 1, [event]))
     inserts.sort(key=lambda x: x[:2])
-    offset = 1 + max(e[1] for e in trace)  # the warm-up's storages: the measured step's, under new keys
-    warmup: list[Event] = []
+    offset = 1 + max(e.key for e in trace)  # the warm-up's storages: the measured step's, under new keys
+    warmup: list[TraceEvent] = []
     # Where a kernel call at each event of the measured step is in the warm-up: before what is inserted there (a
     # call that took no scratch is where the op ended, and an optimizer stepped in backward after it).
     at_in_warmup = []
@@ -174,28 +184,28 @@ def write_warmup(primed: Primed, seen: Seen, trace: list[Event], measured_from: 
         at_in_warmup.append(primed.start + len(warmup))
         while inserts and inserts[0][0] <= index:
             warmup.extend(inserts.pop(0)[2])
-        if event[1] not in replaced:  # a first step has no earlier batch to let go of
-            warmup.append((event[0], event[1] + offset, *event[2:]))
+        if event.key not in replaced:  # a first step has no earlier batch to let go of
+            warmup.append(TraceEvent(event.kind, event.key + offset, event.size, event.stream))
     for _, _, events in inserts:
         warmup.extend(events)
     prefix = trace[:primed.start] + warmup
-    collected = [("free", key + offset) for key in garbage]
-    step = [("free", replaced[e[1]] + offset) if e[1] in replaced else e for e in measured]
+    collected = [TraceEvent.free(key + offset) for key in garbage]
+    step = [TraceEvent.free(replaced[e.key] + offset) if e.key in replaced else e for e in measured]
     calls = calls or []
     shift = len(prefix) + len(collected) - measured_from
     written_calls = ([c for c in calls if c.at < primed.start]
                      + [dataclasses.replace(c, at=at_in_warmup[c.at - measured_from]) for c in calls
                         if c.at >= measured_from]
                      + [dataclasses.replace(c, at=c.at + shift) for c in calls if c.at >= measured_from])
-    return prefix + collected + step, len(prefix), written_calls
+    return Written(prefix + collected + step, len(prefix), written_calls)
 
 
-def _outliving(events: list[Event]) -> list[Event]:
+def _outliving(events: list[TraceEvent]) -> list[TraceEvent]:
     """The allocations among events that no later event frees, in order."""
-    alive: dict[int, Event] = {}
+    alive: dict[int, TraceEvent] = {}
     for e in events:
-        if e[0] == "alloc":
-            alive[e[1]] = e
+        if e.kind == "alloc":
+            alive[e.key] = e
         else:
-            alive.pop(e[1], None)
+            alive.pop(e.key, None)
     return list(alive.values())

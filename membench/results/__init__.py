@@ -30,13 +30,14 @@ from membench.results.schema import (
     RunRecord,
     SiteBytes,
     StateDiff,
+    StreamUse,
     TimelineInfo,
     Timing,
 )
 
 __all__ = [
     "FINISHED", "MAX_RESULT_BYTES", "SCHEMA_VERSION", "STATUSES", "Environment", "Equivalence", "FileRef", "Memory",
-    "ModuleBytes", "RankSummary", "RunRecord", "SiteBytes", "StateDiff", "TimelineInfo", "Timing", "archive",
-    "build_checked", "check_result_paths", "is_finished", "load_dir", "read_result", "result_path", "to_frame",
-    "write_record",
+    "ModuleBytes", "RankSummary", "RunRecord", "SiteBytes", "StateDiff", "StreamUse", "TimelineInfo", "Timing",
+    "archive", "build_checked", "check_result_paths", "is_finished", "load_dir", "read_result", "result_path",
+    "to_frame", "write_record",
 ]

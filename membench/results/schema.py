@@ -61,6 +61,40 @@ class SiteBytes:
 
 
 @dataclass
+class AttentionSite:
+    """A CUDA prediction: one kind of scaled_dot_product_attention call (the query's shape and dtype, its flags)
+    and the kernel torch would run it with on the GPU predicted for."""
+
+    backend: str  # cudnn, flash, efficient or math
+    query_shape: list[int]
+    dtype: str
+    is_causal: bool
+    dropout: float
+    mask: bool
+    refused: list[str] = field(default_factory=list)  # "flash: a mask": each backend tried before it, and why
+
+
+@dataclass
+class Attention:
+    """The attention kernels a CUDA prediction assumed, and what the choice followed (torch's rules, the cuDNN and
+    CUDA versions, the GPU's compute capability)."""
+
+    rule: str
+    sites: list[AttentionSite]
+
+
+@dataclass
+class StreamUse:
+    """A CUDA prediction of a run on several streams (FSDP2): what one stream's pool of the caching allocator got.
+    The allocator keeps free blocks by stream, so memory freed on one stream is reserved for it alone."""
+
+    stream: str  # "default", "fsdp all-gather copy-in", "fsdp reduce-scatter", ...
+    allocated_bytes_by_category: dict[str, int]  # over the prediction, each storage by its category when freed
+    reserved_at_peak_bytes: int  # the segments this stream's pool held at the peak of reserved memory
+    source: str  # what is allocated on it, and where in the code that allocates it
+
+
+@dataclass
 class Memory:
     """Peak memory of the measured step(s), the phase and step it happened in, and its make-up by category."""
 
@@ -89,6 +123,8 @@ class Memory:
     reserved_oom: bool | None = None  # the simulated allocator ran out of the budget
     top_modules: list[ModuleBytes] | None = None  # the largest (module, category) at the peak, largest first
     top_sites: list[SiteBytes] | None = None  # CUDA: the largest allocation sites at the trace's peak
+    attention: Attention | None = None  # CUDA predictions: the attention kernel assumed for each kind of call
+    streams: list[StreamUse] | None = None  # predictions of several CUDA streams: each stream's share
 
 
 @dataclass

@@ -1,11 +1,14 @@
 """FSDP2: parameters, gradients and optimizer state sharded across the ranks that torchrun starts."""
 
+import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 
 from membench.common.errors import UserError
-from membench.private import fsdp_api
+from membench.private import fsdp_api, fsdp_mixed_precision
 from membench.techniques.base import Technique
+from membench.techniques.mesh import fsdp_submesh
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class Fsdp(Technique):
@@ -16,6 +19,8 @@ class Fsdp(Technique):
     Runs through torchrun (--nproc-per-node N; gloo on CPU, nccl on CUDA); --batch-size is per rank, and rank r
     trains on the r-th slice of a batch of N x batch-size, so the check compares against one process at that
     batch. Stacks with ckpt/sac (the checkpoint sits inside FSDP's hooks), amp-bf16, bf16 and opt-in-bwd.
+    --mesh picks the ranks it shards over (dp_shard; with dp_replicate, HSDP: sharded within a group, replicated
+    across groups), --param-dtype / --reduce-dtype its MixedPrecisionPolicy, --reshard-after-forward the blocks'.
     """
 
     name = "fsdp"
@@ -23,7 +28,8 @@ class Fsdp(Technique):
     distributed = True
     conflicts = ("fsdp-offload",)
     conflict_reason = "fsdp-offload is fsdp with CPU offload: choose one"
-    order = 35  # after ckpt/sac have wrapped the blocks, before any optimizer is made
+    order = 35  # after ckpt/sac (and tp) have wrapped the blocks, before any optimizer is made
+    options = ("mesh", "param_dtype", "reduce_dtype", "reshard_after_forward")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -40,12 +46,13 @@ class Fsdp(Technique):
         # The mesh of the run's device: without one, fully_shard builds its default mesh on the machine's
         # accelerator (torch._C._get_accelerator(), torch/distributed/fsdp/_fully_shard/_fsdp_init.py), so a
         # --device cpu run on a GPU machine would shard onto CUDA while its batches stay on the CPU.
-        mesh = init_device_mesh(state.device.type, (dist.get_world_size(),))
-        policy = self.offload_policy(state.device.type)
+        spec = self.spec
+        options = dict(mesh=fsdp_submesh(state), offload_policy=self.offload_policy(state.device.type),
+                       mp_policy=fsdp_mixed_precision(DTYPES.get(spec.param_dtype), DTYPES.get(spec.reduce_dtype)))
         blocks = state.workload.blocks(state.model) if state.workload.blocks else []
         for block in blocks:
-            self._fully_shard(block, mesh=mesh, offload_policy=policy)
-        self._fully_shard(state.model, mesh=mesh, offload_policy=policy)
+            self._fully_shard(block, reshard_after_forward=spec.reshard_after_forward, **options)
+        self._fully_shard(state.model, **options)  # the root: fully_shard's default (not resharded after forward)
         if state.on_model is not None:
             state.on_model(state.model)  # the sharded parameters are new tensors: let the meter see them
 

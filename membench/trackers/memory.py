@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Literal, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -17,6 +20,52 @@ from membench.results import Memory, ModuleBytes
 from membench.trackers.modules import ModuleScopes, parameter_owners
 from membench.trackers.storage import StorageTracker
 from membench.trackers.timeline import Recording
+
+
+@runtime_checkable
+class Meter(Protocol):
+    """What a run's memory is read through (measure.Session holds one from build to the last step): CpuMeter on CPU
+    and for predictions, CudaMeter on a CUDA GPU; make_meter picks. Both answer the same questions (peak, its phase
+    and step, memory after a step) in one Memory record."""
+
+    device: Literal["cpu", "cuda"]
+    tracker: StorageTracker | None  # categories, modules and phases, where this meter keeps them (CUDA: recording)
+
+    def attach_model(self, model: nn.Module) -> None:
+        """Hook the model's parameters and gradients (again after a technique replaces them)."""
+
+    def attach_optimizers(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
+        """Hook the optimizers' state as it is made."""
+
+    def detach(self) -> None:
+        """Every hook off, and no reference kept to the model or the optimizers."""
+
+    def active(self) -> AbstractContextManager[Meter]:
+        """Measuring within this block (CPU: the storage tracker dispatching; CUDA: always)."""
+
+    def recording(self, stem: Path) -> AbstractContextManager[Recording]:
+        """The recording pass: every event kept, for the timeline (files named from `stem`)."""
+
+    def track_inputs(self, batch) -> None:
+        """A step's input batch, counted as inputs where the meter tells categories apart."""
+
+    def phase(self, name: str) -> AbstractContextManager[None]:
+        """Within this block, allocations belong to phase `name` (a key of vocab.PHASE_CATEGORY)."""
+
+    def start_step(self, step: int) -> None:
+        """The steps' index from here: the peak's step."""
+
+    def reset_peak(self) -> None:
+        """The peak from here on: the measured steps'."""
+
+    def current(self) -> int:
+        """Bytes allocated now."""
+
+    def close(self) -> None:
+        """Undo what this meter set process-wide."""
+
+    def result(self) -> Memory:
+        """What was measured, as one Memory record."""
 
 
 class _Categorised:
@@ -87,7 +136,6 @@ class _Categorised:
             self._scopes.remove()
             self._scopes = None
         self.model, self.optimizers, self._owners = None, [], {}
-        self.detached = True
 
 
 class _ParamState(dict):
@@ -277,5 +325,5 @@ class CudaMeter(_Categorised):
                       peak_step=self.peak_step, current_bytes=torch.cuda.memory_allocated())
 
 
-def make_meter(device: str, budget: int | None = None):
+def make_meter(device: str, budget: int | None = None) -> Meter:
     return CudaMeter(budget) if device == "cuda" else CpuMeter(budget)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from membench.allocator.events import DEFAULT_STREAM, TraceEvent
 from membench.common.vocab import CATEGORIES, OTHER, PHASE_CATEGORY, RECOMPUTED
 from membench.private import (
     PRIM_DEVICE,
@@ -53,17 +54,23 @@ class StorageTracker(TorchDispatchMode):
     timeline: keep (event, phase, step, bytes per category) for every allocation and free.
     device_types: count only storages on these device types (e.g. ("cpu",) for host memory); None: all.
     trace: keep every allocation and free in order, with its raw (unrounded) size, as the allocator simulator
-    reads it: ("alloc", key, nbytes) and ("free", key). A prediction's reserved memory comes from it.
+    reads it: TraceEvent.alloc(key, nbytes) and TraceEvent.free(key), on the default stream. A prediction's reserved
+    memory comes from it.
     """
 
     def __init__(self, round_to: int = 1, budget: int | None = None, timeline: bool = False,
                  device_types: tuple[str, ...] | None = None, trace: bool = False):
         super().__init__()
-        self.trace: list[tuple] | None = [] if trace else None
+        self.trace: list[TraceEvent] | None = [] if trace else None
         # Beside the trace: calls whose allocations depend on more than their outputs' sizes (CUDA kernel scratch,
         # predict/emulate/reductions.KernelCall), kept so that fit can work them out at other batch sizes.
         self.kernel_calls: list | None = [] if trace else None
         self.kernels = None  # a CUDA prediction's predict.emulate.kernels.CudaKernels: called around every op
+        # A prediction of several streams (predict/streams.py): the stream an allocation would be made on now, as a
+        # small int (0: the default stream); an allocation's trace event then carries it, when it is not 0.
+        self.stream_of = None
+        self._stream_keys: dict[int, int] = {}  # storage key -> its stream, for those not on the default stream
+        self.stream_bytes: dict[int, dict[str, int]] = {}  # stream -> category -> bytes allocated there (see below)
         self.device_types = device_types
         self.round_to = round_to
         self.budget = budget
@@ -142,15 +149,15 @@ class StorageTracker(TorchDispatchMode):
             key = next(self._counter)
             self._keys[storage] = key
             weakref.finalize(storage, self._free, key)
-            self._traced("alloc", key, nbytes)
+            self._trace_alloc(key, nbytes)
             self._add(key, size, category or self._phase_category(), module or self.module)
         elif key == NOT_COUNTED:
             return
         else:
             old_size, old_category, old_module = self.live[key]
             if size != old_size:
-                self._traced("free", key)
-                self._traced("alloc", key, nbytes)
+                self._trace_free(key)
+                self._trace_alloc(key, nbytes)
             if size != old_size or (category and category != old_category) or (module and module != old_module):
                 # Nothing freed since the peak: the peak is now, and a new label (optimizer state stored by a first
                 # step) belongs in the peak's breakdown too.
@@ -175,8 +182,8 @@ class StorageTracker(TorchDispatchMode):
         key = self._keys.get(tensor.untyped_storage())
         if key is not None and key != NOT_COUNTED:
             nbytes = tensor.untyped_storage().nbytes()
-            self._traced("free", key)
-            self._traced("alloc", key, nbytes)
+            self._trace_free(key)
+            self._trace_alloc(key, nbytes)
             self._remove(key)
             self._add(key, self._rounded(nbytes), self._phase_category(), self.module)
 
@@ -273,13 +280,37 @@ class StorageTracker(TorchDispatchMode):
 
     def _free(self, key: int) -> None:
         if key in self.live:
-            self._traced("free", key)
+            self._trace_free(key)
             self._remove(key)
             self._changed()
 
-    def _traced(self, *event) -> None:
+    def _trace_alloc(self, key: int, nbytes: int) -> None:
+        stream = self.stream_of() if self.stream_of is not None else DEFAULT_STREAM
+        if stream != DEFAULT_STREAM:
+            self._stream_keys[key] = stream
         if self.trace is not None:
-            self.trace.append(event)
+            self.trace.append(TraceEvent.alloc(key, nbytes, stream))
+
+    def _trace_free(self, key: int) -> None:
+        """A storage (or a size of it) lets go of its block: counted for its stream by the category it has now."""
+        if self.stream_of is not None:
+            self._count_on_stream(key, self._stream_keys.pop(key, DEFAULT_STREAM))
+        if self.trace is not None:
+            self.trace.append(TraceEvent.free(key))
+
+    def _count_on_stream(self, key: int, stream: int) -> None:
+        size, category, _ = self.live[key]
+        held = self.stream_bytes.setdefault(stream, {})
+        held[category] = held.get(category, 0) + size
+
+    def bytes_by_stream(self) -> dict[int, dict[str, int]]:
+        """Bytes allocated on each stream, by category: each storage (each size of one FSDP resizes) counted once,
+        by the category it had when freed, or has now."""
+        totals = {stream: dict(held) for stream, held in self.stream_bytes.items()}
+        for key, (size, category, _) in self.live.items():
+            held = totals.setdefault(self._stream_keys.get(key, 0), {})
+            held[category] = held.get(category, 0) + size
+        return {stream: {c: b for c, b in held.items() if b} for stream, held in totals.items()}
 
     def _changed(self) -> None:
         if self.current > self.peak.bytes:

@@ -211,10 +211,10 @@ def test_the_allocation_trace_replays_to_the_trackers_live_bytes():
     session.measure(1)
     live: dict = {}
     for event in meter.tracker.trace:
-        if event[0] == "alloc":
-            live[event[1]] = -(-event[2] // 512) * 512
+        if event.kind == "alloc":
+            live[event.key] = -(-event.size // 512) * 512
         else:
-            del live[event[1]]
+            del live[event.key]
     assert sum(live.values()) == meter.tracker.current > 0
 
 

@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from membench.allocator.events import TraceEvent
 from membench.api import plan
 from membench.predict import steady
 from membench.predict.run import predict_traced
@@ -49,7 +50,11 @@ def _reasons(monkeypatch) -> list:
     write = steady.write_warmup
 
     def recorded(*args, **kwargs):
-        answers.append(write(*args, **kwargs))
+        try:
+            answers.append(write(*args, **kwargs))
+        except steady.CannotWrite as exc:
+            answers.append(str(exc))
+            raise
         return answers[-1]
 
     monkeypatch.setattr(steady, "write_warmup", recorded)
@@ -89,26 +94,29 @@ def test_loops_whose_first_step_differs_run_it(options, monkeypatch):
     assert answers == []
 
 
+def _events(*events: tuple) -> list[TraceEvent]:
+    return [TraceEvent.of(e) for e in events]
+
+
 def test_write_warmup_by_hand():
     """Construction made key 1 (a parameter); priming made 2 (its state) and 3 (a skipped batch); the measured step
     makes 10 (its batch), lets go of 3, makes 11 and 12 (activations), steps the optimizer at trace index 8, frees
     11 and 12, and leaves 13 for the cycle collector. The written warm-up is the measured step under new keys
     (offset 14), with the state made where the optimizer stepped and no earlier batch to let go of; the measured
     step then starts by freeing the warm-up's garbage, and lets go of the warm-up's batch, not the skipped one."""
-    trace = [("alloc", 1, 100), ("alloc", 2, 100), ("alloc", 3, 8),
-             ("alloc", 10, 8), ("free", 3), ("alloc", 11, 4000), ("alloc", 12, 50), ("alloc", 13, 600),
-             ("free", 12), ("free", 11)]
-    primed = steady.Primed(start=1, optimizers=[7], state={7: [("alloc", 2, 100)]}, state_params={7: {5}})
+    trace = _events(("alloc", 1, 100), ("alloc", 2, 100), ("alloc", 3, 8),
+                    ("alloc", 10, 8), ("free", 3), ("alloc", 11, 4000), ("alloc", 12, 50), ("alloc", 13, 600),
+                    ("free", 12), ("free", 11))
+    primed = steady.Primed(start=1, optimizers=[7], state={7: _events(("alloc", 2, 100))}, state_params={7: {5}})
     seen = steady.Seen(steps={7: (8, {5})})
-    written, measured_from, calls = steady.write_warmup(primed, seen, trace, 3, garbage=[13], peak_bytes=4758,
-                                                        start_bytes=208, round_to=1)
-    assert written == [("alloc", 1, 100),
-                       ("alloc", 24, 8), ("alloc", 25, 4000), ("alloc", 26, 50), ("alloc", 27, 600),
-                       ("alloc", 2, 100), ("free", 26), ("free", 25),
-                       ("free", 27),
-                       ("alloc", 10, 8), ("free", 24), ("alloc", 11, 4000), ("alloc", 12, 50), ("alloc", 13, 600),
-                       ("free", 12), ("free", 11)]
-    assert measured_from == 8
+    written = steady.write_warmup(primed, seen, trace, 3, garbage=[13], peak_bytes=4758, start_bytes=208, round_to=1)
+    assert written.events == _events(("alloc", 1, 100),
+                                     ("alloc", 24, 8), ("alloc", 25, 4000), ("alloc", 26, 50), ("alloc", 27, 600),
+                                     ("alloc", 2, 100), ("free", 26), ("free", 25),
+                                     ("free", 27),
+                                     ("alloc", 10, 8), ("free", 24), ("alloc", 11, 4000), ("alloc", 12, 50),
+                                     ("alloc", 13, 600), ("free", 12), ("free", 11))
+    assert written.measured_from == 8
     # A peak no higher than the warm-up's garbage on top of the start: the written trace would miss it.
-    assert isinstance(steady.write_warmup(primed, seen, trace, 3, garbage=[13], peak_bytes=808, start_bytes=208,
-                                          round_to=1), str)
+    with pytest.raises(steady.CannotWrite, match="peak is not above what a warm-up step would leave"):
+        steady.write_warmup(primed, seen, trace, 3, garbage=[13], peak_bytes=808, start_bytes=208, round_to=1)

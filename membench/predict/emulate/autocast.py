@@ -238,12 +238,12 @@ def _kernels(casts: _Casts) -> dict[str, object]:
 
 
 @contextlib.contextmanager
-def cuda_policy():
+def cuda_policy(gpu=None):
     """While active, torch.autocast("cpu", ...) applies CUDA's autocast policy (see the module's docstring), and
-    scaled_dot_product_attention and dropout keep what CUDA's fused kernels keep (predict/emulate/sdpa.py,
-    predict/emulate/dropout.py)."""
-    with cuda_sdpa(), cuda_dropout(), _autocast_policy():
-        yield
+    scaled_dot_product_attention and dropout run as on `gpu` (predict/emulate/sdpa.py, predict/emulate/dropout.py);
+    yields the attention calls seen (sdpa.Sites)."""
+    with cuda_sdpa(gpu) as sites, cuda_dropout(), _autocast_policy():
+        yield sites
 
 
 @contextlib.contextmanager

@@ -23,6 +23,8 @@ from __future__ import annotations
 import torch
 
 from membench.common.vocab import OTHER
+from membench.predict.emulate.attention_kernels import AttentionKernels
+from membench.predict.emulate.cublas_operands import operand_copies
 from membench.predict.emulate.dtypes import CudaDtypes
 from membench.predict.emulate.host import HostTensors
 from membench.predict.emulate.inplace_backward import BackwardPaths
@@ -68,17 +70,22 @@ class CudaKernels:
         self.workspaces = CublasWorkspaces(gpu.cublas_workspace_bytes if workspace_bytes is None else workspace_bytes)
         self.scratch = KernelScratch(gpu)
         self.paths = BackwardPaths()
+        self.attention = AttentionKernels(gpu)
         self.host = HostTensors()
         self.dtypes = CudaDtypes()
 
     def rewrite(self, func, args, kwargs):
-        """The op to run instead (in-place where a plain run is; with CUDA's output dtypes)."""
-        return self.dtypes.rewrite(self.paths.rewrite(func, args, kwargs), args)
+        """The op to run instead (in-place where a plain run is; CUDA's outputs for fused attention; with CUDA's
+        output dtypes)."""
+        return self.attention.rewrite(func) or self.dtypes.rewrite(self.paths.rewrite(func, args, kwargs), args)
 
     def after(self, func, args, kwargs, out, tracker) -> None:
         self.paths.made(func, out)
         if func in CUBLAS_OPS:
             tracker.track_outputs(out)  # before the workspace, as a GPU allocates them
+            copies = operand_copies(func, args, out, tracker)  # cuBLAS's operands, before it asks for a handle
             self.workspaces.matmul_ran(tracker)
+            del copies  # let go as the matmul returns
+        self.attention.run(func, args, kwargs, out, tracker)
         self.scratch.run(func, args, kwargs, out, tracker)
         self.host.made(func, args, out, tracker)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from membench.allocator.events import TraceEvent
 from membench.common.vocab import OTHER
 
 aten = torch.ops.aten
@@ -318,8 +319,8 @@ def _num_bits(max_key: int) -> int:
     return bits
 
 
-def index_put_scratch(func, args, kwargs, gpu) -> list[tuple[str, int | str]]:
-    """The allocations and frees of index_put_with_sort_kernel, in order: ("alloc", name), nbytes ...; or []."""
+def index_put_scratch(func, args, kwargs, gpu) -> list[TraceEvent]:
+    """The allocations and frees of index_put_with_sort_kernel, in order, keyed by name; or []."""
     self, indices = args[0], args[1]
     accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
     if not accumulate and not torch.are_deterministic_algorithms_enabled():
@@ -339,19 +340,20 @@ def index_put_scratch(func, args, kwargs, gpu) -> list[tuple[str, int | str]]:
         slice_size = math.prod(self.shape[last + 1:])
     else:
         slice_size = math.prod(n for d, n in enumerate(self.shape) if d not in indexed)
-    events: list[tuple[str, int | str]] = []
+    alloc, free = TraceEvent.alloc, TraceEvent.free
+    events: list[TraceEvent] = []
     for n, (_, index) in enumerate(defined):  # computeLinearIndex: remainder, then * stride, then +=
-        events += [("alloc", f"remainder{n}", num_indices * index.element_size()),
-                   ("alloc", f"linear{n}", num_indices * index.element_size()), ("free", f"remainder{n}")]
+        events += [alloc(f"remainder{n}", num_indices * index.element_size()),
+                   alloc(f"linear{n}", num_indices * index.element_size()), free(f"remainder{n}")]
         if n:
-            events.append(("free", f"linear{n}"))  # summed into the first one in place
+            events.append(free(f"linear{n}"))  # summed into the first one in place
     if num_indices == 0 or slice_size == 0:
-        return events + [("free", "linear0")]
+        return events + [free("linear0")]
     largest = sum((n - 1) * s for n, s in zip(self.shape, self.stride()))  # largestIndex(self)
     temp = cub_sort_pairs_temp_bytes(num_indices, _num_bits(largest // slice_size), gpu)
-    return events + [("alloc", "sorted_indices", num_indices * 8), ("alloc", "orig_indices", num_indices * 8),
-                     ("alloc", "range", num_indices * 8), ("alloc", "cub_temp", temp), ("free", "cub_temp"),
-                     ("free", "range"), ("free", "orig_indices"), ("free", "sorted_indices"), ("free", "linear0")]
+    return events + [alloc("sorted_indices", num_indices * 8), alloc("orig_indices", num_indices * 8),
+                     alloc("range", num_indices * 8), alloc("cub_temp", temp), free("cub_temp"),
+                     free("range"), free("orig_indices"), free("sorted_indices"), free("linear0")]
 
 
 # --- the hook -----------------------------------------------------------------------------------------------------
@@ -404,19 +406,19 @@ class KernelScratch:
     def __init__(self, gpu):
         self.gpu = gpu
 
-    def events(self, func, args, kwargs, out) -> list[tuple]:
-        """("alloc", name, nbytes) and ("free", name), in the kernel's order; [] for most ops."""
+    def events(self, func, args, kwargs, out) -> list[TraceEvent]:
+        """Its allocations and frees keyed by name, in the kernel's order; [] for most ops."""
         if func in SUMS or func in MEANS:
             sizes = reduction_scratch(func, args, kwargs or {}, out, self.gpu)
             if not sizes:
                 return []
-            return [("alloc", "buffer", sizes[0]), ("alloc", "semaphores", sizes[1]),
-                    ("free", "semaphores"), ("free", "buffer")]
+            return [TraceEvent.alloc("buffer", sizes[0]), TraceEvent.alloc("semaphores", sizes[1]),
+                    TraceEvent.free("semaphores"), TraceEvent.free("buffer")]
         if func in INDEX_PUTS:
             return index_put_scratch(func, args, kwargs or {}, self.gpu)
         return []
 
-    def events_of(self, call: KernelCall, layout: tuple | None = None) -> list[tuple]:
+    def events_of(self, call: KernelCall, layout: tuple | None = None) -> list[TraceEvent]:
         """The scratch events of a kept call, or of the same call with other layouts (fit's other batch sizes)."""
         args, kwargs, out = from_layout(call.layout if layout is None else layout)
         return self.events(call.func, args, kwargs, out)
@@ -429,11 +431,11 @@ class KernelScratch:
         at = len(tracker.trace) if tracker.trace is not None else 0
         live = {}
         for event in self.events(func, args, kwargs, out):
-            if event[0] == "alloc":  # held only in `live`, so that deleting it there frees it
-                live[event[1]] = torch.empty(event[2], dtype=torch.uint8)
-                tracker.track(live[event[1]], OTHER, SCRATCH_MODULE)
+            if event.kind == "alloc":  # held only in `live`, so that deleting it there frees it
+                live[event.key] = torch.empty(event.size, dtype=torch.uint8)
+                tracker.track(live[event.key], OTHER, SCRATCH_MODULE)
             else:
-                del live[event[1]]  # its storage's last reference: the tracker sees it freed now
+                del live[event.key]  # its storage's last reference: the tracker sees it freed now
         if tracker.kernel_calls is not None:
             tracker.kernel_calls.append(KernelCall(at, len(tracker.trace) - at, func,
                                                    layout_of((tuple(args), dict(kwargs or {}), out))))

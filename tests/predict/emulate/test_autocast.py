@@ -161,9 +161,9 @@ def test_einsums_casts_are_freed_first_to_last_as_atens_vector_of_casts_is():
     sizes = {}
     order = []
     for event in tracker.trace:
-        if event[0] == "alloc":
-            sizes[event[1]] = event[2]
-        order.append((event[0], sizes[event[1]]))
+        if event.kind == "alloc":
+            sizes[event.key] = event.size
+        order.append((event.kind, sizes[event.key]))
     assert order[:2] == [("alloc", 4 * 16 * 64 * 2), ("alloc", 64 * 32 * 2)]
     assert [e for e in order if e[0] == "free"][:2] == [("free", 4 * 16 * 64 * 2), ("free", 64 * 32 * 2)]
     del y

@@ -95,11 +95,11 @@ def _trace(fn, gpu=A100):
             fn()
     sizes, events = {}, []
     for event in tracker.trace:
-        if event[0] == "alloc":
-            sizes[event[1]] = event[2]
-            events.append(("alloc", event[2]))
-        elif event[0] == "free":
-            events.append(("free", sizes[event[1]]))
+        if event.kind == "alloc":
+            sizes[event.key] = event.size
+            events.append(("alloc", event.size))
+        elif event.kind == "free":
+            events.append(("free", sizes[event.key]))
     return events
 
 
@@ -150,7 +150,7 @@ def test_a_threads_cublas_workspace_comes_after_its_first_matmuls_output():
         with tracker:
             a, b = torch.empty(8, 16), torch.empty(16, 32)
             kept = [a @ b, a @ b]
-    assert [e[2] for e in tracker.trace if e[0] == "alloc"] == [512, 2048, 1024, 1000, 1024]
+    assert [e.size for e in tracker.trace if e.kind == "alloc"] == [512, 2048, 1024, 1000, 1024]
     assert len(kept) == 2
 
 

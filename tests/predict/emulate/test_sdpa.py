@@ -1,6 +1,7 @@
-"""Attention and softmax in a CUDA prediction, derived by hand: scaled_dot_product_attention keeps what CUDA's fused
-kernels keep (predict/emulate/sdpa.py), the output and a fp32 log-sum-exp, never the queries x keys weights; softmax
-of a float16 input reads it directly (predict/emulate/autocast.py)."""
+"""Attention, softmax and dropout in a CUDA prediction, derived by hand: scaled_dot_product_attention keeps what the
+CUDA kernel torch chooses keeps (predict/emulate/sdpa.py; each kernel in
+tests/predict/emulate/test_attention_kernels.py), softmax of a float16 input reads it directly
+(predict/emulate/autocast.py), dropout keeps a one-byte mask."""
 
 from __future__ import annotations
 
@@ -8,14 +9,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from membench.predict import gpus
 from membench.predict.emulate import fake
 from membench.predict.emulate.autocast import cuda_policy
+from membench.predict.emulate.kernels import CudaKernels
 from membench.trackers.storage import StorageTracker
 
 B, H, L, D = 2, 4, 128, 64
 OUT = B * H * L * D * 4  # the fp32 output: 262,144 bytes
 LSE = B * H * L * 4  # the log-sum-exp, fp32: 4,096 bytes
 WEIGHTS = B * H * L * L * 4  # one queries x keys fp32 matrix: 524,288 bytes
+
+
+def _cuda_tracker(cuda: bool) -> StorageTracker:
+    tracker = StorageTracker()
+    if cuda:  # a CUDA prediction's tracker: the fused kernels' outputs and scratch, no cuBLAS workspace
+        tracker.kernels = CudaKernels(gpus.gpu("H100"), workspace_bytes=0)
+    return tracker
 
 
 def _kept_after_forward(cuda: bool, **kwargs) -> int:
@@ -25,7 +35,7 @@ def _kept_after_forward(cuda: bool, **kwargs) -> int:
         q, k, v = (torch.randn(B, H, L, D, requires_grad=True) for _ in range(3))
         if kwargs.get("attn_mask") == "bool":
             kwargs["attn_mask"] = torch.ones(L, L, dtype=torch.bool)
-        tracker = StorageTracker()
+        tracker = _cuda_tracker(cuda)
         with tracker:
             out = F.scaled_dot_product_attention(q, k, v, **kwargs)
             kept = tracker.current
@@ -37,19 +47,23 @@ def _kept_after_forward(cuda: bool, **kwargs) -> int:
 @pytest.mark.parametrize("kwargs", [{"dropout_p": 0.1}, {"dropout_p": 0.1, "is_causal": True},
                                     {"dropout_p": 0.1, "attn_mask": "bool"}, {}])
 def test_attention_with_or_without_dropout_keeps_the_output_and_a_log_sum_exp(kwargs):
-    # A boolean mask is turned into a float one before any kernel, on CUDA as on CPU (L x L fp32, kept for
-    # backward as the kernel's input): 65,536 bytes more.
+    # fp32 on an H100: neither cuDNN nor flash takes fp32; memory-efficient attention keeps the output and a fp32
+    # log-sum-exp (128 queries, already a multiple of 32), with or without dropout (its seed and offset are host
+    # tensors). A boolean mask is turned into a float one before the kernel (L x L fp32, kept for backward as the
+    # kernel's input): 65,536 bytes more.
     mask = L * L * 4 if kwargs.get("attn_mask") == "bool" else 0
     assert _kept_after_forward(True, **kwargs) == OUT + LSE + mask
 
 
-def test_a_mask_that_needs_a_gradient_keeps_the_math_path():
-    # The CPU's fused kernel cannot give a mask its gradient: such a call stays on the math path (and still runs).
-    with cuda_policy(), fake.fake_tensors():
+def test_a_mask_that_needs_a_gradient_gets_one_from_memory_efficient_attention():
+    # cuDNN refuses a mask that needs a gradient and flash takes no mask; memory-efficient attention computes it.
+    with cuda_policy() as sites, fake.fake_tensors():
         q, k, v = (torch.randn(B, H, L, D, requires_grad=True) for _ in range(3))
         bias = torch.zeros(L, L, requires_grad=True)
-        F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=0.1).sum().backward()
+        with _cuda_tracker(True):
+            F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=0.1).sum().backward()
         assert bias.grad.shape == (L, L)
+        assert [s.backend for s in sites.summary().sites] == ["efficient"]
 
 
 def test_a_cpu_prediction_keeps_the_math_paths_weights_with_dropout():
@@ -69,7 +83,7 @@ def test_softmax_of_a_half_input_reads_it_directly_as_cuda_does(op, dtype):
         with tracker, torch.autocast("cpu", dtype=torch.float16):
             y = op(x, -1)
         assert y.dtype == torch.float32
-        allocs = [e[2] for e in tracker.trace if e[0] == "alloc"]
+        allocs = [e.size for e in tracker.trace if e.kind == "alloc"]
         assert allocs == ([256_000] if dtype == torch.float16 else [256_000, 256_000])
         y.sum().backward()
         assert x.grad.dtype == dtype
@@ -131,13 +145,14 @@ def test_checkpointing_recomputes_the_same_fused_dropout_in_backward():
 
 
 def test_checkpointed_attention_with_dropout_is_recomputed_as_it_ran():
-    # Backward recomputes a checkpointed forward with the torch function mode off (the math path): the first pass
-    # takes the math path too, as a CPU prediction does, or torch.utils.checkpoint refuses the recomputed tensors
-    # (a CheckpointError in `membench predict --workload hf:gpt2 --techniques ckpt`).
-    def kept(cuda: bool) -> int:
-        with (cuda_policy() if cuda else torch.enable_grad()), fake.fake_tensors():
+    # Backward recomputes a checkpointed forward on the autograd engine's thread: the CUDA kernel choice is made at
+    # the dispatcher, so the recomputation runs the same kernel, saves the same tensors, and torch.utils.checkpoint
+    # accepts them (a torch function mode would be off there: a CheckpointError in `membench predict --workload
+    # hf:gpt2 --techniques ckpt`). Kept after the forward: the output only.
+    def kept() -> int:
+        with cuda_policy(), fake.fake_tensors():
             q, k, v = (torch.randn(B, H, L, D, requires_grad=True) for _ in range(3))
-            tracker = StorageTracker()
+            tracker = _cuda_tracker(True)
             with tracker:
                 out = torch.utils.checkpoint.checkpoint(
                     lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1), q, k, v,
@@ -146,4 +161,4 @@ def test_checkpointed_attention_with_dropout_is_recomputed_as_it_ran():
                 out.sum().backward()
             assert q.grad.shape == q.shape
             return kept
-    assert kept(True) == kept(False)
+    assert kept() == OUT

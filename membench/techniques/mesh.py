@@ -1,0 +1,94 @@
+"""The device mesh sharded techniques share (fsdp, fsdp-offload, tp), named as torchtitan names its dimensions.
+
+`--mesh dp_replicate=2,dp_shard=4,tp=2`: 16 ranks, laid out as torchtitan's `init_device_mesh` lays them, row-major
+over (dp_replicate, dp_shard, tp), tensor parallelism innermost (the ranks of one node). FSDP shards over dp_shard
+and, with dp_replicate, is HSDP (replicated across dp_replicate); tp shards each block's weights (techniques/tp.py).
+Without --mesh every rank is one dp_shard dimension. Only here is the mesh parsed and built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from membench.common.errors import UserError
+
+DIMS = ("dp_replicate", "dp_shard", "tp")  # torchtitan's names, in its order (pp and cp: not supported)
+FSDP_DIMS = ("dp_replicate", "dp_shard")
+
+
+@dataclass(frozen=True)
+class Mesh:
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+
+    @property
+    def size(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.tp
+
+    @property
+    def text(self) -> str:
+        """The canonical spelling: every dimension above 1, in torchtitan's order ("dp_shard=1" for one rank)."""
+        parts = [f"{d}={getattr(self, d)}" for d in DIMS if getattr(self, d) > 1]
+        return ",".join(parts) or "dp_shard=1"
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """Where a rank sits on each dimension (row-major, tp innermost)."""
+        tp, rest = rank % self.tp, rank // self.tp
+        return {"dp_replicate": rest // self.dp_shard, "dp_shard": rest % self.dp_shard, "tp": tp}
+
+
+def parse_mesh(text: str | None, world_size: int | None = None) -> Mesh:
+    """'dp_shard=8,tp=2' -> Mesh(dp_shard=8, tp=2); None: one dp_shard dimension of `world_size` ranks."""
+    if text is None:
+        return Mesh(dp_shard=world_size or 1)
+    sizes: dict[str, int] = {}
+    valid = f"NAME=SIZE pairs, e.g. dp_shard=8,tp=2; names: {', '.join(DIMS)}"
+    for part in str(text).split(","):
+        name, eq, size = part.strip().partition("=")
+        if not eq or name not in DIMS or not size.strip().isdigit() or int(size) < 1:
+            raise UserError(f"--mesh {text!r}: {part.strip()!r} is not {valid}")
+        if name in sizes:
+            raise UserError(f"--mesh {text!r}: {name} is given twice")
+        sizes[name] = int(size)
+    mesh = Mesh(**sizes)
+    if mesh.size > 2**31 - 1:
+        raise UserError(f"--mesh {text!r} has {mesh.size} ranks: at most {2**31 - 1}")
+    if world_size is not None and world_size != mesh.size:
+        raise UserError(f"--mesh {text!r} has {mesh.size} ranks ({' x '.join(map(str, sizes.values()))}), "
+                        f"but the run has {world_size}")
+    return mesh
+
+
+def device_mesh(state):
+    """The run's DeviceMesh, built once per training state (fsdp and tp share it), on the run's device type: the
+    dimensions of size above 1 plus dp_shard, by name. Checks the mesh against the process group's size."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    built = getattr(state, "device_mesh", None)
+    if built is not None:
+        return built
+    mesh = parse_mesh(state.spec.mesh, dist.get_world_size())
+    names = [d for d in DIMS if getattr(mesh, d) > 1 or d == "dp_shard"]
+    state.device_mesh = init_device_mesh(state.device.type, tuple(getattr(mesh, d) for d in names),
+                                         mesh_dim_names=tuple(names))
+    return state.device_mesh
+
+
+def fsdp_submesh(state):
+    """What FSDP shards over: dp_shard, or (dp_replicate, dp_shard) for HSDP."""
+    built = device_mesh(state)
+    names = tuple(d for d in FSDP_DIMS if d in built.mesh_dim_names)
+    return built[names] if len(names) > 1 else built[names[0]]
+
+
+def check_reshard_after_forward(value, mesh: Mesh) -> None:
+    """FSDP2 takes True, False, or a world size to reshard to after forward: a divisor of the shard dimension
+    other than 1 and itself (fully_shard's docstring)."""
+    if isinstance(value, bool) or value is None:
+        return
+    if not isinstance(value, int) or value <= 1 or value >= mesh.dp_shard or mesh.dp_shard % value:
+        divisors = [d for d in range(2, mesh.dp_shard) if mesh.dp_shard % d == 0]
+        raise UserError(f"--reshard-after-forward {value!r}: true, false, or a divisor of dp_shard={mesh.dp_shard} "
+                        f"other than 1 and itself ({', '.join(map(str, divisors)) or 'none here'})")
