@@ -412,13 +412,16 @@ def cmd_predict(args) -> int:
 
 def _print_assumed(results) -> None:
     """What the predictions answered without knowing (predict/emulate/values.py), folded to one line; the torch
-    release's unchecked rules (predict/emulate/versions.py) on a line of their own."""
+    release's unchecked rules (predict/emulate/versions.py) and a compiled model predicted eager (predict/compiled.py)
+    on lines of their own."""
+    from membench.predict import compiled
     from membench.predict.emulate import versions
 
     stated = versions.notice()
-    assumed = list(dict.fromkeys(a for r in results for a in (r.assumed or []) if a != stated))
-    if stated is not None and any(stated in (r.assumed or []) for r in results):
-        print(stated)
+    alone = lambda a: a == stated or a.startswith(compiled.PREFIX)  # noqa: E731 - each said on a line of its own
+    for line in dict.fromkeys(a for r in results for a in (r.assumed or []) if alone(a)):
+        print(line)
+    assumed = list(dict.fromkeys(a for r in results for a in (r.assumed or []) if not alone(a)))
     if assumed:
         more = f"; and {len(assumed) - 2} more" if len(assumed) > 2 else ""
         print(f"assumed ({len(assumed)}, each in its record's `assumed`): " + "; ".join(assumed[:2]) + more)

@@ -22,7 +22,7 @@ from membench import environment, optimizers, private
 from membench.allocator.events import TraceEvent
 from membench.common.errors import UserError
 from membench.measure import Session
-from membench.predict import gpus, steady, streams
+from membench.predict import compiled, gpus, steady, streams
 from membench.predict.emulate import fake, versions
 from membench.predict.emulate.autocast import cuda_policy
 from membench.predict.emulate.kernels import CudaKernels
@@ -152,7 +152,7 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     if traced is None:  # a check refused the written warm-up step: run it instead
         return predict_traced(job, round_to, trace=trace, derive_warmup=False)
     _label(traced, spec, stack, on_streams)
-    traced.assumed = values.answered()
+    traced.assumed = [*values.answered(), *filter(None, [compiled.note(meta_model)])]
     if attention is not None:
         traced.memory.attention = attention.summary()
     return traced

@@ -209,6 +209,9 @@ class TimelineInfo:
     top_modules: list[ModuleBytes] | None = None  # at the recording pass's peak
     top_sites: list[SiteBytes] | None = None  # CUDA: from the snapshot's frames at the trace's peak
     seconds: float | None = None  # the whole recording pass: its steps, and on CUDA the snapshot and its saving
+    # Where the model's forward is compiled: the recording pass ran it eager (its tracker is a dispatch mode, under
+    # which Dynamo runs compiled code eager), so the timeline is the eager model's; the measured step was compiled.
+    ran_eager: str | None = None
 
 
 @dataclass
