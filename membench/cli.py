@@ -159,9 +159,10 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
                    help="the device predicted for (default cuda; cpu: what the exact CPU tracker would measure)")
     from membench.predict.gpus import DEFAULT_GPU, GPUS
 
-    p.add_argument("--gpu", default=DEFAULT_GPU, type=_gpu_name, metavar="NAME",
+    p.add_argument("--gpu", default=None, type=_gpu_name, metavar="NAME",
                    help=f"the GPU a --device cuda prediction is for: its cuBLAS workspace and compute capability "
-                        f"(default {DEFAULT_GPU}; valid: {', '.join(GPUS)})")
+                        f"(default: this machine's GPU where torch sees one of these, else {DEFAULT_GPU}; valid: "
+                        f"{', '.join(GPUS)})")
     p.add_argument("--world-size", type=_typed(Check("--world-size", int, 1)), default=None,
                    help=f"ranks a distributed technique (FSDP) is predicted for, in one process (default: --mesh's "
                         f"size, else 1; at most {MAX_WORLD_SIZE})")
@@ -395,7 +396,9 @@ def cmd_predict(args) -> int:
     if args.device == "cuda":
         from membench.predict.gpus import gpu
 
-        print(f"\nPREDICTED cuda memory for an {gpu(args.gpu).describe()}, with CUDA's autocast policy (no "
+        target = gpu(results[0].spec.run.gpu if results else args.gpu)  # api.plan chose it where --gpu is not given
+        chosen = f" ({answer['target']})" if answer.get("target") else ""
+        print(f"\nPREDICTED cuda memory for an {target.describe()}{chosen}, with CUDA's autocast policy (no "
               "timing); a prediction cannot see: " + "; ".join(CANNOT_SEE))
         from membench.predict.emulate.sdpa import describe
 
@@ -408,6 +411,19 @@ def cmd_predict(args) -> int:
     _print_assumed(results)
     print(f"predictions: {out}")
     return 0 if all(r.status == "ok" for r in results) else 1
+
+
+def _local_card() -> tuple[str, str | None] | None:
+    """This machine's GPU: the name torch gives it and the table's name for it (None where the table has none)."""
+    from membench.predict.gpus import gpu, local_gpu_name
+
+    name = local_gpu_name()
+    if name is None:
+        return None
+    try:
+        return name, gpu(name).name
+    except UserError:
+        return name, None
 
 
 def _print_assumed(results) -> None:
@@ -456,7 +472,9 @@ def cmd_fit(args) -> int:
                "max_batch": args.max_batch, "jobs": args.jobs or default_jobs()}
     answer = call_isolated("fit", request, args.timeout, f"fitting {args.workload!r}")
     fits = [Fit(**f) for f in answer["fits"]]
-    confirm = args.device == "cuda" and torch.cuda.is_available() and not args.no_confirm
+    target = Job.from_dict(answer["jobs"][0]).run.gpu if answer["jobs"] else args.gpu
+    here = _local_card() if args.device == "cuda" and torch.cuda.is_available() else None
+    confirm = here is not None and here[1] == target and not args.no_confirm  # only on the card predicted for
     if confirm:
         fits = [confirm_on_gpu(Job.from_dict(j), f, budget, args.out or Path("results") / "fit")
                 for j, f in zip(answer["jobs"], fits)]
@@ -468,8 +486,11 @@ def cmd_fit(args) -> int:
     print(tabulate(rows, headers=["run", "max batch (predicted)", f"predicted peak {by}", "first batch over: peak",
                                   "predictions", "simulated", "max batch (measured)", "note"],
                    tablefmt="simple", disable_numparse=True))
-    where = "confirmed on this GPU" if confirm else "not confirmed: no CUDA GPU here" if args.device == "cuda" \
-        else "cpu target"
+    where = "confirmed on this GPU" if confirm else "cpu target" if args.device != "cuda" else \
+        "not confirmed: no CUDA GPU here" if here is None else "not confirmed: --no-confirm" if args.no_confirm \
+        else f"not confirmed: predicted for {target}, this machine's GPU is {here[0]}"
+    if answer.get("target"):
+        where += f"; for {target}: {answer['target']}"
     headroom = "CUDA context, library workspaces" + (", fragmentation" if by == "allocated" else "")
     print(f"\nbudget {fmt_bytes(budget)} ({budget} B) of PREDICTED {args.device} peak {by}; {where}. "
           f"Leave headroom for what a prediction cannot see ({headroom}).")

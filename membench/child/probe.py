@@ -63,7 +63,14 @@ def predict_request(request: dict) -> dict:
             print(record.traceback, file=sys.stderr, flush=True)
 
     predict_all(jobs, out, on_start=start, on_done=done)
-    return {"names": [job.name for job in jobs]}
+    return {"names": [job.name for job in jobs], "target": _target(request["plan"])}
+
+
+def _target(plan: dict) -> str | None:
+    """Why a CUDA prediction without --gpu is for the GPU it is for (api.plan chose it), for the output."""
+    from membench.predict.gpus import default_target
+
+    return default_target().why if plan.get("target_device") == "cuda" and plan.get("gpu") is None else None
 
 
 def fit_request(request: dict) -> dict:
@@ -92,7 +99,8 @@ def fit_request(request: dict) -> dict:
         fits = fit_in_forks(jobs, fit_one, workers, request["plan"].get("workload"))
     else:
         fits = [fit_one(job) for job in jobs]
-    return {"fits": [dataclasses.asdict(f) for f in fits], "jobs": [job.to_dict() for job in jobs]}
+    return {"fits": [dataclasses.asdict(f) for f in fits], "jobs": [job.to_dict() for job in jobs],
+            "target": _target(request["plan"])}
 
 
 def fork_refused() -> str | None:

@@ -11,6 +11,8 @@ process can use is a little less (the CUDA context and the driver take their sha
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
 
 from membench.common.errors import UserError
@@ -56,6 +58,38 @@ GPUS = {g.name: g for g in (
 )}
 
 
+@dataclass(frozen=True)
+class Target:
+    """The GPU a CUDA prediction is for when --gpu is not given, and why, in words for the output."""
+
+    gpu: Gpu
+    why: str
+
+
+def local_gpu_name() -> str | None:
+    """The name torch gives this machine's first CUDA GPU; None where torch sees none. Asked in a child process:
+    naming the device initialises CUDA, after which this process could not fork (fit's workers do)."""
+    import torch
+
+    if not torch.cuda.is_available():  # counts devices without initialising CUDA
+        return None
+    asked = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"],
+                           capture_output=True, text=True, timeout=120)
+    return asked.stdout.strip() or None if asked.returncode == 0 else None
+
+
+def default_target() -> Target:
+    """This machine's GPU when torch sees one the table knows (by the name torch gives it), else DEFAULT_GPU."""
+    local = local_gpu_name()
+    if local is None:
+        return Target(gpu(DEFAULT_GPU), f"the default {DEFAULT_GPU}: no CUDA GPU here")
+    try:
+        return Target(gpu(local), f"this machine's GPU ({local})")
+    except UserError:
+        return Target(gpu(DEFAULT_GPU), f"the default {DEFAULT_GPU}: this machine's {local} is not in the table "
+                                        f"(--gpu names one: {', '.join(GPUS)})")
+
+
 def gpu(name: str | None) -> Gpu:
     """The GPU of that name (case and '-'/' ' insensitive), or one line naming the valid ones."""
     key = (name or DEFAULT_GPU).upper().replace(" ", "").replace("_", "-")
@@ -65,10 +99,17 @@ def gpu(name: str | None) -> Gpu:
     raise UserError(f"unknown --gpu {name!r}; valid: {', '.join(GPUS)}")
 
 
+# Compute capability majors whose default cuBLAS workspace is 32 MiB: Hopper (9) and Blackwell (10, 12), as
+# parseChosenWorkspaceSize reads `properties->major` in the 2.14-era CublasHandlePool.cpp (earlier releases: sm90
+# only; a later one adds 11). No GPU of the table has major 10 or 12 yet; a torch outside versions.py's checked
+# releases is said in the output.
+LARGE_WORKSPACE_MAJORS = (9, 10, 12)
+
+
 def cublas_workspace_bytes(compute_capability: tuple[int, int], env: dict | None = None) -> int:
     """What torch gives each cuBLAS handle (aten/src/ATen/cuda/CublasHandlePool.cpp, parseChosenWorkspaceSize,
-    torch 2.x): CUBLAS_WORKSPACE_CONFIG (":SIZE_KiB:COUNT" pairs, summed) when set, else 4096 KiB x 8 on sm90
-    (Hopper) and 4096 KiB x 2 + 16 KiB x 8 elsewhere. It is allocated through the caching allocator."""
+    torch 2.x): CUBLAS_WORKSPACE_CONFIG (":SIZE_KiB:COUNT" pairs, summed) when set, else 4096 KiB x 8 on
+    LARGE_WORKSPACE_MAJORS and 4096 KiB x 2 + 16 KiB x 8 elsewhere. It is allocated through the caching allocator."""
     config = (os.environ if env is None else env).get("CUBLAS_WORKSPACE_CONFIG")
     if config:
         parts = config.split(":")[1:]
@@ -80,6 +121,6 @@ def cublas_workspace_bytes(compute_capability: tuple[int, int], env: dict | None
         if len(sizes) % 2 or not sizes or any(s < 0 for s in sizes):
             raise UserError(f"CUBLAS_WORKSPACE_CONFIG={config!r} is not :SIZE:COUNT pairs (KiB), e.g. :4096:8")
         return sum(size * count for size, count in zip(sizes[::2], sizes[1::2])) * 1024
-    if compute_capability == (9, 0):
+    if compute_capability[0] in LARGE_WORKSPACE_MAJORS:
         return 4096 * 1024 * 8
     return 4096 * 1024 * 2 + 16 * 1024 * 8

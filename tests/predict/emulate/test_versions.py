@@ -91,3 +91,12 @@ def test_an_older_torch_predicts_and_says_what_may_differ(workload, optimizer):
     record = predict(spec(workload, ("ckpt",), batch_size=1, device="cuda", optimizer=optimizer, seq_len=64))
     assert record.status == "ok", record.error
     assert versions.notice() in record.assumed
+
+
+def test_hopper_and_blackwell_take_the_large_cublas_workspace():
+    from membench.predict.gpus import cublas_workspace_bytes
+
+    for major in (9, 10, 12):
+        assert cublas_workspace_bytes((major, 0), env={}) == 32 * 2**20
+    for capability in ((8, 0), (8, 9), (7, 5), (11, 0)):
+        assert cublas_workspace_bytes(capability, env={}) == 4096 * 1024 * 2 + 16 * 1024 * 8 == 8_519_680

@@ -1,0 +1,60 @@
+"""The GPU a CUDA prediction is for when --gpu is not given: this machine's GPU where torch sees one the table knows,
+else H100, said in the output; `fit` confirms only predictions made for the card it runs on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from membench import api, cli
+from membench.predict import gpus
+
+
+@pytest.mark.parametrize(("local", "name", "why"), [
+    (None, "H100", "the default H100: no CUDA GPU here"),
+    ("A100", "A100", "this machine's GPU (A100)"),
+    ("NVIDIA B9000", "H100", "the default H100: this machine's NVIDIA B9000 is not in the table (--gpu names one: "
+                             "H100, H100-PCIe"),
+])
+def test_the_default_target_is_this_machines_gpu_where_the_table_knows_it(monkeypatch, local, name, why):
+    monkeypatch.setattr(gpus, "local_gpu_name", lambda: local)
+    target = gpus.default_target()
+    assert target.gpu.name == name and target.why.startswith(why)
+
+
+def test_no_gpu_here_is_asked_without_a_child_process(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(gpus.subprocess, "run", lambda *a, **k: pytest.fail("no GPU: nothing to ask"))
+    assert gpus.local_gpu_name() is None
+
+
+def test_a_cuda_plan_without_gpu_is_for_the_default_target_and_one_with_it_keeps_it(monkeypatch):
+    monkeypatch.setattr(gpus, "local_gpu_name", lambda: "A100")
+    [job] = api.plan("vit-tiny", "baseline", batch_size=2, target_device="cuda", in_process=True)
+    assert job.run.gpu == "A100"
+    [job] = api.plan("vit-tiny", "baseline", batch_size=2, target_device="cuda", in_process=True, gpu="T4")
+    assert job.run.gpu == "T4"
+    [job] = api.plan("vit-tiny", "baseline", batch_size=2, target_device="cpu", in_process=True)
+    assert job.run.gpu is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the output where torch sees no CUDA GPU")
+def test_the_prediction_says_which_gpu_it_is_for_and_why(tmp_path, capsys):
+    assert cli.main(["predict", "--workload", "vit-tiny", "--batch-size", "2", "--techniques", "baseline",
+                     "--out", str(tmp_path)]) == 0
+    assert "PREDICTED cuda memory for an H100 (sm90, 80 GB nominal; cuBLAS workspace 33,554,432 B per handle) " \
+           "(the default H100: no CUDA GPU here)," in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_fit_confirms_only_on_the_card_predicted_for(monkeypatch, capsys):
+    """A GPU here that is not the one predicted for: no confirmation runs, and the output says why."""
+    from membench.predict import fit
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cli, "_local_card", lambda: ("NVIDIA A100-SXM4-80GB", "A100"))
+    monkeypatch.setattr(fit, "confirm_on_gpu", lambda *a, **k: pytest.fail("confirmed on another card"))
+    assert cli.main(["fit", "--workload", "vit-tiny", "--techniques", "ckpt", "--budget", "4MiB", "--max-batch",
+                     "8", "--gpu", "H100"]) == 0
+    assert "not confirmed: predicted for H100, this machine's GPU is NVIDIA A100-SXM4-80GB" in capsys.readouterr().out
