@@ -130,8 +130,8 @@ def add_sharding_options(p: argparse.ArgumentParser) -> None:
     group = p.add_argument_group("sharding", "fsdp, fsdp-offload and tp: the mesh and FSDP2's own options")
     group.add_argument("--mesh", type=_mesh_text, default=None, metavar="DIM=SIZE,...",
                        help="the device mesh by torchtitan's dimension names: dp_shard (FSDP), dp_replicate (HSDP "
-                            "with dp_shard), tp (tensor parallel), e.g. dp_shard=8,tp=2; its size is the number of "
-                            "ranks (default: dp_shard over every rank)")
+                            "with dp_shard), e.g. dp_replicate=2,dp_shard=4 (tp: not supported yet); its size is the "
+                            "number of ranks (default: dp_shard over every rank)")
     group.add_argument("--param-dtype", choices=DTYPES, default=None,
                        help="FSDP2's MixedPrecisionPolicy param_dtype: the dtype parameters are all-gathered and "
                             "computed in (default: their own, fp32)")
@@ -208,6 +208,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeline", action=argparse.BooleanOptionalAction, default=default(MeasureSpec, "timeline"),
                    help="after the measured step, record a categorised memory timeline in a few extra untimed steps "
                         "(CUDA: also a snapshot for pytorch.org/memory_viz) (default: on)")
+    p.add_argument("--predict", action=argparse.BooleanOptionalAction, default=default(MeasureSpec, "predict"),
+                   help="after each run, predict it on fake tensors for the device it ran on and print the "
+                        "prediction beside the measurement, with where they part ways (default: on)")
 
 
 GOAL_HELP = ("what the recommendation optimises: lowest-peak (default: the lowest peak that trains the same model, "
@@ -225,7 +228,7 @@ def _model_options(args) -> dict:
 def run_options(args) -> dict:
     """`membench run`'s options as `api.plan` (and `membench.run_sweep`) take them."""
     return dict(steps=args.steps, warmup=args.warmup, min_time_s=args.min_time, check=not args.no_check,
-                timeout_s=args.timeout, timeline=args.timeline,
+                timeout_s=args.timeout, timeline=args.timeline, predict=args.predict,
                 peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
                 nproc_per_node=_ranks_per_node(args), torchrun_args=args.torchrun_args,
                 memory_budget=args.memory_budget, **_model_options(args))
@@ -394,6 +397,7 @@ def cmd_predict(args) -> int:
     results = [read_result(result_path(out, name)) for name in answer["names"]]
     print(render(results))
     if args.device == "cuda":
+        from membench.predict.device import device_lines
         from membench.predict.gpus import gpu
 
         target = gpu(results[0].spec.run.gpu if results else args.gpu)  # api.plan chose it where --gpu is not given
@@ -405,6 +409,7 @@ def cmd_predict(args) -> int:
         attention = describe([r.memory.attention for r in results if r.memory and r.memory.attention])
         if attention:
             print(attention)
+        print("\n".join(["", *device_lines(results, gpu(args.gpu))]))
     else:  # the CPU tracker is what the prediction reproduces: no CUDA caveat applies
         print("\nPREDICTED cpu memory (no timing): what `membench run --device cpu` measures, to the byte where the "
               "model does not branch on tensor values")
@@ -464,8 +469,8 @@ def cmd_fit(args) -> int:
 
     budget = parse_bytes(args.budget)
     by = args.by or ("reserved" if args.device == "cuda" else "allocated")
-    if by == "reserved" and args.device != "cuda":
-        raise UserError("--by reserved needs --device cuda: reserved memory is the CUDA caching allocator's")
+    if by in ("reserved", "device") and args.device != "cuda":
+        raise UserError(f"--by {by} needs --device cuda: reserved memory is the CUDA caching allocator's")
     # Planned at --accum-steps samples, a batch every technique takes (accumulation splits it into micro-batches);
     # each technique's search then runs over the multiples of the smallest batch it takes.
     request = {"plan": _predict_plan(args, args.accum_steps), "budget": budget, "by": by,
@@ -476,8 +481,11 @@ def cmd_fit(args) -> int:
     here = _local_card() if args.device == "cuda" and torch.cuda.is_available() else None
     confirm = here is not None and here[1] == target and not args.no_confirm  # only on the card predicted for
     if confirm:
-        fits = [confirm_on_gpu(Job.from_dict(j), f, budget, args.out or Path("results") / "fit")
-                for j, f in zip(answer["jobs"], fits)]
+        from membench.predict.device import outside_allocator
+
+        jobs = [Job.from_dict(j) for j in answer["jobs"]]  # --by device: the allocator's share of the budget
+        fits = [confirm_on_gpu(j, f, budget - (outside_allocator(j.run) if by == "device" else 0),
+                               args.out or Path("results") / "fit") for j, f in zip(jobs, fits)]
     # One unit for the table, with enough decimals that peaks either side of the budget never print the same.
     fmt = ByteFormat([budget] + [v for f in fits for v in (f.peak, f.over_peak if f.over_batch else None)])
     rows = [[f.run, f.batch, fmt.with_unit(f.peak), f"{f.over_batch}: {fmt.with_unit(f.over_peak)}"
@@ -492,6 +500,9 @@ def cmd_fit(args) -> int:
     if answer.get("target"):
         where += f"; for {target}: {answer['target']}"
     headroom = "CUDA context, library workspaces" + (", fragmentation" if by == "allocated" else "")
+    if by == "device":  # its estimate of the context and NCCL's buffers is in the peak: see predict's sources
+        headroom = "workspaces outside the allocator; its CUDA context and NCCL buffers are estimates, with the " \
+                   "sources `membench predict` prints"
     print(f"\nbudget {fmt_bytes(budget)} ({budget} B) of PREDICTED {args.device} peak {by}; {where}. "
           f"Leave headroom for what a prediction cannot see ({headroom}).")
     methods = sorted({f.method for f in fits if f.batch})
@@ -576,9 +587,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", required=True, help="memory budget, e.g. 24GiB (GiB = 2**30) or 80GB")
     p.add_argument("--max-batch", type=_typed(Check("--max-batch", int, 1, MAX_COUNT)), default=65536,
                    help="stop searching here (default 65536)")
-    p.add_argument("--by", choices=("reserved", "allocated"), default=None,
+    p.add_argument("--by", choices=("reserved", "allocated", "device"), default=None,
                    help="which predicted peak must fit: reserved (what decides CUDA out-of-memory; the default for "
-                        "--device cuda, from the allocator simulator) or allocated (the default for --device cpu)")
+                        "--device cuda, from the allocator simulator), allocated (the default for --device cpu) or "
+                        "device (reserved + the CUDA context + NCCL's buffers per rank, as predict's whole-device "
+                        "estimate: for a budget of the whole card)")
     p.add_argument("--jobs", type=_jobs, default=None,
                    help="techniques fitted at once, each in a process of its own (default: this machine's cores; "
                         "1: one after another)")

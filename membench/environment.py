@@ -46,7 +46,7 @@ def describe(device: str) -> Environment:
     cuda = device == "cuda"
     return Environment(
         device=device,
-        device_name=torch.cuda.get_device_name(0) if cuda else _cpu_name(),
+        device_name=torch.cuda.get_device_name() if cuda else _cpu_name(),  # this rank's own GPU under torchrun
         device_count=torch.cuda.device_count() if cuda else 1,
         driver_version=_driver_version() if cuda else None,
         torch=torch.__version__,

@@ -164,6 +164,57 @@ def fsdp_comm_streams(model) -> dict[str, object]:
     return {}
 
 
+class _ChunksOnDemand:
+    """_chunk_with_empty's list of `num_chunks` chunks (torch.chunk's, then empty tensors), each made when asked:
+    FSDP2 asks for its own rank's and chunk 0 only, and at 64 ranks a prediction would otherwise make 64 fake views
+    of every parameter, twice (a third of a 70B-shaped prediction's time). Views allocate nothing: the trace is the
+    same but for the empty padding chunks of ranks FSDP2 never asks for."""
+
+    def __init__(self, tensor, num_chunks: int, dim: int):
+        self.tensor, self.num_chunks, self.dim = tensor, num_chunks, dim
+        self.rows = tensor.size(dim)
+        self.split = -(-self.rows // num_chunks)  # torch.chunk's chunk size
+        self.made = -(-self.rows // self.split)  # how many chunks torch.chunk returns
+
+    def __len__(self) -> int:
+        return self.num_chunks
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self.num_chunks))]
+        if index < 0:
+            index += self.num_chunks
+        if not 0 <= index < self.num_chunks:
+            raise IndexError(index)
+        if index >= self.made:
+            return self[0].new_empty(0)
+        start = index * self.split
+        return self.tensor.narrow(self.dim, start, min(self.split, self.rows - start))
+
+
+@contextlib.contextmanager
+def fsdp_chunks_on_demand():
+    """FSDP2's sharding makes only the chunks it uses (_ChunksOnDemand), for predictions. checked: 2.14.1
+    (_fsdp_param.py imports _chunk_with_empty by name and only indexes the list it returns)"""
+    import torch.distributed.fsdp._fully_shard._fsdp_param as fsdp_param
+
+    original = getattr(fsdp_param, "_chunk_with_empty", None)
+    if original is None:
+        yield
+        return
+
+    def on_demand(tensor, num_chunks: int, dim: int):
+        if num_chunks <= 1 or tensor.size(dim) == 0:
+            return original(tensor, num_chunks, dim)
+        return _ChunksOnDemand(tensor, num_chunks, dim)
+
+    fsdp_param._chunk_with_empty = on_demand
+    try:
+        yield
+    finally:
+        fsdp_param._chunk_with_empty = original
+
+
 # --- fake tensors and a fake process group: prediction without memory or GPU (predict/emulate/fake.py) ------------
 def fake_tensor_mode(**kwargs):
     from torch._subclasses.fake_tensor import FakeTensorMode  # checked: 2.14.1
@@ -315,6 +366,23 @@ def attach_out_of_memory_observer(observer) -> None:
     torch._C._cuda_attach_out_of_memory_observer(observer)
 
 
+# Labels on the history (torch.cuda.memory._set_memory_metadata: the calling thread's later trace entries carry it as
+# user_metadata; _annotate_tensor: an "annotate" entry naming a live block), checked on torch 2.14.1's source (CPU):
+# both exist there and are no-ops with backend:cudaMallocAsync. Not yet run on a GPU.
+def history_labels_supported() -> bool:
+    memory = torch.cuda.memory
+    return (hasattr(memory, "_set_memory_metadata") and hasattr(memory, "_annotate_tensor")
+            and memory._memory_metadata_supported())
+
+
+def set_memory_metadata(text: str) -> None:
+    torch.cuda.memory._set_memory_metadata(text)
+
+
+def annotate_tensor(tensor, text: str) -> None:
+    torch.cuda.memory._annotate_tensor(tensor, text)
+
+
 # --- the end of a backward pass (trackers/modules.py) --------------------------------------------------------------
 # The autograd engine runs a queued callback once the current backward finishes: where the module whose backward
 # ran last stops owning what is allocated. torch.utils.module_tracker does the same. checked: 2.14.1
@@ -351,3 +419,14 @@ def capturable_on_cpu():
     finally:
         for module in patched:
             module._get_capturable_supported_devices = original
+
+
+# --- the kernel SDPA picks (benchmarks/gpu_acceptance.py) ------------------------------------------------------------
+# checked: 2.14.1 (torch._fused_sdp_choice returns an SDPBackend value)
+def sdpa_backend(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False) -> str:
+    """The kernel scaled_dot_product_attention picks for these inputs (torch._fused_sdp_choice, the same choice
+    at::scaled_dot_product_attention makes), by torch.nn.attention.SDPBackend's name."""
+    from torch.nn.attention import SDPBackend
+
+    choice = torch._fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal)
+    return next((name for name, b in SDPBackend.__members__.items() if int(b.value) == choice), str(choice))

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from membench import optimizers
+from membench import optimizers, private
 from membench.spec import RunSpec
 from membench.workloads import Batch, Workload
 
@@ -30,11 +30,15 @@ class TrainState:
     forward_contexts: list[Callable[[], ContextManager]] = field(default_factory=list)
     scale_loss: Callable[[torch.Tensor], torch.Tensor] = lambda loss: loss
     step_optimizer: Callable[[torch.optim.Optimizer], None] = lambda opt: opt.step()
-    unscale_gradients: Callable[[torch.optim.Optimizer], None] = lambda opt: None  # before clipping (amp-fp16)
+    # before clipping: amp-fp16 unscales; opt-offload moves the gradients to the host first
+    unscale_gradients: Callable[[torch.optim.Optimizer], None] = lambda opt: None
     batch_to_device: Callable[[Batch, torch.device], Batch] = lambda batch, device: tuple(
         t.to(device) for t in batch)
     on_model: Callable[[nn.Module], None] | None = None  # a technique that replaces the parameters calls it again
     device_mesh: object | None = None  # sharded techniques' torch DeviceMesh, built once (techniques/mesh.py)
+    # The CUDA prediction: clip fake gradients as torch clips real CUDA ones (one _foreach_norm per device and
+    # dtype), which clip_grad_norm_'s check of the tensors' type refuses for FakeTensors (foreach=None).
+    clip_foreach_on_cuda: bool = False
 
     def make_optimizer(self, params, **overrides) -> torch.optim.Optimizer:
         """The run's optimizer (--optimizer) over params. Options a technique sets (foreach, fused) reach only an
@@ -74,8 +78,11 @@ def train_step(state: TrainState, batch: Batch, phase: Callable[[str], ContextMa
         if state.spec.clip_grad_norm is not None:
             for opt in state.optimizers:
                 state.unscale_gradients(opt)
-            grads = [p for p in state.model.parameters() if p.grad is not None]
-            nn.utils.clip_grad_norm_(grads, state.spec.clip_grad_norm)
+            # The gradients the optimizers step on: the model's own, or host copies (opt-offload moves them first).
+            grads = [p for opt in state.optimizers for group in opt.param_groups for p in group["params"]
+                     if p.grad is not None]
+            foreach = True if state.clip_foreach_on_cuda and all(private.is_fake(p.grad) for p in grads) else None
+            nn.utils.clip_grad_norm_(grads, state.spec.clip_grad_norm, foreach=foreach)
         if state.step_optimizers:
             for opt in state.optimizers:
                 state.step_optimizer(opt)

@@ -126,6 +126,7 @@ def test_hf_models_by_name_predict_exactly_what_a_cpu_run_measures(name, head):
     assert predicted.current_breakdown == measured.current_breakdown  # parameters, optimizer state: exact
 
 
+@pytest.mark.slow
 @needs_transformers
 def test_hf_checkpointing_and_optimizer_in_backward_train_the_same_model():
     assert verdict(TINY_GPT2, ("ckpt",), seq_len=16).verdict == "bitwise"

@@ -175,5 +175,7 @@ def reserved_summary(events: Iterable[TraceEvent | tuple], settings: AllocatorSe
         reserved_at_peak_allocated_bytes=r.reserved_at_peak_allocated,
         fragmentation_at_peak_bytes=r.fragmentation_at_peak_bytes, segments_allocated=len(r.segments),
         allocator_settings=settings.label(), reserved_oom=r.oom,
-        reserved_method="simulated CUDA caching allocator (membench.allocator)",
+        reserved_method="simulated CUDA caching allocator (membench.allocator)" + (
+            "; backend:cudaMallocAsync (CUDA's own pool) is not modelled: simulated as the native allocator"
+            if settings.backend != "native" else ""),
         reserved_by_stream_at_peak=r.reserved_by_stream_at_peak)

@@ -1,9 +1,14 @@
 """PYTORCH_CUDA_ALLOC_CONF, parsed once, into the settings the simulator uses.
 
-The syntax and the checks follow c10's AllocatorConfig::parseArgs (PyTorch's public source): comma-separated
-`key:value` pairs, spaces ignored, `roundup_power2_divisions` either one number or a list `[256:4,512:2,>:1]` whose keys
-are sizes in MiB. Options that do not change device memory (pinned host memory, lock release) are accepted and ignored,
-so that a user's real setting string can be pasted as it is.
+The syntax, the keys and the checks follow torch 2.14's own parsers, which read the same string one after the
+other: c10's AcceleratorAllocatorConfig::parseArgs (c10/core/AllocatorConfig.cpp: the device-generic keys) and
+CUDAAllocatorConfig::parseArgs (c10/cuda/CUDAAllocatorConfig.cpp: the CUDA ones); each refuses a key neither knows.
+Comma-separated `key:value` pairs, white space ignored, `roundup_power2_divisions` either one number or a list
+`[256:4,512:2,>:1]` whose keys are sizes in MiB. `large_segment_size_mb` is read first, whatever its place: it sets
+the segment that 1-10 MiB requests share (20 MiB by default), the default `max_non_split_rounding_mb` and the
+smallest `max_split_size_mb` / `max_non_split_rounding_mb` allowed. Options that do not change device memory
+(pinned host memory, locks, graph capture) are checked and ignored, so that a user's real setting string can be
+pasted as it is. tests/test_alloc_settings.py holds every case against c10's own parser where torch has one.
 """
 
 from __future__ import annotations
@@ -11,22 +16,31 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping
+from typing import Literal
 
 from membench.common.errors import UserError
 
 MiB = 2**20
-#: "large" requests of 1-10 MiB share 20 MiB segments; also the smallest max_split_size and the default
-#: max_non_split_rounding (c10: kLargeBuffer).
+#: "large" requests of 1-10 MiB share segments of this size unless large_segment_size_mb says otherwise; also the
+#: default max_non_split_rounding and the smallest max_split_size (c10: kLargeBuffer, large_segment_size()).
 LARGE_BUFFER = 20 * MiB
+#: requests from this size on get a segment of their own (c10: kMinLargeAlloc); large_segment_size_mb must exceed it.
+MIN_LARGE_ALLOC = 10 * MiB
 #: roundup_power2_divisions has one entry per power-of-two interval from 1 MiB ([1, 2) MiB) to 32 GiB and above.
 ROUNDUP_INTERVALS = 16
+#: torch 2.14's limit on pinned_num_register_threads (CUDAAllocatorConfig::pinned_max_register_threads).
+MAX_REGISTER_THREADS = 128
 
-_VALID = ("max_split_size_mb, max_non_split_rounding_mb, garbage_collection_threshold, roundup_power2_divisions, "
-          "expandable_segments, backend, release_lock_on_cudamalloc, pinned_use_cuda_host_register, "
-          "pinned_num_register_threads, pinned_use_background_threads")
-_IGNORED = {"release_lock_on_cudamalloc", "release_lock_on_hipmalloc", "pinned_use_cuda_host_register",
-            "pinned_use_hip_host_register", "pinned_num_register_threads", "pinned_use_background_threads",
-            "pinned_reserve_segment_size_mb", "graph_capture_record_stream_reuse"}
+Backend = Literal["native", "cudaMallocAsync"]
+
+# What each key takes, by kind: the keys that change device memory have their own branch in parse_alloc_conf.
+_BOOLEAN = ("expandable_segments", "pinned_use_background_threads", "release_lock_on_cudamalloc",
+            "release_lock_on_hipmalloc", "pinned_use_cuda_host_register", "pinned_use_hip_host_register",
+            "graph_capture_record_stream_reuse", "pinned_free_catch_all", "throw_on_cudamalloc_oom")
+_HOST_SIZES = ("pinned_max_round_threshold_mb", "pinned_max_cached_size_mb")  # any whole number (MiB)
+_VALID = ("large_segment_size_mb, max_split_size_mb, max_non_split_rounding_mb, garbage_collection_threshold, "
+          "roundup_power2_divisions, expandable_segments, backend, per_process_memory_fraction, and the host-side "
+          "ones: pinned_*, release_lock_on_cudamalloc, ...")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +52,9 @@ class AllocatorSettings:
     garbage_collection_threshold: float = 0.0
     roundup_power2_divisions: tuple[int, ...] = (0,) * ROUNDUP_INTERVALS
     expandable_segments: bool = False
+    large_segment_size: int = LARGE_BUFFER  # the segment 1-10 MiB requests share (large_segment_size_mb)
+    per_process_memory_fraction: float = 1.0  # as torch.cuda.set_per_process_memory_fraction, from the start
+    backend: Backend = "native"  # cudaMallocAsync: CUDA's own pool, which the simulator does not model
     text: str = ""  # what the user wrote, for tables
 
     def label(self) -> str:
@@ -45,9 +62,13 @@ class AllocatorSettings:
         if self.text:
             return self.text
         parts = []
+        if self.backend != "native":
+            parts.append(f"backend:{self.backend}")
+        if self.large_segment_size != LARGE_BUFFER:
+            parts.append(f"large_segment_size_mb:{self.large_segment_size // MiB}")
         if self.max_split_size is not None:
             parts.append(f"max_split_size_mb:{self.max_split_size // MiB}")
-        if self.max_non_split_rounding != LARGE_BUFFER:
+        if self.max_non_split_rounding != self.large_segment_size:
             parts.append(f"max_non_split_rounding_mb:{self.max_non_split_rounding // MiB}")
         if self.garbage_collection_threshold:
             parts.append(f"garbage_collection_threshold:{self.garbage_collection_threshold}")
@@ -56,6 +77,8 @@ class AllocatorSettings:
             parts.append(f"roundup_power2_divisions:[{pairs}]")
         if self.expandable_segments:
             parts.append("expandable_segments:True")
+        if self.per_process_memory_fraction != 1.0:
+            parts.append(f"per_process_memory_fraction:{self.per_process_memory_fraction}")
         return ",".join(parts) or "default"
 
     def divisions_for(self, size: int) -> int:
@@ -67,12 +90,12 @@ class AllocatorSettings:
 def _fail(text: str, why: str) -> UserError:
     shown = text if len(text) <= 80 else text[:80] + "..."
     return UserError(f"cannot read allocator settings {shown!r}: {why} (PYTORCH_CUDA_ALLOC_CONF syntax, e.g. "
-                     f"'expandable_segments:True,max_split_size_mb:128'; options: {_VALID})")
+                     f"'expandable_segments:True'; torch 2.14's options: {_VALID})")
 
 
 def _tokens(text: str) -> list[str]:
-    # c10's lexArgs: ',', ':', '[' and ']' are tokens of their own, spaces vanish.
-    return [t for t in re.split(r"([,:\[\]])", text.replace(" ", "")) if t]
+    # c10's ConfigTokenizer: ',', ':', '[' and ']' are tokens of their own, white space vanishes.
+    return [t for t in re.split(r"([,:\[\]])", re.sub(r"\s", "", text)) if t]
 
 
 def _int(text: str, tok: str, what: str) -> int:
@@ -81,6 +104,15 @@ def _int(text: str, tok: str, what: str) -> int:
     if len(tok) > 18:  # more than any byte count or division could be, and past what int() reads past 4300 digits
         raise _fail(text, f"{what} is a number of {len(tok)} digits: at most 18")
     return int(tok)
+
+
+def _float(text: str, tok: str, what: str) -> float:
+    if len(tok) > 40 or not re.fullmatch(r"[0-9.eE+-]+", tok):
+        raise _fail(text, f"{what} must be a number, got {tok[:40]!r}")
+    try:
+        return float(tok)
+    except ValueError:
+        raise _fail(text, f"{what} must be a number, got {tok!r}") from None
 
 
 def _power_of_two(n: int) -> bool:
@@ -93,60 +125,104 @@ def _bool(text: str, tok: str, key: str) -> bool:
     return tok == "True"
 
 
+class _Reader:
+    """The tokens of one settings string, read as c10's parsers read them."""
+
+    def __init__(self, text: str):
+        self.text, self.toks, self.i = text, _tokens(text), 0
+
+    def more(self) -> bool:
+        return self.i < len(self.toks)
+
+    def key(self) -> str:
+        self.i += 1
+        return self.toks[self.i - 1]
+
+    def expect(self, tok: str) -> None:
+        toks, i = self.toks, self.i
+        if i >= len(toks) or toks[i] != tok:
+            raise _fail(self.text, f"expected {tok!r} after {toks[i - 1][:40]!r}" if i else f"expected {tok!r}")
+        self.i += 1
+
+    def value(self, key: str) -> str:
+        self.expect(":")
+        if self.i >= len(self.toks) or self.toks[self.i] in (",", ":", "[", "]"):
+            raise _fail(self.text, f"{key} needs a value")
+        self.i += 1
+        return self.toks[self.i - 1]
+
+    def separator(self) -> None:
+        if self.more():
+            self.expect(",")
+
+
 def parse_alloc_conf(text: str | None) -> AllocatorSettings:
     """'expandable_segments:True,max_split_size_mb:128' -> AllocatorSettings. Raises UserError on bad input."""
     text = (text or "").strip()
-    toks = _tokens(text)
     values: dict = {}
-    i = 0
-
-    def expect(tok: str) -> None:
-        nonlocal i
-        if i >= len(toks) or toks[i] != tok:
-            raise _fail(text, f"expected {tok[:40]!r} after {toks[i - 1][:40]!r}" if i else f"expected {tok[:40]!r}")
-        i += 1
-
-    def value(key: str) -> str:
-        nonlocal i
-        expect(":")
-        if i >= len(toks) or toks[i] in ",:[]":
-            raise _fail(text, f"{key} needs a value")
-        i += 1
-        return toks[i - 1]
-
-    while i < len(toks):
-        key = toks[i]
-        i += 1
-        if key == "max_split_size_mb" or key == "max_non_split_rounding_mb":
-            mb = _int(text, value(key), key)
-            if mb < LARGE_BUFFER // MiB:
-                raise _fail(text, f"{key} must be >= {LARGE_BUFFER // MiB}, got {mb}")
-            values["max_split_size" if key == "max_split_size_mb" else "max_non_split_rounding"] = mb * MiB
-        elif key == "garbage_collection_threshold":
-            raw = value(key)
-            try:
-                threshold = float(raw)
-            except ValueError:
-                raise _fail(text, f"{key} must be a number, got {raw[:40]!r}") from None
-            if not 0.0 < threshold < 1.0:
-                raise _fail(text, f"{key} must be between 0.0 and 1.0 (exclusive), got {raw[:40]}")
-            values["garbage_collection_threshold"] = threshold
-        elif key == "roundup_power2_divisions":
-            expect(":")
-            values["roundup_power2_divisions"], i = _parse_divisions(text, toks, i)
-        elif key == "expandable_segments":
-            values["expandable_segments"] = _bool(text, value(key), key)
-        elif key == "backend":
-            backend = value(key)
-            if backend != "native":
-                raise _fail(text, f"only the native caching allocator is simulated, not backend {backend!r}")
-        elif key in _IGNORED:
-            value(key)  # host-side options: they do not change device memory
+    # First, as c10 does, large_segment_size_mb wherever it is: the other sizes are checked against it.
+    first = _Reader(text)
+    for at, tok in enumerate(first.toks):
+        if tok == "large_segment_size_mb":
+            first.i = at + 1
+            mb = _int(text, first.value(tok), tok)
+            if mb <= MIN_LARGE_ALLOC // MiB:
+                raise _fail(text, f"{tok} must be > {MIN_LARGE_ALLOC // MiB}, got {mb}")
+            values["large_segment_size"] = mb * MiB
+    large = values.get("large_segment_size", LARGE_BUFFER)
+    values["max_non_split_rounding"] = large
+    reader = _Reader(text)
+    while reader.more():
+        key = reader.key()
+        if key == "large_segment_size_mb":
+            reader.value(key)
         else:
-            raise _fail(text, f"unknown option {key!r}")
-        if i < len(toks):
-            expect(",")
+            _parse_key(reader, key, values, large)
+        reader.separator()
     return AllocatorSettings(text=text, **values)
+
+
+def _parse_key(reader: _Reader, key: str, values: dict, large: int) -> None:
+    """One key's value into `values` (the device-memory ones), or checked and dropped (the others)."""
+    text = reader.text
+    if key in ("max_split_size_mb", "max_non_split_rounding_mb"):
+        mb = _int(text, reader.value(key), key)
+        if mb < large // MiB:
+            raise _fail(text, f"{key} must be >= {large // MiB} (large_segment_size_mb), got {mb}")
+        values["max_split_size" if key == "max_split_size_mb" else "max_non_split_rounding"] = mb * MiB
+    elif key in ("garbage_collection_threshold", "per_process_memory_fraction"):
+        raw = reader.value(key)
+        number = _float(text, raw, key)
+        if key == "garbage_collection_threshold" and not 0.0 < number < 1.0:
+            raise _fail(text, f"{key} must be between 0.0 and 1.0 (exclusive), got {raw[:40]}")
+        if key == "per_process_memory_fraction" and not 0.0 <= number <= 1.0:
+            raise _fail(text, f"{key} must be between 0.0 and 1.0, got {raw[:40]}")
+        values[key] = number
+    elif key == "roundup_power2_divisions":
+        reader.expect(":")
+        values[key], reader.i = _parse_divisions(text, reader.toks, reader.i)
+    elif key == "backend":
+        backend = reader.value(key)
+        if backend not in ("native", "cudaMallocAsync"):
+            raise _fail(text, f"backend must be native or cudaMallocAsync, got {backend[:40]!r}")
+        values["backend"] = backend
+    elif key in _BOOLEAN:
+        flag = _bool(text, reader.value(key), key)
+        if key == "expandable_segments":
+            values[key] = flag
+    elif key in _HOST_SIZES:
+        _int(text, reader.value(key), key)  # host memory: no change to the device's
+    elif key == "pinned_num_register_threads":
+        n = _int(text, reader.value(key), key)
+        if not _power_of_two(n) or n > MAX_REGISTER_THREADS:
+            raise _fail(text, f"{key} must be a power of 2 up to {MAX_REGISTER_THREADS}, got {n}")
+    elif key == "pinned_reserve_segment_size_mb":
+        if _int(text, reader.value(key), key) == 0:
+            raise _fail(text, f"{key} must be greater than 0")
+    elif key == "expandable_segments_handle_type":  # named by torch 2.14's own error message, refused by its parser
+        raise _fail(text, f"{key} is not an option torch 2.14 reads (its parser refuses it too)")
+    else:
+        raise _fail(text, f"unknown option {key[:40]!r}")
 
 
 def _parse_divisions(text: str, toks: list[str], i: int) -> tuple[tuple[int, ...], int]:
@@ -169,8 +245,8 @@ def _parse_divisions(text: str, toks: list[str], i: int) -> tuple[tuple[int, ...
         if n != 0 and not _power_of_two(n):
             raise _fail(text, f"roundup_power2_divisions must be a power of 2 or 0, got {n}")
         if size_tok == ">":
-            # '>' sets this interval and every larger one
-            divisions[last_index:] = [n] * (ROUNDUP_INTERVALS - last_index)
+            # '>' sets every interval after the entry before it (torch >= 2.8: last_index + 1)
+            divisions[last_index + 1:] = [n] * (ROUNDUP_INTERVALS - last_index - 1)
         else:
             mb = _int(text, size_tok, "a roundup_power2_divisions interval")
             if not _power_of_two(mb):

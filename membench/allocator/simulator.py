@@ -26,7 +26,7 @@ from membench.allocator.settings import LARGE_BUFFER, AllocatorSettings
 MIN_BLOCK = 512  # every size is rounded up to a multiple of 512 bytes (kMinBlockSize)
 SMALL_SIZE = 2**20  # requests up to 1 MiB go to the small pool (kSmallSize)
 SMALL_BUFFER = 2 * 2**20  # ... which is made of 2 MiB segments (kSmallBuffer)
-MIN_LARGE_ALLOC = 10 * 2**20  # requests from 1 to 10 MiB get a 20 MiB segment (kMinLargeAlloc, kLargeBuffer)
+MIN_LARGE_ALLOC = 10 * 2**20  # requests from 1 to 10 MiB share a 20 MiB segment (kMinLargeAlloc; large_segment_size_mb)
 ROUND_LARGE = 2 * 2**20  # larger requests get a segment of their size rounded up to 2 MiB (kRoundLarge)
 _DEFAULT_ADDRESS_SPACE = 2**44  # an expandable segment's virtual size when no capacity is given (never reached)
 
@@ -36,7 +36,7 @@ class OutOfMemory(Exception):
 
 
 class ExpandableSegment:
-    """A virtual address range whose pages (2 MiB small pool, 20 MiB large pool) are mapped on demand."""
+    """A virtual address range whose pages (2 MiB small pool, large_segment_size_mb large pool) are mapped on demand."""
 
     __slots__ = ("base", "size", "page")
 
@@ -137,12 +137,13 @@ def _roundup_power2_next_division(size: int, divisions: int) -> int:
     return size if rounded == size else rounded + step
 
 
-def get_allocation_size(size: int) -> int:
-    """The size of the segment cudaMalloc'ed when no cached block fits a (rounded) request."""
+def get_allocation_size(size: int, large_segment: int = LARGE_BUFFER) -> int:
+    """The size of the segment cudaMalloc'ed when no cached block fits a (rounded) request; `large_segment` is
+    large_segment_size_mb's (20 MiB by default: AcceleratorAllocatorConfig::large_segment_size(), torch 2.14)."""
     if size <= SMALL_SIZE:
         return SMALL_BUFFER
     if size < MIN_LARGE_ALLOC:
-        return LARGE_BUFFER
+        return large_segment
     return -(-size // ROUND_LARGE) * ROUND_LARGE
 
 
@@ -244,7 +245,7 @@ class CachingAllocator:
         self.mallocs += 1
         size = round_size(orig_size, self.settings)
         pool = self.small if size <= SMALL_SIZE else self.large
-        alloc_size = get_allocation_size(size)
+        alloc_size = get_allocation_size(size, self.settings.large_segment_size)
         block = self._get_free_block(pool, stream, size)
         if block is None:
             if self._gc:
@@ -496,7 +497,7 @@ class CachingAllocator:
             if has_space(candidate):
                 return candidate
             i += 1
-        page = SMALL_BUFFER if pool.is_small else LARGE_BUFFER
+        page = SMALL_BUFFER if pool.is_small else self.settings.large_segment_size
         total = self.capacity or _DEFAULT_ADDRESS_SPACE
         space = -(-(total + total // 8) // page) * page  # c10 reserves 9/8 of the device's memory
         segment = ExpandableSegment(self._bump_address(space), space, page)

@@ -20,6 +20,7 @@ from membench.common.errors import UserError, failure_line
 from membench.common.units import fmt_bytes
 from membench.launch import lifeline
 from membench.launch.pool import WorkerDied, run_in_order
+from membench.predict.device import outside_allocator
 from membench.predict.fit import Fit, fit_batch
 from membench.predict.run import predict_all, predict_traced, refuse_over_measurements
 from membench.results import archive
@@ -87,7 +88,14 @@ def fit_request(request: dict) -> dict:
     jobs = plan(**request["plan"], in_process=True)
 
     def fit_one(job: Job) -> Fit:
-        return fit_batch(job, budget, by, predict_traced, request["max_batch"], on_probe=probe)
+        if by != "device":
+            return fit_batch(job, budget, by, predict_traced, request["max_batch"], on_probe=probe)
+        # The whole device: reserved memory under the budget less what the rank holds outside the allocator
+        outside = outside_allocator(job.run)
+        fit = fit_batch(job, budget - outside, "reserved", predict_traced, request["max_batch"],
+                        on_probe=lambda j, reserved: probe(j, reserved + outside))
+        return dataclasses.replace(fit, peak=None if fit.peak is None else fit.peak + outside,
+                                   over_peak=None if fit.over_peak is None else fit.over_peak + outside)
 
     workers = min(request.get("jobs", 1), len(jobs))
     reason = fork_refused() if workers > 1 else None

@@ -27,6 +27,7 @@ from membench.results import (
     Equivalence,
     FileRef,
     Memory,
+    PredictionCheck,
     RankSummary,
     RunRecord,
     TimelineInfo,
@@ -53,10 +54,12 @@ class Measured:
     equivalence: Equivalence | None = None
     world_size: int | None = None  # set for a distributed run only, as `ranks`
     ranks: list[RankSummary] | None = None
+    prediction: PredictionCheck | None = None
 
     def record_on(self, record: RunRecord) -> None:
         record.memory, record.timing, record.timeline = self.memory, self.timing, self.timeline
         record.equivalence, record.world_size, record.ranks = self.equivalence, self.world_size, self.ranks
+        record.prediction = self.prediction
 
 
 class Worker:
@@ -147,7 +150,23 @@ class Worker:
         if how.check:
             progress.report("check", steps=how.check_steps)
             done.equivalence = self._equivalence(workload, stack)
+        if how.predict and self.out is not None:  # after everything measured: it runs in this process
+            progress.report("predict")
+            done.prediction = self._prediction(meter)
         return done
+
+    def _prediction(self, meter) -> PredictionCheck:
+        """The run predicted for this device, beside what it measured (predict/beside.py)."""
+        from membench.predict import beside
+
+        self.session.stage = "predict"
+        recorded = getattr(meter, "recorded", None)  # CUDA: the recording pass's first step, as the allocator saw it
+        properties = name = None
+        if meter.device == "cuda":
+            device = torch.cuda.current_device()
+            properties, name = torch.cuda.get_device_properties(device), torch.cuda.get_device_name(device)
+        return beside.check(self.job, self.measured.memory, recorded.first_step if recorded else None,
+                            stem(self.out), properties, name or "")
 
     def _with_build(self, memory: Memory) -> Memory:
         memory.build_peak_bytes = self.build_info.peak_bytes
@@ -215,6 +234,10 @@ def _rank_summary(rank: int, memory: Memory, timing_summary: Timing) -> RankSumm
 def _watch_oom(out: Path) -> None:
     from membench.trackers import cuda
 
+    if not cuda.history_supported():
+        print("membench: backend:cudaMallocAsync takes no out-of-memory observer: an OOM of this run keeps no "
+              "snapshot", file=sys.stderr)
+        return
     oom_snapshot = _oom_snapshot(out)
     oom_snapshot.unlink(missing_ok=True)  # an earlier run's, not this one's
     cuda.snapshot_on_oom(oom_snapshot)

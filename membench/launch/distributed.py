@@ -109,7 +109,11 @@ def merge_ranks(out: Path, since: float):
             records[int(number)] = fresh(path)
     present = {rank: r for rank, r in sorted(records.items()) if r is not None}
     failed = {rank: r for rank, r in present.items() if r.status in ("oom", "error")}
-    if not present or (records[0] is not None and not failed):
+    # A rank whose equivalence check failed inside a collective left at once (worker.Worker.leave_group): its
+    # measurements stand, the check's verdict is the run's, whatever the other ranks' records say.
+    left = {rank: r for rank, r in present.items() if rank not in failed and r.equivalence is not None
+            and r.equivalence.verdict == "failed"}
+    if not present or (records[0] is not None and not failed and not left):
         return None
     first = min(failed, key=lambda rank: (failed[rank].status != "oom", rank)) if failed else min(present)
     base = records[0] or present[first]
@@ -120,7 +124,13 @@ def merge_ranks(out: Path, since: float):
                                  sorted(failed, key=lambda r: (r != first, r)))
         merged.memory = base.memory or failed[first].memory
         merged.oom_snapshot = base.oom_snapshot or failed[first].oom_snapshot
+    elif left:
+        detail = "; ".join(f"rank {rank}: {r.equivalence.detail}" for rank, r in left.items())
+        merged.equivalence = dataclasses.replace(left[min(left)].equivalence, detail=detail)
     if records[0] is None:
         stopped = "rank 0 left no record (stopped after another rank failed)"
-        merged.error = f"{merged.error}; {stopped}" if merged.error else stopped
+        if failed:
+            merged.error = f"{merged.error}; {stopped}"
+        else:  # the run's measurements stand (another rank's): the check says what did not finish
+            merged.equivalence.detail += f"; {stopped}"
     return merged

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from membench.common.errors import UserError
-from membench.launch.lifecycle import run_job
+from membench.launch.lifecycle import NEW_PROCESS_ONLY, run_job
 from membench.launch.progress import PROGRESS_ENV
 from membench.results import RunRecord
 from membench.spec import Job
@@ -171,17 +171,19 @@ class InProcess:
         self.reason, self.work = reason, work
 
     def start(self, job: Job, stack: Stack, out_path: Path, log: Path, env: dict[str, str]) -> _Done:
-        changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
-        if set(changed) - {PROGRESS_ENV} and torch.cuda.is_initialized():
-            raise UserError(f"{job.name} needs {', '.join(sorted(set(changed) - {PROGRESS_ENV}))} set before CUDA "
-                            "starts, and CUDA has already started in this process; run it before any CUDA work, "
-                            "or as package.module:factory from the CLI")
+        changed = {k: v for k, v in env.items() if k not in NEW_PROCESS_ONLY and os.environ.get(k) != v}
+        before_cuda = set(changed) - {PROGRESS_ENV}  # what acts at CUDA's first use (allocator settings)
+        if before_cuda and torch.cuda.is_initialized():
+            raise UserError(f"{job.name} needs {', '.join(sorted(before_cuda))} set before CUDA starts, and CUDA "
+                            "has already started in this process; run it before any CUDA work, or as "
+                            "package.module:factory from the CLI")
         warnings.warn(f"membench: {job.name} runs in this process ({self.reason}): {IN_PROCESS_COST}",
                       InProcessWarning, stacklevel=2)
         saved = {k: os.environ.get(k) for k in changed}
         os.environ.update(changed)
         try:
-            self.work(job, out_path)
+            with _callers_random_state():
+                self.work(job, out_path)
         finally:
             for key, value in saved.items():
                 if value is None:
@@ -189,6 +191,14 @@ class InProcess:
                 else:
                     os.environ[key] = value
         return _Done()
+
+
+def _callers_random_state():
+    """The run seeds torch's generators (build_state: torch.manual_seed): the caller's own random streams go on
+    afterwards as if it had not run. CPU's, and the current CUDA device's where CUDA had started (before that, the
+    CUDA generator has no state of the caller's to keep)."""
+    devices = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
+    return torch.random.fork_rng(devices=devices)
 
 
 class _Done:

@@ -26,6 +26,10 @@ from membench.results.progress import Stage
 from membench.spec import Job
 from membench.techniques import Stack, resolve
 
+# Variables that matter only to a new Python process (a worker's log is written as it goes): a run in the caller's
+# own process neither needs nor sets them.
+NEW_PROCESS_ONLY = frozenset({"PYTHONUNBUFFERED"})
+
 
 def environment_for(stack: Stack) -> dict[str, str]:
     """The worker's environment: this process's, with the stack's allocator settings added to the user's."""

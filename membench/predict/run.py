@@ -22,10 +22,11 @@ from membench import environment, optimizers, private
 from membench.allocator.events import TraceEvent
 from membench.common.errors import UserError
 from membench.measure import Session
-from membench.predict import compiled, gpus, steady, streams
+from membench.predict import compiled, device, gpus, steady, streams
 from membench.predict.emulate import fake, versions
 from membench.predict.emulate.autocast import cuda_policy
 from membench.predict.emulate.kernels import CudaKernels
+from membench.predict.ranks import predict_ranks
 from membench.results import Memory, RunRecord, result_path, write_record
 from membench.spec import Job, RunSpec
 from membench.step import batches
@@ -76,6 +77,7 @@ class _Prepared(Technique):
     def configure(self, state) -> None:
         if self.cuda and optimizers.cuda_defaults_to_foreach(self.spec.optimizer):
             state.optimizer_options.setdefault("foreach", True)
+        state.clip_foreach_on_cuda = self.cuda  # predict/emulate/foreach_norm.py
 
 
 class _WithRealRanks(Technique):
@@ -111,21 +113,23 @@ class Traced:
     assumed: list[str] = dataclasses.field(default_factory=list)  # what was answered without being known
 
 
-def predict_memory(job: Job, round_to: int | None = None) -> Memory:
+def predict_memory(job: Job, round_to: int | None = None, rank: int = 0) -> Memory:
     """The memory of one run as a measurement on job.run.device would report it (peak, phase, breakdown).
 
     The device is the target: "cuda" rounds to 512-byte blocks and uses CUDA's optimizer defaults; "cpu" predicts
     what the exact CPU tracker measures (round_to=1), which is how the predictor is tested against real runs.
     Measured by the same Session as a real run, on fake tensors.
     """
-    return predict_traced(job, round_to, trace=job.run.device == "cuda").memory
+    return predict_traced(job, round_to, trace=job.run.device == "cuda", rank=rank).memory
 
 
-def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, derive_warmup: bool = True) -> Traced:
+def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, derive_warmup: bool = True,
+                   rank: int = 0) -> Traced:
     """predict_memory, keeping the allocation trace (fit derives other batch sizes from a few of them).
 
     derive_warmup: write the warm-up step's allocations from the measured step's instead of running it, where
-    membench.predict.steady can (half the time; checked, and run after all where a check fails)."""
+    membench.predict.steady can (half the time; checked, and run after all where a check fails).
+    rank: the rank of a distributed run the process plays (predict/ranks.py: each rank whose shards differ)."""
     spec = job.run
     cuda = spec.device == "cuda"
     round_to = round_to or (CUDA_BLOCK if cuda else 1)
@@ -138,7 +142,7 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     gpu = gpus.gpu(spec.gpu) if cuda else None
     tags = streams.StreamTags() if ranks and gpu is not None else None  # FSDP2's streams: the allocator's pools
     on_streams = None
-    with _fake_world(ranks, gpu) as (values, attention):
+    with _fake_world(ranks, gpu, rank) as (values, attention):
         session = _fake_session(run, stack, workload, meta_model, gpu, round_to,
                                 trace=trace or cuda or derive_warmup, tags=tags)
         with _no_collector_within_steps():
@@ -150,7 +154,7 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
                 on_streams = tags.names(session.state.model), session.meter.tracker.bytes_by_stream()
         session.detach()
     if traced is None:  # a check refused the written warm-up step: run it instead
-        return predict_traced(job, round_to, trace=trace, derive_warmup=False)
+        return predict_traced(job, round_to, trace=trace, derive_warmup=False, rank=rank)
     _label(traced, spec, stack, on_streams)
     traced.assumed = [*values.answered(), *filter(None, [compiled.note(meta_model)])]
     if attention is not None:
@@ -180,9 +184,10 @@ def _model_on_meta(stack: Stack, workload: Workload, ranks: int | None):
 
 
 @contextlib.contextmanager
-def _fake_world(ranks: int | None, gpu: gpus.Gpu | None):
-    """Fake tensors, a fake process group of `ranks`, and for a CUDA GPU CUDA's autocast policy instead of CPU's."""
-    group = fake.fake_process_group(ranks) if ranks else contextlib.nullcontext()
+def _fake_world(ranks: int | None, gpu: gpus.Gpu | None, rank: int = 0):
+    """Fake tensors, a fake process group of `ranks` (this process playing `rank`), and for a CUDA GPU CUDA's
+    autocast policy instead of CPU's."""
+    group = fake.fake_process_group(ranks, rank) if ranks else contextlib.nullcontext()
     policy = cuda_policy(gpu) if gpu is not None else contextlib.nullcontext()
     # The fake CPU tensors stand for CUDA ones, which capturable optimizers accept.
     capturable = private.capturable_on_cpu() if gpu is not None else contextlib.nullcontext()
@@ -248,6 +253,9 @@ def _label(traced: Traced, spec: RunSpec, stack: Stack,
     memory.method = f"prediction: fake tensors, storage tracker, {traced.round_to}-byte blocks"
     if spec.device == "cuda":
         reserved = _add_reserved(memory, traced.events, stack, spec.memory_budget)
+        if spec.memory_budget is None:  # more than the GPU holds, unbounded: replayed under it (predict/device.py)
+            memory.on_card = device.on_card(traced.events, allocator_settings(stack), memory.peak_reserved_bytes,
+                                            gpus.gpu(spec.gpu).memory_gb, device.run_mesh(spec))
         if on_streams is not None:
             names, by_stream = on_streams
             memory.streams = streams.stream_uses(names, by_stream, reserved.reserved_by_stream_at_peak)
@@ -329,6 +337,8 @@ def predict(job: Job, round_to: int | None = None) -> RunRecord:
         stated = versions.notice() if job.run.device == "cuda" else None  # rules not checked on this torch
         record.memory, record.assumed = traced.memory, [*traced.assumed, *filter(None, [stated])] or None
         record.world_size = world_size(job.run, resolve(job.run, target_device=job.run.device)) or 1
+        if record.world_size > 1:  # each rank whose shards differ (uneven shards), rank 0 first
+            record.ranks = predict_ranks(job, round_to, record.memory, predict_memory)
     except UserError:
         raise
     except (CannotPredict, fake.NeedsValues) as exc:

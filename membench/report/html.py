@@ -19,6 +19,7 @@ from membench.common.units import fmt_bytes
 from membench.common.vocab import CATEGORIES
 from membench.report import explain as ex
 from membench.report import timeline_html
+from membench.report.beside import prediction_html
 from membench.report.recommend import Goal, recommend
 from membench.report.table import BREAKDOWN_HEADERS, breakdown_rows, reference_note
 from membench.report.table import rows as table_rows
@@ -131,6 +132,7 @@ def _run_section(result: RunRecord, baseline: RunRecord | None, report_dir: Path
         v = eq.verdict
         parts.append(f'<p>Equivalence: <span class="verdict-{_E(v, quote=True)}">{_E(v)}</span>'
                      f' — {_E(eq.detail)}</p>')
+    parts.append(prediction_html(result.prediction))  # report/beside.py
     parts.append(_files(result, report_dir))
     parts.append("</div>")
     return "\n".join(parts)

@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from membench.common.units import fmt_bytes, fmt_duration, fmt_number
+from membench.report.beside import prediction_lines
 from membench.report.noise import step_ms
 from membench.report.table import module_phrase
 from membench.results import RunRecord
@@ -108,6 +109,8 @@ class SweepProgress:
             self.estimate.finished(wall)
         # markup=False: "[noisy timing ...]" is text, not a rich style tag (as markup it vanished from the line).
         self.console.print("  " + run_line(result, skipped, wall), markup=False, soft_wrap=True)
+        for line in prediction_lines(result.prediction):
+            self.console.print("    " + line, markup=False, soft_wrap=True)
         self.progress.advance(self.task)
 
 
@@ -132,3 +135,5 @@ class StageLines:
     def done(self, job, result: RunRecord, skipped: bool) -> None:
         print(f"membench: {run_line(result, skipped, time.monotonic() - self.started)}",
               file=self.file or sys.stderr, flush=True)
+        for line in prediction_lines(result.prediction):
+            print(f"membench:   {line}", file=self.file or sys.stderr, flush=True)

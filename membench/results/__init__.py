@@ -21,11 +21,14 @@ from membench.results.schema import (
     FINISHED,
     SCHEMA_VERSION,
     STATUSES,
+    AllocationSide,
+    Divergence,
     Environment,
     Equivalence,
     FileRef,
     Memory,
     ModuleBytes,
+    PredictionCheck,
     RankSummary,
     RunRecord,
     SiteBytes,
@@ -36,8 +39,8 @@ from membench.results.schema import (
 )
 
 __all__ = [
-    "FINISHED", "MAX_RESULT_BYTES", "SCHEMA_VERSION", "STATUSES", "Environment", "Equivalence", "FileRef", "Memory",
-    "ModuleBytes", "RankSummary", "RunRecord", "SiteBytes", "StateDiff", "StreamUse", "TimelineInfo", "Timing",
-    "archive", "build_checked", "check_result_paths", "is_finished", "load_dir", "read_result", "result_path",
-    "to_frame", "write_record",
+    "FINISHED", "MAX_RESULT_BYTES", "SCHEMA_VERSION", "STATUSES", "AllocationSide", "Divergence", "Environment",
+    "Equivalence", "FileRef", "Memory", "ModuleBytes", "PredictionCheck", "RankSummary", "RunRecord", "SiteBytes",
+    "StateDiff", "StreamUse", "TimelineInfo", "Timing", "archive", "build_checked", "check_result_paths",
+    "is_finished", "load_dir", "read_result", "result_path", "to_frame", "write_record",
 ]

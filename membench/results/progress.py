@@ -13,6 +13,7 @@ STAGE_WORDS = {
     "time": "timing",
     "flops": "counting FLOPs",
     "check": "equivalence check",
+    "predict": "predicting it beside the measurement",
 }
 
 

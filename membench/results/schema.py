@@ -95,6 +95,16 @@ class StreamUse:
 
 
 @dataclass
+class OnCard:
+    """A CUDA prediction replayed under the GPU's memory, where unbounded it would reserve more than the card has:
+    the caching allocator then releases its cached blocks and retries before it runs out (predict/device.py)."""
+
+    capacity_bytes: int  # the GPU's nominal memory less the CUDA context and NCCL buffers estimated
+    peak_reserved_bytes: int  # the peak of reserved memory under that capacity
+    oom: bool  # out of memory even after releasing every cached block
+
+
+@dataclass
 class Memory:
     """Peak memory of the measured step(s), the phase and step it happened in, and its make-up by category."""
 
@@ -125,6 +135,7 @@ class Memory:
     top_sites: list[SiteBytes] | None = None  # CUDA: the largest allocation sites at the trace's peak
     attention: Attention | None = None  # CUDA predictions: the attention kernel assumed for each kind of call
     streams: list[StreamUse] | None = None  # predictions of several CUDA streams: each stream's share
+    on_card: OnCard | None = None  # CUDA predictions that reserve more than the GPU holds: replayed under it
 
 
 @dataclass
@@ -209,6 +220,7 @@ class TimelineInfo:
     top_modules: list[ModuleBytes] | None = None  # at the recording pass's peak
     top_sites: list[SiteBytes] | None = None  # CUDA: from the snapshot's frames at the trace's peak
     seconds: float | None = None  # the whole recording pass: its steps, and on CUDA the snapshot and its saving
+    source: str | None = None  # CUDA: where the categories come from (the allocator's labelled history, ...)
     # Where the model's forward is compiled: the recording pass ran it eager (its tracker is a dispatch mode, under
     # which Dynamo runs compiled code eager), so the timeline is the eager model's; the measured step was compiled.
     ran_eager: str | None = None
@@ -218,6 +230,50 @@ class TimelineInfo:
 class FileRef:
     file: str
     file_bytes: int
+
+
+# --- the prediction beside a measurement (predict/beside.py) -------------------------------------------------------
+@dataclass
+class AllocationSide:
+    """One side's event where a predicted step and the recorded one part ways: an allocation or a free, what it
+    was (its category and module) and the Python line that allocated it. kind None: this side's step has ended."""
+
+    kind: str | None = None  # "alloc" or "free"
+    size: int | None = None  # requested bytes
+    category: str | None = None
+    module: str | None = None
+    site: str | None = None
+
+
+@dataclass
+class Divergence:
+    """The first event where the predicted step and the step the allocator recorded differ: `index` events (the
+    step's allocations and frees, in order) were the same on both sides before it."""
+
+    index: int
+    predicted: AllocationSide
+    measured: AllocationSide
+
+
+@dataclass
+class PredictionCheck:
+    """The run predicted on fake tensors for the device it ran on, beside what it measured (membench run on CUDA,
+    and on CPU for the CPU target). status "ok": compared; "skipped" or "error": why not, in `detail`."""
+
+    status: str
+    target: str  # "cpu", or the GPU the prediction was for and why (e.g. "H100: sm90, 132 SMs, as this GPU")
+    detail: str | None = None
+    tolerance: float | None = None  # relative: |predicted - measured| / measured within it counts as the same
+    predicted_peak_allocated_bytes: int | None = None
+    measured_peak_allocated_bytes: int | None = None
+    predicted_peak_reserved_bytes: int | None = None
+    measured_peak_reserved_bytes: int | None = None
+    allocated_error: float | None = None  # (predicted - measured) / measured
+    reserved_error: float | None = None
+    within: bool | None = None
+    divergence: Divergence | None = None
+    hint: str | None = None  # outside the tolerance: which files to attach to a report
+    seconds: float | None = None
 
 
 @dataclass
@@ -259,6 +315,7 @@ class RunRecord:
     predicted: bool = False
     predicted_for: str | None = None
     cannot_see: list[str] | None = None
+    prediction: PredictionCheck | None = None  # a measurement's own prediction, beside it (predict/beside.py)
     # A prediction's answers to what it could not know (values read back, the eager model of a compiled one, rules
     # of another torch release), each with where it came from: predict/emulate/values.py and predict/run.py.
     assumed: list[str] | None = None

@@ -1,8 +1,9 @@
-"""The device mesh sharded techniques share (fsdp, fsdp-offload, tp), named as torchtitan names its dimensions.
+"""The device mesh sharded techniques share (fsdp, fsdp-offload), named as torchtitan names its dimensions.
 
 `--mesh dp_replicate=2,dp_shard=4,tp=2`: 16 ranks, laid out as torchtitan's `init_device_mesh` lays them, row-major
 over (dp_replicate, dp_shard, tp), tensor parallelism innermost (the ranks of one node). FSDP shards over dp_shard
-and, with dp_replicate, is HSDP (replicated across dp_replicate); tp shards each block's weights (techniques/tp.py).
+and, with dp_replicate, is HSDP (replicated across dp_replicate). tp is parsed and laid out, but refused until a
+tensor-parallel technique uses it (check_supported).
 Without --mesh every rank is one dp_shard dimension. Only here is the mesh parsed and built.
 """
 
@@ -81,6 +82,13 @@ def fsdp_submesh(state):
     built = device_mesh(state)
     names = tuple(d for d in FSDP_DIMS if d in built.mesh_dim_names)
     return built[names] if len(names) > 1 else built[names[0]]
+
+
+def check_supported(mesh: Mesh) -> None:
+    """Tensor parallelism has no technique yet: a tp dimension would be predicted and run as plain FSDP."""
+    if mesh.tp > 1:
+        raise UserError(f"--mesh {mesh.text}: tensor parallelism (tp) is not supported yet; valid dimensions: "
+                        f"{', '.join(FSDP_DIMS)}")
 
 
 def check_reshard_after_forward(value, mesh: Mesh) -> None:

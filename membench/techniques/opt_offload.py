@@ -30,17 +30,33 @@ class OptimizerOffload(Technique):
                 pairs.append((p, (host.pin_memory() if pin else host).requires_grad_()))
         optimizer = state.make_optimizer([h for _, h in pairs])
         inner_step = state.step_optimizer  # e.g. a gradient scaler's step, which unscales the host gradients
+        inner_unscale = state.unscale_gradients  # a gradient scaler's unscale_, before clipping
+        on_host = [False]  # this step's gradients were moved already (before clipping)
 
-        def step(opt) -> None:
+        def to_host() -> None:
+            if on_host[0]:
+                return
             for p, host in pairs:
                 host.grad = None if p.grad is None else p.grad.to("cpu", non_blocking=pin)
                 p.grad = None
             if pin:
                 torch.cuda.synchronize()  # the gradients must have landed before the host reads them
+            on_host[0] = True
+
+        def unscale(opt) -> None:
+            # Clipping (train_step) reads the gradients the optimizer steps on, and a scaler unscales the ones its
+            # step will check for infs: the host copies, so they move first.
+            to_host()
+            inner_unscale(opt)
+
+        def step(opt) -> None:
+            to_host()
             inner_step(opt)
+            on_host[0] = False
             with torch.no_grad():
                 for p, host in pairs:
                     p.copy_(host, non_blocking=pin)
 
         state.optimizers = [optimizer]
         state.step_optimizer = step
+        state.unscale_gradients = unscale

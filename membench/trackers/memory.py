@@ -229,6 +229,14 @@ class CpuMeter(_Categorised):
                       top_modules=top_modules(self.tracker))
 
 
+# Where a CUDA timeline's categories come from (TimelineInfo.source).
+HISTORY_SOURCE = "the allocator's history, labelled by phase, module and tensor"
+STORAGE_TRACKER_SOURCE = ("the storage tracker (a dispatch mode, under which backward takes some out-of-place "
+                          "paths the measured steps do not); snapshot from the allocator's history")
+ASYNC_SOURCE = ("the storage tracker (a dispatch mode, under which backward takes some out-of-place paths the "
+                "measured steps do not); no snapshot: backend:cudaMallocAsync records no history")
+
+
 class CudaMeter(_Categorised):
     """The CUDA caching allocator's statistics, read per phase: a phase's peak is the allocator's peak since the
     phase began, so the peak's phase costs no extra synchronisation. What the driver sees (CUDA context, cuBLAS
@@ -238,12 +246,17 @@ class CudaMeter(_Categorised):
 
     def __init__(self, budget: int | None = None):
         self.budget = budget
+        self.callers_fraction = None  # what a budget replaced, restored at close (a run in the caller's process)
         if budget is not None:
-            total = torch.cuda.get_device_properties(0).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total))
+            device = torch.cuda.current_device()  # a torchrun rank's own GPU (distributed.process_group set it)
+            total = torch.cuda.get_device_properties(device).total_memory
+            self.callers_fraction = torch.cuda.get_per_process_memory_fraction(device)
+            self.fraction_device = device
+            torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
         self.peaks = {"allocated": 0, "reserved": 0, "active": 0}
         self.peak_phase, self.peak_step, self.step = "setup", -1, -1
-        self.tracker = None  # a StorageTracker during the recording pass only
+        self.tracker = None  # during the recording pass only: cuda.AllocatorLabels (or a StorageTracker)
+        self.recorded = None  # after it: cuda.AllocatorTimeline, whose first_step a prediction is compared with
 
     @contextlib.contextmanager
     def active(self):
@@ -251,10 +264,17 @@ class CudaMeter(_Categorised):
 
     @contextlib.contextmanager
     def recording(self, stem: Path):
-        """The recording pass on CUDA: the allocator's history for memory_viz, and, for categories and phases,
-        the same storage tracker as on CPU with sizes rounded to the allocator's 512-byte blocks."""
+        """The recording pass on CUDA: the allocator's history for memory_viz, labelled with the phases, steps,
+        modules and the tensors' categories, and read back into the timeline (trackers/cuda.py): the pass runs the
+        step as the measured steps do. Where the history cannot carry labels (torch before 2.14), the categories
+        come from the storage tracker, a dispatch mode, whose backward takes some out-of-place paths a plain step
+        does not; with backend:cudaMallocAsync (no history at all) from the storage tracker alone."""
         from membench.trackers import cuda
 
+        if cuda.labels_supported():
+            with self._labelled_history(stem) as recording:
+                yield recording
+            return
         # Device memory only: pinned host copies (opt-offload, act-offload, fsdp-offload's shards) and the CPU
         # input batch are host memory, and counting them would misplace exactly the offload techniques' peaks.
         self.tracker = StorageTracker(round_to=512, timeline=True, device_types=("cuda",))
@@ -262,10 +282,29 @@ class CudaMeter(_Categorised):
         for opt in getattr(self, "optimizers", ()):
             self._track_state(opt)
         recording = Recording(self.tracker)
+        history = cuda.history_supported()
         try:
-            with cuda.recorded_history(stem.parent / f"{stem.name}.snapshot.pickle") as info, self.tracker:
+            with (cuda.recorded_history(stem.parent / f"{stem.name}.snapshot.pickle") if history
+                  else contextlib.nullcontext({})) as info, self.tracker:
                 yield recording
-            recording.files.update(info)
+            recording.files.update(info, source=STORAGE_TRACKER_SOURCE if history else ASYNC_SOURCE)
+        finally:
+            self.tracker = None
+
+    @contextlib.contextmanager
+    def _labelled_history(self, stem: Path):
+        from membench.trackers import cuda
+
+        self.tracker = labels = cuda.AllocatorLabels()
+        self._register_model()  # what is alive now is named before recording starts (labels.before)
+        for opt in getattr(self, "optimizers", ()):
+            self._track_state(opt)
+        recording = Recording(labels)
+        try:
+            with cuda.recorded_history(stem.parent / f"{stem.name}.snapshot.pickle", labels=labels) as info:
+                yield recording
+            recording.tracker = self.recorded = info.pop("timeline")
+            recording.files.update(info, source=HISTORY_SOURCE)
         finally:
             self.tracker = None
 
@@ -273,9 +312,9 @@ class CudaMeter(_Categorised):
         pass
 
     def close(self) -> None:
-        """The memory fraction is process-wide: a run in the caller's own process must not leave it set."""
-        if self.budget is not None:
-            torch.cuda.set_per_process_memory_fraction(1.0)
+        """The memory fraction is process-wide: a run in the caller's own process leaves the caller's own."""
+        if self.callers_fraction is not None:
+            torch.cuda.set_per_process_memory_fraction(self.callers_fraction, self.fraction_device)
 
     @contextlib.contextmanager
     def phase(self, name: str):
@@ -318,7 +357,9 @@ class CudaMeter(_Categorised):
         torch.cuda.synchronize()
         free, total = torch.cuda.mem_get_info()
         stats = torch.cuda.memory_stats()
-        return Memory(device="cuda", method="cuda-caching-allocator", peak_allocated_bytes=self.peaks["allocated"],
+        backend = torch.cuda.get_allocator_backend()
+        method = "cuda-caching-allocator" if backend == "native" else f"cuda {backend} (torch's counters of its pool)"
+        return Memory(device="cuda", method=method, peak_allocated_bytes=self.peaks["allocated"],
                       peak_reserved_bytes=self.peaks["reserved"], peak_active_bytes=self.peaks["active"],
                       alloc_retries=stats.get("num_alloc_retries", 0) - getattr(self, "retries_before", 0),
                       driver_used_bytes=total - free, device_total_bytes=total, peak_phase=self.peak_phase,

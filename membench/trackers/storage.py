@@ -284,19 +284,28 @@ class StorageTracker(TorchDispatchMode):
             self._remove(key)
             self._changed()
 
+    # A diagnostic's (predict/beside.py, naming what each predicted allocation was): when set, called as
+    # observer(tracker, event) after each event a tracing tracker keeps.
+    observer = None
+
+    def _traced(self, event: TraceEvent) -> None:
+        self.trace.append(event)
+        if StorageTracker.observer is not None:
+            StorageTracker.observer(self, event)
+
     def _trace_alloc(self, key: int, nbytes: int) -> None:
         stream = self.stream_of() if self.stream_of is not None else DEFAULT_STREAM
         if stream != DEFAULT_STREAM:
             self._stream_keys[key] = stream
         if self.trace is not None:
-            self.trace.append(TraceEvent.alloc(key, nbytes, stream))
+            self._traced(TraceEvent.alloc(key, nbytes, stream))
 
     def _trace_free(self, key: int) -> None:
         """A storage (or a size of it) lets go of its block: counted for its stream by the category it has now."""
         if self.stream_of is not None:
             self._count_on_stream(key, self._stream_keys.pop(key, DEFAULT_STREAM))
         if self.trace is not None:
-            self.trace.append(TraceEvent.free(key))
+            self._traced(TraceEvent.free(key))
 
     def _count_on_stream(self, key: int, stream: int) -> None:
         size, category, _ = self.live[key]

@@ -94,7 +94,10 @@ def test_the_memory_fraction_is_undone_when_the_run_ends(monkeypatch):
         total_memory = 80 * 2**30
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Properties())
-    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", fractions.append)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device=None: 1.0)  # the caller's
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                        lambda fraction, device=None: fractions.append(fraction))
     meter = CudaMeter(budget=20 * 2**30)
     meter.close()
     assert fractions == [0.25, 1.0]

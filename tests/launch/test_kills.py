@@ -101,6 +101,7 @@ def test_kill_9_of_the_sweep_kills_its_worker(tmp_path):
         _kill_workers(tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds workers through /proc")
 def test_kill_9_of_the_sweep_kills_torchrun_and_its_ranks(tmp_path):
     # The baseline finishes; the fsdp run, through torchrun with two gloo ranks, hangs: torchrun and 2 ranks.

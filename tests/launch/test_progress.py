@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 from membench.launch import progress
 from membench.launch.process import launch
 from membench.launch.progress import StageReader
@@ -49,7 +51,7 @@ def test_a_real_run_reports_every_stage_in_order(tmp_path):
     assert [s.describe() for s in stages] == [
         "building the model", "warm-up (1 step)", "measuring memory (1 step)", "timeline pass",
         "timing step 1 of 3", "timing step 2 of 3", "timing step 3 of 3", "counting FLOPs",
-        "equivalence check (2 steps)"]
+        "equivalence check (2 steps)", "predicting it beside the measurement"]
     assert all(s.run == "baseline" for s in stages)
     assert [s.elapsed_s for s in stages] == sorted(s.elapsed_s for s in stages)
     assert (tmp_path / "runs" / "baseline.progress").is_file()
@@ -94,13 +96,14 @@ def test_the_api_default_prints_one_quiet_line_per_stage():
     assert text[2].startswith("membench: ckpt: ok, ") and len(text) == 3
 
 
+@pytest.mark.slow
 def test_run_sweep_passes_stages_to_a_callback_or_prints_them(tmp_path, capsys):
     import membench
 
     stages: list[Stage] = []
     options = dict(batch_size=4, device="cpu", steps=1, warmup=0, check=False, timeline=False)
     membench.run_sweep("tests.workloads:mlp", "baseline", out=tmp_path / "a", progress=stages.append, **options)
-    assert [s.stage for s in stages] == ["build", "warmup", "measure", "time", "flops"]
+    assert [s.stage for s in stages] == ["build", "warmup", "measure", "time", "flops", "predict"]
     assert "membench: baseline:" not in capsys.readouterr().err  # a callback replaces the default lines
     membench.run_sweep("tests.workloads:mlp", "baseline", out=tmp_path / "b", **options)
     err = capsys.readouterr().err

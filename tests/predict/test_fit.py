@@ -198,6 +198,7 @@ def test_bounds_a_prediction_cannot_meet_are_one_line(args, message):
 
 # --- --jobs: techniques fitted in processes of their own ---------------------------------------------------------
 
+@pytest.mark.slow
 def test_fit_with_two_jobs_gives_the_answers_of_one():
     """Each technique's search, forked from the loaded workload, answers exactly as the serial loop does: the same
     table (batch, peak, first batch over and its peak) and the same progress lines, in the same order. Through the

@@ -211,6 +211,7 @@ def test_report_and_html_put_the_recommendation_first(tmp_path, capsys):
     assert md.index("## Recommendation") < md.index("| run")
 
 
+@pytest.mark.slow
 def test_a_real_oom_baseline_is_not_the_reference(tmp_path):
     """A memory budget between accum's peak and the baseline's: the baseline ends as oom at a partial peak."""
     from membench.child.worker import run

@@ -93,6 +93,7 @@ def test_stacks_run_and_keep_their_numerics(stack):
     assert verdict("gpt-tiny", stack).verdict in expected
 
 
+@pytest.mark.slow
 def test_ckpt_and_opt_in_bwd_stack_their_savings():
     peak = lambda *s: measure("gpt-tiny", s).memory.peak_allocated_bytes  # noqa: E731
     both, ckpt, base = peak("ckpt", "opt-in-bwd"), peak("ckpt"), peak()

@@ -33,6 +33,12 @@ def test_a_bad_mesh_is_one_line_naming_the_valid_dimensions(text, message):
     assert "dp_replicate, dp_shard, tp" in str(error.value) or "twice" in message
 
 
+def test_a_tp_dimension_is_refused_until_a_technique_uses_it():
+    with pytest.raises(UserError, match=r"--mesh dp_shard=4,tp=2: tensor parallelism \(tp\) is not supported yet; "
+                                        r"valid dimensions: dp_replicate, dp_shard"):
+        RunSpec(MLP, 4, ("fsdp",), nproc_per_node=8, mesh="dp_shard=4,tp=2").validated()
+
+
 def test_reshard_after_forward_takes_a_proper_divisor_of_the_shard_dimension():
     for fine in (True, False, None, 2, 4):
         check_reshard_after_forward(fine, Mesh(dp_shard=8))
@@ -90,3 +96,31 @@ def test_mixed_precision_changes_what_each_stream_allocates_as_fsdp2s_source_say
     # to fp32 (_to_dtype_if_needed), both on the reduce-scatter stream
     assert _streamed("fp32", "bf16") == {"copy-in": [2 * shard * 4], "reduce-scatter": [shard * 2, shard * 4]}
     assert _streamed(None, None) == {"copy-in": [2 * shard * 4], "reduce-scatter": [shard * 4]}
+
+
+def test_the_ranks_whose_shards_differ_are_found_by_torch_chunks_rule():
+    from membench.predict.ranks import distinct_ranks, rows_held
+
+    # 10 rows over 4 ranks: chunks of 3, 3, 3 and 1; over 8: 2 x 5 and none for ranks 5, 6 and 7
+    assert [rows_held(10, 4, r) for r in range(4)] == [3, 3, 3, 1]
+    assert [rows_held(10, 8, r) for r in range(8)] == [2, 2, 2, 2, 2, 0, 0, 0]
+    mlp = [64, 64, 10, 10]  # the first dimensions of mlp's weights and biases
+    assert distinct_ranks(mlp, Mesh(dp_shard=4)) == [0, 3]
+    assert distinct_ranks(mlp, Mesh(dp_shard=8)) == [0, 5]
+    assert distinct_ranks(mlp, Mesh(dp_shard=2)) == [0]
+    # HSDP: rank 7 is dp_shard 3 of the second replica, as rank 3 of the first
+    assert distinct_ranks(mlp, Mesh(dp_replicate=2, dp_shard=4)) == [0, 3]
+
+
+def test_a_prediction_with_uneven_shards_predicts_each_distinct_rank():
+    from membench.predict.run import predict
+
+    record = predict(Job(RunSpec(MLP, 4, ("fsdp",), nproc_per_node=4, zero_grad="zeros")), round_to=1)
+    assert [r.rank for r in record.ranks] == [0, 3]
+    rank0, rank3 = (r.breakdown_at_peak for r in record.ranks)
+    # Rank 0 holds [16, 192], [16], [3, 64], [3]; rank 3 rows 48..63 of the first layer and the last row of the
+    # second: [16, 192], [16], [1, 64], [1]. Adam's states follow each rank's own rows; the gradients are views of
+    # the reduce-scatter output, padded to the largest chunk on every rank (FSDP2's _fsdp_collectives.py).
+    full, last = (16 * 192 + 16 + 3 * 64 + 3) * 4, (16 * 192 + 16 + 1 * 64 + 1) * 4
+    assert (rank0["optimizer_state"], rank3["optimizer_state"]) == (2 * full + 4 * STEP, 2 * last + 4 * STEP)
+    assert rank0["gradients"] == rank3["gradients"] == full

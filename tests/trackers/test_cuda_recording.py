@@ -16,8 +16,11 @@ from membench.trackers.memory import CudaMeter
 # --- 4. the CUDA timeline counts device memory only ----------------------------------------------------------------
 def test_the_cuda_recording_pass_does_not_count_host_tensors(tmp_path, monkeypatch):
     @contextlib.contextmanager
-    def no_history(path, max_entries=cuda.MAX_ENTRIES):
-        yield {}
+    def no_history(path, max_entries=cuda.MAX_ENTRIES, labels=None):
+        info = {}
+        yield info
+        if labels is not None:  # the labelled history, read back: nothing was recorded
+            info["timeline"] = cuda.replay_history([], labels, 0, lambda size: size)
 
     monkeypatch.setattr(cuda, "recorded_history", no_history)
     meter = CudaMeter()

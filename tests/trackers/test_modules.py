@@ -3,6 +3,7 @@ running, in forward or in its backward), the sums at the peak are exact, and the
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -79,6 +80,7 @@ def test_parameters_gradients_and_optimizer_state_belong_to_their_owner():
     assert {"parameters", "optimizer_state"} <= {m.category for m in owned}
 
 
+@pytest.mark.slow
 def test_checkpointed_recompute_is_attributed_to_the_block_children():
     memory = measure("gpt-tiny", ("ckpt",), batch_size=4).memory
     assert memory.peak_allocated_bytes == measure("gpt-tiny", ("ckpt",), batch_size=4).memory.peak_allocated_bytes

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 
@@ -131,9 +132,27 @@ def test_cuda_recording_pass_writes_snapshot_and_categorised_timeline(tmp_path):
     assert "segments" in snapshot and snapshot["device_traces"]
     timeline = tl.load(tmp_path / info.file)
     assert timeline.round_to == 512 and timeline.peak.breakdown["parameters"] > 0
-    # The tracker (rounded to 512 B) sees tensors, the allocator blocks: same order of magnitude.
-    if "trace_peak_allocated_bytes" in info:
+    assert_trace_peak_agrees(info)
+
+
+def assert_trace_peak_agrees(info) -> None:
+    """The tracker (rounded to 512 B) sees tensors, the allocator blocks: the same order of magnitude, where the
+    trace was whole (TimelineInfo is a dataclass: its field is None when the trace was truncated)."""
+    if info.trace_peak_allocated_bytes is not None:
         assert 0.5 < info.peak_bytes / info.trace_peak_allocated_bytes < 2
+
+
+def test_the_gpu_tests_trace_peak_check_reads_the_timeline_info():
+    """CPU: the GPU test's check on a TimelineInfo as a CUDA run records it (it used `in` on the dataclass, a
+    TypeError on the first GPU run)."""
+    from membench.results import TimelineInfo
+
+    info = TimelineInfo(file="t.json", file_bytes=1, events=2, points=2, steps=2, round_to=512, peak_bytes=1000,
+                        peak_phase="backward", peak_step=0, breakdown_at_peak={}, trace_peak_allocated_bytes=1024)
+    assert_trace_peak_agrees(info)
+    assert_trace_peak_agrees(dataclasses.replace(info, trace_peak_allocated_bytes=None))
+    with pytest.raises(AssertionError):
+        assert_trace_peak_agrees(dataclasses.replace(info, trace_peak_allocated_bytes=4000))
 
 
 def test_y_ticks_land_on_round_values():

@@ -206,6 +206,7 @@ def fake_process_group(world_size: int, rank: int = 0):
         raise RuntimeError("a process group is already initialized; predict in a fresh process")
     dist.init_process_group("fake", store=private.fake_store(), rank=rank, world_size=world_size)
     try:
-        yield
+        with private.fsdp_chunks_on_demand():  # FSDP2 shards making only the chunks it uses (one rank is played)
+            yield
     finally:
         dist.destroy_process_group()

@@ -38,6 +38,7 @@ import torch
 
 from membench.allocator.events import TraceEvent
 from membench.common.vocab import OTHER
+from membench.predict.emulate.foreach_norm import FOREACH_NORMS, foreach_norm_scratch
 
 aten = torch.ops.aten
 SCRATCH_MODULE = "(CUDA kernel scratch)"
@@ -359,7 +360,7 @@ def index_put_scratch(func, args, kwargs, gpu) -> list[TraceEvent]:
 # --- the hook -----------------------------------------------------------------------------------------------------
 
 
-CANDIDATES = SUMS | MEANS | INDEX_PUTS  # the ops whose kernels may take scratch
+CANDIDATES = SUMS | MEANS | INDEX_PUTS | FOREACH_NORMS  # the ops whose kernels may take scratch
 
 
 @dataclass(frozen=True)
@@ -416,6 +417,9 @@ class KernelScratch:
                     TraceEvent.free("semaphores"), TraceEvent.free("buffer")]
         if func in INDEX_PUTS:
             return index_put_scratch(func, args, kwargs or {}, self.gpu)
+        if func in FOREACH_NORMS:  # predict/emulate/foreach_norm.py
+            size = foreach_norm_scratch(func, args, kwargs or {})
+            return [TraceEvent.alloc("output_per_tensor", size), TraceEvent.free("output_per_tensor")] if size else []
         return []
 
     def events_of(self, call: KernelCall, layout: tuple | None = None) -> list[TraceEvent]:

@@ -1,0 +1,370 @@
+"""The GPU acceptance run: on any CUDA machine, in under ten minutes, check the facts membench's CUDA path depends
+on, and write one results file that can be committed under results/.
+
+    python benchmarks/gpu_acceptance.py [--out results/gpu-acceptance] [--quick]
+
+Each check runs on its own (one failing never stops the others) and is recorded as `pass`, `fail` (what was
+expected and what was found), `recorded` (a figure the GPU gives, for the docs, with nothing to compare it with)
+or `error` (the check itself raised). docs/measurement.md says what each check means. --quick leaves out the
+vit-small runs and the `-m gpu` tests.
+
+Exit status: 0 every check passed or recorded; 1 a check failed or raised (the file says which); 2 bad arguments;
+3 no CUDA GPU here: the script stops before checking anything, says so in one line, and writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's membench, run from anywhere
+
+import torch  # noqa: E402
+
+NO_GPU_EXIT = 3
+ROOT = Path(__file__).resolve().parents[1]
+MiB = 2**20
+
+
+@dataclasses.dataclass
+class Check:
+    name: str
+    status: str  # "pass", "fail", "recorded", "error"
+    detail: str
+    figures: dict = dataclasses.field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def _verdict(name: str, ok: bool, detail: str, **figures) -> Check:
+    return Check(name, "pass" if ok else "fail", detail, figures)
+
+
+def _round512(n: int) -> int:
+    return -(-n // 512) * 512
+
+
+# --- facts of the GPU and of torch -----------------------------------------------------------------------------
+def check_versions() -> Check:
+    """The GPU's own figures against membench's table (predict/gpus.py), as the prediction beside each run picks
+    its entry (predict/beside.target_for)."""
+    from membench.predict import beside, gpus
+
+    device = torch.cuda.current_device()
+    p, name = torch.cuda.get_device_properties(device), torch.cuda.get_device_name(device)
+    figures = {"gpu": name, "compute_capability": f"{p.major}.{p.minor}", "sm_count": p.multi_processor_count,
+               "max_threads_per_sm": p.max_threads_per_multi_processor, "total_memory_bytes": p.total_memory,
+               "torch": torch.__version__, "cuda": torch.version.cuda,
+               "cudnn": torch.backends.cudnn.version(), "driver": _driver()}
+    target = beside.target_for("cuda", p, name)
+    if isinstance(target, str):
+        return _verdict("versions and the GPU table", False, target, **figures)
+    entry = gpus.GPUS[target.gpu]
+    same = (entry.compute_capability == (p.major, p.minor) and entry.sm_count == p.multi_processor_count
+            and entry.max_threads_per_sm == p.max_threads_per_multi_processor)
+    return _verdict("versions and the GPU table", same, f"table entry {target.described}", table_entry=entry.name,
+                    **figures)
+
+
+def _driver() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def check_cublas_workspace() -> Check:
+    """The first matmul of a process: how much the caching allocator gives cuBLAS beyond the output (the
+    prediction adds gpus.cublas_workspace_bytes through the allocator, per handle and stream)."""
+    from membench.predict import gpus
+
+    p = torch.cuda.get_device_properties(torch.cuda.current_device())
+    a = torch.randn(256, 256, device="cuda")
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    out = a @ a
+    torch.cuda.synchronize()
+    grew = torch.cuda.memory_allocated() - before - _round512(out.untyped_storage().nbytes())
+    expected = gpus.cublas_workspace_bytes((p.major, p.minor))
+    env = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    return _verdict("cuBLAS workspace", grew == expected,
+                    f"through the caching allocator: {grew:,} B (membench assumes {expected:,} B"
+                    f"{', CUBLAS_WORKSPACE_CONFIG=' + env if env else ''})", allocated_bytes=grew,
+                    assumed_bytes=expected)
+
+
+def check_adam_step_device() -> Check:
+    """Adam's `step` counter: a host tensor unless capturable or fused (torch/optim/adam.py, _init_group), so it
+    is no device memory; the prediction counts it on the host."""
+    model = torch.nn.Linear(8, 8, device="cuda")
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 8, device="cuda")).sum().backward()
+    opt.step()
+    devices = sorted({str(s["step"].device) for s in opt.state.values()})
+    return _verdict("Adam's step device", devices == ["cpu"], f"state['step'] on {devices}", devices=devices)
+
+
+def check_sdpa() -> Check:
+    """Which kernel scaled_dot_product_attention picks for gpt-tiny-like shapes (fp32 and bf16, causal), and the
+    memory its backward takes beyond the gradients: recorded for the docs (predict/emulate/sdpa.py assumes a
+    fused kernel that keeps the output and a log-sum-exp, never a queries x keys matrix)."""
+    from membench import private
+
+    figures = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k, v = (torch.randn(4, 4, 256, 64, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+        backend = private.sdpa_backend(q, k, v, is_causal=True)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        torch.cuda.synchronize()
+        kept = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out.sum().backward()
+        torch.cuda.synchronize()
+        scratch = torch.cuda.max_memory_allocated() - kept
+        figures[str(dtype).removeprefix("torch.")] = {"backend": backend, "backward_peak_over_kept_bytes": scratch}
+    quadratic = 4 * 4 * 256 * 256 * 4  # one fp32 queries x keys matrix
+    fused = all(f["backend"] != "MATH" for f in figures.values())
+    return _verdict("SDPA backend and backward scratch", fused, f"backends {figures}; a queries x keys fp32 "
+                    f"matrix would be {quadratic:,} B", **figures)
+
+
+def check_reduction_scratch() -> Check:
+    """A full sum's staging buffer and semaphores, as predict/emulate/reductions.py sizes them for this GPU."""
+    from membench.predict.beside import target_for
+    from membench.predict.emulate.reductions import reduction_scratch
+    from membench.predict.gpus import GPUS
+
+    p = torch.cuda.get_device_properties(torch.cuda.current_device())
+    target = target_for("cuda", p, torch.cuda.get_device_name())
+    if isinstance(target, str):
+        return Check("reduction scratch", "fail", target)
+    rows = {}
+    ok = True
+    for shape in ((4096, 4096), (64, 1 << 20)):
+        x = torch.randn(*shape, device="cuda")
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out = x.sum()
+        torch.cuda.synchronize()
+        measured = torch.cuda.max_memory_allocated() - before - _round512(out.untyped_storage().nbytes())
+        predicted = sum(_round512(n) for n in reduction_scratch(torch.ops.aten.sum.default, (x,), {}, out,
+                                                                 GPUS[target.gpu]))
+        rows["x".join(map(str, shape))] = {"measured_bytes": measured, "predicted_bytes": predicted}
+        ok = ok and measured == predicted
+    return _verdict("reduction scratch", ok, f"sum of fp32 tensors: {rows}", **rows)
+
+
+def check_foreach_norm_scratch() -> Check:
+    """Gradient clipping's _foreach_norm: what it takes from the allocator and frees before it returns (the peak
+    over what stays: its 0-dim norms), against predict/emulate/foreach_norm.py."""
+    from membench.predict.emulate.foreach_norm import foreach_norm_scratch
+
+    rows = {}
+    ok = True
+    for dtype in (torch.float32, torch.bfloat16):
+        # 200 x 11 partial norms of 4 bytes: 8,800 B, more than the 512 B any small allocation rounds to
+        tensors = [torch.randn(n, device="cuda", dtype=dtype) for n in (10 * 65536 + 1, *[100] * 199)]
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        norms = torch._foreach_norm(tensors, 2)
+        torch.cuda.synchronize()
+        measured = torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()
+        predicted = _round512(foreach_norm_scratch(torch.ops.aten._foreach_norm.Scalar, (tensors, 2), {}))
+        rows[str(dtype).removeprefix("torch.")] = {"measured_bytes": measured, "predicted_bytes": predicted}
+        ok = ok and measured == predicted
+        del norms
+    return _verdict("_foreach_norm scratch", ok, f"200 tensors, the longest 11 chunks of 65,536: {rows}", **rows)
+
+
+def check_cudnn_workspace() -> Check:
+    """What a cuDNN convolution takes from the caching allocator beyond its outputs, forward and backward: recorded
+    for the docs (a prediction does not model it: cuDNN picks its algorithm and workspace on the GPU at run time)."""
+    figures = {"cudnn_benchmark": torch.backends.cudnn.benchmark}
+    conv = torch.nn.Conv2d(64, 64, 3, padding=1, device="cuda")
+    x = torch.randn(32, 64, 56, 56, device="cuda", requires_grad=True)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    out = conv(x)
+    torch.cuda.synchronize()
+    figures["forward_peak_over_kept_bytes"] = torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()
+    grad = torch.randn_like(out)  # a dense gradient: sum()'s expanded one would be made contiguous in backward
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    out.backward(grad)
+    torch.cuda.synchronize()
+    figures["backward_peak_over_kept_bytes"] = torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()
+    return Check("cuDNN convolution workspace", "recorded", f"3x3 conv, 64 channels, [32, 64, 56, 56] fp32: {figures} "
+                 "(not modelled by a prediction)", figures)
+
+
+def check_in_process_run() -> Check:
+    """A notebook's run: CUDA already started in this process, a model function, no fork."""
+    import warnings
+
+    from membench import api
+
+    with tempfile.TemporaryDirectory() as out, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        frame = api.run_sweep(lambda: torch.nn.Linear(64, 10), "accum", batch_size=4, device="cuda", out=out,
+                              make_batch=_batch, steps=2, accum_steps=2, progress=False)
+    statuses = dict(zip(frame["run"], frame["status"], strict=True))
+    return _verdict("in-process run", set(statuses.values()) == {"ok"}, f"statuses {statuses}", statuses=statuses)
+
+
+def _batch(n, generator):
+    return torch.randn(n, 64, generator=generator), torch.randint(10, (n,), generator=generator)
+
+
+# --- membench runs, each in its own process ------------------------------------------------------------------------
+def _membench_run(out: Path, args: list[str], env: dict | None = None, timeout: int = 240) -> tuple[int, str]:
+    cmd = [sys.executable, "-m", "membench", "run", "--device", "cuda", "--out", str(out), *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+    return done.returncode, (done.stdout + done.stderr)[-2000:]
+
+
+def _records(out: Path) -> dict:
+    from membench.results import read_result
+
+    return {p.stem: read_result(p) for p in sorted(out.glob("*.json")) if "." not in p.stem}
+
+
+def runs_check(name: str, args: list[str], expect: Callable[[dict, int], tuple[bool, str]],
+               env: dict | None = None) -> Callable[[Path], Check]:
+    def run(work: Path) -> Check:
+        out = work / name.replace(" ", "-").replace(":", "")
+        code, tail = _membench_run(out, args, env)
+        records = _records(out)
+        ok, detail = expect(records, code)
+        figures = {r: _summary(rec) for r, rec in records.items()}
+        return Check(name, "pass" if ok else "fail", detail if ok else f"{detail}; output: {tail[-600:]}", figures)
+
+    run.__name__ = name
+    return run
+
+
+def _summary(record) -> dict:
+    m, p = record.memory, record.prediction
+    return {"status": record.status, "peak_allocated_bytes": m.peak_allocated_bytes if m else None,
+            "peak_reserved_bytes": m.peak_reserved_bytes if m else None,
+            "prediction": dataclasses.asdict(p) if p is not None else None,
+            "timeline_source": record.timeline.source if record.timeline else None, "error": record.error}
+
+
+def _all_ok(records: dict, code: int) -> tuple[bool, str]:
+    statuses = {n: r.status for n, r in records.items()}
+    return code == 0 and bool(statuses) and set(statuses.values()) == {"ok"}, f"exit {code}, statuses {statuses}"
+
+
+def _predicted_within(records: dict, code: int) -> tuple[bool, str]:
+    ok, detail = _all_ok(records, code)
+    checks = {n: r.prediction for n, r in records.items()}
+    within = {n: (c.within if c else None) for n, c in checks.items()}
+    errors = {n: (f"{c.allocated_error:+.3%} / {c.reserved_error:+.3%}" if c and c.allocated_error is not None
+                  and c.reserved_error is not None else None) for n, c in checks.items()}
+    return ok and all(within.values()), f"{detail}; within the tolerance {within}; errors (allocated / reserved) " \
+                                         f"{errors}"
+
+
+def _oom(records: dict, code: int) -> tuple[bool, str]:
+    statuses = {n: r.status for n, r in records.items()}
+    return statuses.get("baseline") == "oom", f"exit {code}, statuses {statuses} (expected the baseline oom)"
+
+
+def run_checks(quick: bool) -> list[Callable[[Path], Check]]:
+    small = ["--batch-size", "8", "--steps", "2", "--warmup", "1"]
+    checks = [
+        runs_check("smoke sweep", ["--workload", "vit-tiny", "--techniques", "accum,ckpt", *small], _all_ok),
+        runs_check("predicted vs measured: gpt-tiny", ["--workload", "gpt-tiny", "--techniques", "ckpt",
+                                                        "--clip-grad-norm", "1.0", "--no-check", *small],
+                   _predicted_within),
+        runs_check("cudaMallocAsync", ["--workload", "gpt-tiny", "--techniques", "baseline", "--no-check", *small],
+                   _all_ok, env={"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}),
+        runs_check("large_segment_size_mb:64", ["--workload", "gpt-tiny", "--techniques", "baseline", "--no-check",
+                                                *small], _predicted_within,
+                   env={"PYTORCH_CUDA_ALLOC_CONF": "large_segment_size_mb:64"}),
+        runs_check("amp-fp16+opt-offload with clipping", ["--workload", "gpt-tiny", "--techniques",
+                                                          "amp-fp16+opt-offload", "--clip-grad-norm", "1.0", *small],
+                   _all_ok),
+        runs_check("a budget that must OOM", ["--workload", "gpt-small", "--techniques", "baseline", "--no-check",
+                                              "--memory-budget", "64MiB", *small], _oom),
+    ]
+    if not quick:
+        checks.insert(2, runs_check("predicted vs measured: vit-small", ["--workload", "vit-small", "--techniques",
+                                                                         "accum", "--no-check", *small],
+                                    _predicted_within))
+        checks.append(lambda work: check_gpu_tests())
+    return checks
+
+
+def check_gpu_tests() -> Check:
+    """The `gpu`-marked tests (tests/trackers/test_cuda.py and others), as pytest reports them."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests"],
+                          capture_output=True, text=True, timeout=420, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    last = (done.stdout.strip().splitlines() or [""])[-1]
+    return _verdict("-m gpu tests", done.returncode == 0, last, tail=done.stdout[-3000:])
+
+
+# --- the run --------------------------------------------------------------------------------------------------
+def _timed(check: Callable[[], Check], name: str) -> Check:
+    started = time.perf_counter()
+    try:
+        result = check()
+    except Exception as exc:  # noqa: BLE001 - one check's failure is its own row, never the run's end
+        result = Check(name, "error", f"{type(exc).__name__}: {exc}", {"traceback": traceback.format_exc()[-3000:]})
+    result.seconds = round(time.perf_counter() - started, 1)
+    print(f"gpu_acceptance: {result.name}: {result.status}: {result.detail[:300]}", flush=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "gpu-acceptance")
+    parser.add_argument("--quick", action="store_true", help="leave out the vit-small runs and the -m gpu tests")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print(f"gpu_acceptance: no CUDA GPU here (torch {torch.__version__}, torch.cuda.is_available() is False): "
+              f"nothing checked, nothing written; run it on a CUDA machine (exit {NO_GPU_EXIT})")
+        return NO_GPU_EXIT
+    started = time.perf_counter()
+    facts = [(check_versions, "versions and the GPU table"), (check_cublas_workspace, "cuBLAS workspace"),
+             (check_adam_step_device, "Adam's step device"), (check_sdpa, "SDPA backend and backward scratch"),
+             (check_reduction_scratch, "reduction scratch"), (check_foreach_norm_scratch, "_foreach_norm scratch"),
+             (check_cudnn_workspace, "cuDNN convolution workspace"), (check_in_process_run, "in-process run")]
+    results = [_timed(f, n) for f, n in facts]
+    with tempfile.TemporaryDirectory() as work:
+        for check in run_checks(args.quick):
+            results.append(_timed(lambda check=check: check(Path(work)), getattr(check, "__name__", "check")))
+    return _write(args.out, results, time.perf_counter() - started)
+
+
+def _write(out: Path, results: list[Check], seconds: float) -> int:
+    from membench import environment
+    from membench.common.typedjson import to_plain
+
+    env = environment.describe("cuda")
+    name = f"{(env.device_name or 'gpu').replace(' ', '-')}_torch{torch.__version__.split('+')[0]}.json"
+    out.mkdir(parents=True, exist_ok=True)
+    failed = [r.name for r in results if r.status in ("fail", "error")]
+    (out / name).write_text(json.dumps({"environment": to_plain(env), "seconds": round(seconds, 1),
+                                        "failed": failed, "checks": [dataclasses.asdict(r) for r in results]},
+                                       indent=1, default=str))
+    print(f"gpu_acceptance: {len(results) - len(failed)} of {len(results)} checks passed or recorded in "
+          f"{seconds:.0f} s; {'failed: ' + ', '.join(failed) if failed else 'none failed'}; wrote {out / name}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
