@@ -10,6 +10,7 @@ process can use is a little less (the CUDA context and the driver take their sha
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -73,6 +74,12 @@ def local_gpu_name() -> str | None:
 
     if not torch.cuda.is_available():  # counts devices without initialising CUDA
         return None
+    return _asked_name()
+
+
+@functools.cache
+def _asked_name() -> str | None:
+    """Once per process: planning and the output's line both ask."""
     asked = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"],
                            capture_output=True, text=True, timeout=120)
     return asked.stdout.strip() or None if asked.returncode == 0 else None

@@ -28,6 +28,24 @@ def test_no_gpu_here_is_asked_without_a_child_process(monkeypatch):
     assert gpus.local_gpu_name() is None
 
 
+def test_a_gpu_here_is_named_by_a_child_process_once(monkeypatch):
+    """Naming the device initialises CUDA, after which the fitting process could not fork its workers."""
+    asked = []
+
+    class Done:
+        returncode, stdout = 0, "NVIDIA H100 80GB HBM3\n"
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpus.subprocess, "run", lambda argv, **kw: asked.append(argv) or Done())
+    gpus._asked_name.cache_clear()
+    try:
+        assert gpus.local_gpu_name() == gpus.local_gpu_name() == "NVIDIA H100 80GB HBM3"
+    finally:
+        gpus._asked_name.cache_clear()
+    assert len(asked) == 1 and "get_device_name(0)" in asked[0][-1]
+    assert not torch.cuda.is_initialized()
+
+
 def test_a_cuda_plan_without_gpu_is_for_the_default_target_and_one_with_it_keeps_it(monkeypatch):
     monkeypatch.setattr(gpus, "local_gpu_name", lambda: "A100")
     [job] = api.plan("vit-tiny", "baseline", batch_size=2, target_device="cuda", in_process=True)
