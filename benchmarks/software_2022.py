@@ -29,6 +29,7 @@ by hand.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -87,14 +88,15 @@ def early_2022(torch_version: str = "1.10"):
 
     if torch_version not in TORCH_VERSIONS:
         raise ValueError(f"torch_version {torch_version!r}: one of {', '.join(TORCH_VERSIONS)}")
-    eager, fp32 = modeling_bert.eager_attention_forward, autocast.FP32
+    eager, lists = modeling_bert.eager_attention_forward, autocast.cuda_lists
     F.softmax = _softmax_keeping_input
     modeling_bert.eager_attention_forward = _with_v4_18_mask(eager)
     if torch_version == "1.9":
-        autocast.FP32 = (*fp32, "gelu")
+        with_gelu = dataclasses.replace(lists(), fp32=(*lists().fp32, "gelu"), source="torch 1.9's, gelu added")
+        autocast.cuda_lists = lambda: with_gelu
     try:
         yield
     finally:
         F.softmax = _softmax
         modeling_bert.eager_attention_forward = eager
-        autocast.FP32 = fp32
+        autocast.cuda_lists = lists

@@ -92,6 +92,10 @@ def plan(workload: str = DEFAULT_WORKLOAD, techniques: str | None = None, batch_
     loaded = load_workload(workload, run_opts.get("seq_len"))
     if run_opts.get("optimizer") is None:  # not given: the workload's own choice, else Adam
         run_opts["optimizer"] = loaded.optimizer or "adam"
+    if target_device == "cuda" and run_opts.get("gpu") is None:  # not given: this machine's GPU, else the default
+        from membench.predict.gpus import default_target
+
+        run_opts["gpu"] = default_target().gpu.name
     base = RunSpec(workload=workload, batch_size=batch_size, device=device, **run_opts).validated()
     optimizers.check(base.optimizer)
     measure = MeasureSpec(**measure_opts).validated()

@@ -148,9 +148,10 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
                    help="the device predicted for (default cuda; cpu: what the exact CPU tracker would measure)")
     from membench.predict.gpus import DEFAULT_GPU, GPUS
 
-    p.add_argument("--gpu", default=DEFAULT_GPU, type=_gpu_name, metavar="NAME",
+    p.add_argument("--gpu", default=None, type=_gpu_name, metavar="NAME",
                    help=f"the GPU a --device cuda prediction is for: its cuBLAS workspace and compute capability "
-                        f"(default {DEFAULT_GPU}; valid: {', '.join(GPUS)})")
+                         f"(default: this machine's GPU where torch sees one of these, else {DEFAULT_GPU}; valid: "
+                         f"{', '.join(GPUS)})")
     p.add_argument("--world-size", type=_checked("world_size"), default=None,
                    help=f"ranks a distributed technique (FSDP) is predicted for, in one process (default: --mesh's "
                         f"size, else 1; at most {CHECKS['world_size'].high})")
@@ -365,20 +366,22 @@ def cmd_predict(args) -> int:
     answer = call_isolated("predict", request, args.timeout, f"predicting {args.workload!r}")
     out = Path(answer["out"])
     results = [read_result(result_path(out, name)) for name in answer["names"]]
-    print_predictions(results, args, answer.get("attention"))
+    print_predictions(results, args, answer.get("attention"), answer.get("target"))
     print(f"predictions: {out}")
     return 0 if all(r.status == "ok" for r in results) else 1
 
 
-def print_predictions(results: list, args, attention: str | None = None) -> None:
-    """The table, then the answer for the target GPU first among the conclusions, then what was assumed."""
+def print_predictions(results: list, args, attention: str | None = None, why: str | None = None) -> None:
+    """The table, then the answer for the target GPU first among the conclusions, then what was assumed. `why`:
+    why the GPU predicted for is that one, where --gpu was not given (api.plan chose it)."""
     from membench.predict.gpus import gpu
     from membench.predict.verdict import answer, assumptions
     from membench.report.table import render
     from membench.results.sweep import Sweep
 
     print(render(Sweep.group(results)))
-    target = gpu(args.gpu) if args.device == "cuda" else None
+    # api.plan chose the GPU where --gpu is not given: the records say which
+    target = gpu(results[0].spec.run.gpu if results else args.gpu) if args.device == "cuda" else None
     if target is not None:  # each run's whole-device estimate per rank and its sources: what the answer reads
         from membench.predict.device import device_lines
 
@@ -388,7 +391,7 @@ def print_predictions(results: list, args, attention: str | None = None) -> None
     print()
     if target is not None:
         print(answer(results, target))
-    print("\n".join(assumptions(results, target, args.explain, attention)))
+    print("\n".join(assumptions(results, target, args.explain, attention, why)))
 
 
 def cmd_check(args) -> int:
@@ -404,6 +407,7 @@ def cmd_check(args) -> int:
 def cmd_fit(args) -> int:
     from membench.launch.probe import call_isolated
     from membench.predict.verdict import Fit
+    from membench.spec import Job
 
     budget = parse_bytes(args.budget)
     by = args.by or ("reserved" if args.device == "cuda" else "allocated")
@@ -416,20 +420,21 @@ def cmd_fit(args) -> int:
                "max_batch": args.max_batch, "jobs": args.jobs}
     answer = call_isolated("fit", request, args.timeout, f"fitting {args.workload!r}")
     fits = [Fit(**f) for f in answer["fits"]]
-    confirm = args.device == "cuda" and answer["cuda"] and not args.no_confirm
+    target = Job.from_dict(answer["jobs"][0]).run.gpu if answer["jobs"] else args.gpu
+    checked = confirmation(args, target, answer.get("local_gpu"), answer.get("target"))
+    confirm = checked.startswith("confirmed on this GPU")
     if confirm:  # real runs on this GPU, each in its own process
         from membench.predict.device import outside_allocator
         from membench.predict.fit import confirm_on_gpu
-        from membench.spec import Job
 
         jobs = [Job.from_dict(j) for j in answer["jobs"]]  # --by device: the allocator's share of the budget
         fits = [confirm_on_gpu(j, f, budget - (outside_allocator(j.run) if by == "device" else 0),
                                args.out or Path("results") / "fit") for j, f in zip(jobs, fits)]
-    print_fits(fits, budget, by, args, confirm, answer["cannot_see"])
+    print_fits(fits, budget, by, args, checked, answer["cannot_see"], target)
     return 0
 
 
-def print_fits(fits: list, budget: int, by: str, args, confirmed: bool, cannot_see: list[str]) -> None:
+def print_fits(fits: list, budget: int, by: str, args, checked: str, cannot_see: list[str], target: str | None) -> None:
     """The table of largest batches, how they were searched, then the answer first among the conclusions."""
     from tabulate import tabulate
 
@@ -449,10 +454,29 @@ def print_fits(fits: list, budget: int, by: str, args, confirmed: bool, cannot_s
     if methods:
         print("searched " + "; ".join(methods) + " (predictions: full predictions made; simulated: batches "
               "evaluated from derived allocations through the allocator simulator)")
-    target = gpu(args.gpu) if args.device == "cuda" else None
+    card = gpu(target) if args.device == "cuda" else None
     print()
-    print(fit_answer(fits, budget, by, target))
-    print("\n".join(fit_assumptions(target, by, confirmed, cannot_see, args.explain)))
+    print(fit_answer(fits, budget, by, card))
+    print("\n".join(fit_assumptions(card, by, checked, cannot_see, args.explain)))
+
+
+def confirmation(args, target: str | None, local: str | None, why: str | None) -> str:
+    """Whether the fits are confirmed with real runs, and if not why not: only on the card they were predicted for
+    (`local`: the name torch gives this machine's GPU, asked by the child; `why`: why `target` was chosen)."""
+    from membench.predict.gpus import gpu
+
+    if args.device != "cuda":
+        return "cpu target"
+    here = None
+    if local is not None:
+        try:
+            here = gpu(local).name
+        except UserError:  # a card the table does not know: never the one predicted for
+            here = None
+    checked = ("not confirmed (no CUDA GPU here)" if local is None else "not confirmed (--no-confirm)"
+               if args.no_confirm else "confirmed on this GPU" if here == target
+               else f"not confirmed: predicted for {target}, this machine's GPU is {local}")
+    return checked + (f"; {target}: {why}" if why else "")
 
 
 def cmd_replay(args) -> int:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from membench import private
 from membench.results import Memory, TimelineInfo
 from membench.spec import RunSpec
 from membench.step import TrainState, build_state, train_step
@@ -127,7 +128,17 @@ class Session:
         with self.meter.recording(stem) as recording:
             for i in self._indices(steps):
                 self.step(i)
-        return TimelineInfo(**recording.save(stem), seconds=time.perf_counter() - start)
+        return TimelineInfo(**recording.save(stem), seconds=time.perf_counter() - start, ran_eager=self._eager())
+
+    def _eager(self) -> str | None:
+        """What of a compiled model the recording pass ran eager: its tracker is a dispatch mode, under which Dynamo
+        runs compiled code eager (torch/_dynamo/convert_frame.py)."""
+        names = private.compiled_modules(self.state.model)
+        if not names:
+            return None
+        which = "the model's forward" if names == [""] else "the forward of " + ", ".join(map(repr, names))
+        measured = "ran compiled" if self.spec.device == "cuda" else "ran eager too (a CPU run's meter is one)"
+        return f"torch.compile: {which} ran eager in this pass; the measured step {measured}"
 
     def detach(self) -> None:
         self.meter.detach()

@@ -76,6 +76,25 @@ def has_batchnorm(model: nn.Module) -> bool:
     return any(isinstance(m, BATCHNORM_BASE) for m in model.modules())
 
 
+# --- modules whose forward torch.compile compiled: a dispatch mode makes Dynamo run them eager, so a prediction and
+# the recording pass see the eager model (predict/run.py, measure.py). checked: 2.14.1 and 2.9.1 (OptimizedModule is
+# torch.compile(module); `_compiled_call_impl` is set by Module.compile(); `_torchdynamo_orig_callable` marks a
+# function or method torch.compile wrapped, e.g. a forward decorated with @torch.compile)
+def compiled_modules(model: nn.Module) -> list[str]:
+    """The qualified names of the modules whose forward is compiled ('' for the model itself), outermost first; a
+    compiled module's own submodules are not named again."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    found: list[str] = []
+    for name, module in model.named_modules():
+        if any(name.startswith(f"{outer}.") or outer == "" for outer in found):
+            continue
+        if (isinstance(module, OptimizedModule) or getattr(module, "_compiled_call_impl", None) is not None
+                or hasattr(getattr(module, "forward", None), "_torchdynamo_orig_callable")):
+            found.append(name)
+    return found
+
+
 # --- dropout's base class, to switch dropout off for the equivalence check only ---------------------------------
 # checked: 2.14.1 (nn.modules.dropout._DropoutNd, a base of Dropout, Dropout1d/2d/3d, AlphaDropout and friends)
 DROPOUT_BASE = nn.modules.dropout._DropoutNd

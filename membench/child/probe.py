@@ -121,7 +121,15 @@ def _predict_into(request: dict, out: Path) -> dict:
 
     predict_all(jobs, out, on_start=start, on_done=done)
     # Folded here, where torch is imported already: the CLI's process prints it without importing torch.
-    return {"names": [job.name for job in jobs], "out": str(out), "attention": describe(attentions)}
+    return {"names": [job.name for job in jobs], "out": str(out), "attention": describe(attentions),
+            "target": _target(request["plan"])}
+
+
+def _target(plan: dict) -> str | None:
+    """Why a CUDA prediction without --gpu is for the GPU it is for (api.plan chose it), for the output."""
+    from membench.predict.gpus import default_target
+
+    return default_target().why if plan.get("target_device") == "cuda" and plan.get("gpu") is None else None
 
 
 def fit_request(request: dict) -> dict:
@@ -158,12 +166,12 @@ def fit_request(request: dict) -> dict:
             fits = fit_in_forks(jobs, fit_one, workers, request["plan"].get("workload"))
         else:
             fits = [fit_one(job) for job in jobs]
-    import torch
+    from membench.predict.gpus import local_gpu_name
 
-    # Asked once the workers are done (it starts CUDA's driver, after which a fork could not use CUDA): whether the
-    # CLI's process, which never imports torch, may confirm the fits with real runs on this GPU.
+    # Asked once the workers are done (naming the GPU starts CUDA's driver, after which a fork could not use CUDA):
+    # whether the CLI's process, which never imports torch, may confirm the fits with real runs on this GPU.
     return {"fits": [dataclasses.asdict(f) for f in fits], "jobs": [job.to_dict() for job in jobs],
-            "cuda": torch.cuda.is_available(), "cannot_see": list(CANNOT_SEE)}
+            "local_gpu": local_gpu_name(), "cannot_see": list(CANNOT_SEE), "target": _target(request["plan"])}
 
 
 def fork_refused() -> str | None:

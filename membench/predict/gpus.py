@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import subprocess
 import sys
 from dataclasses import dataclass
 
@@ -82,6 +83,42 @@ def _key(name: str) -> str:
 
 
 _BY_KEY = {_key(alias): GPUS[name] for name, aliases in ALIASES.items() for alias in (name, *aliases)}
+@dataclass(frozen=True)
+class Target:
+    """The GPU a CUDA prediction is for when --gpu is not given, and why, in words for the output."""
+
+    gpu: Gpu
+    why: str
+
+
+def local_gpu_name() -> str | None:
+    """The name torch gives this machine's first CUDA GPU; None where torch sees none. Asked in a child process:
+    naming the device initialises CUDA, after which this process could not fork (fit's workers do)."""
+    import torch
+
+    if not torch.cuda.is_available():  # counts devices without initialising CUDA
+        return None
+    return _asked_name()
+
+
+@functools.cache
+def _asked_name() -> str | None:
+    """Once per process: planning and the output's line both ask."""
+    asked = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"],
+                           capture_output=True, text=True, timeout=120)
+    return asked.stdout.strip() or None if asked.returncode == 0 else None
+
+
+def default_target() -> Target:
+    """This machine's GPU when torch sees one the table knows (by the name torch gives it), else DEFAULT_GPU."""
+    local = local_gpu_name()
+    if local is None:
+        return Target(gpu(DEFAULT_GPU), f"the default {DEFAULT_GPU}: no CUDA GPU here")
+    try:
+        return Target(gpu(local), f"this machine's GPU ({local})")
+    except UserError:
+        return Target(gpu(DEFAULT_GPU), f"the default {DEFAULT_GPU}: this machine's {local} is not in the table "
+                                        f"(--gpu names one: {', '.join(GPUS)})")
 
 
 def gpu(name: str | None) -> Gpu:
@@ -97,11 +134,18 @@ def gpu(name: str | None) -> Gpu:
     return found
 
 
+# Compute capability majors whose default cuBLAS workspace is 32 MiB: Hopper (9) and Blackwell (10, 12), as
+# parseChosenWorkspaceSize reads `properties->major` in the 2.14-era CublasHandlePool.cpp (earlier releases: sm90
+# only; a later one adds 11). No GPU of the table has major 10 or 12 yet; a torch outside versions.py's checked
+# releases is said in the output.
+LARGE_WORKSPACE_MAJORS = (9, 10, 12)
+
+
 def cublas_workspace_bytes(compute_capability: tuple[int, int], env: dict | None = None) -> int:
     """What torch gives each cuBLAS handle (aten/src/ATen/cuda/CublasHandlePool.cpp, parseChosenWorkspaceSize,
-    torch 2.x): CUBLAS_WORKSPACE_CONFIG (":SIZE_KiB:COUNT" pairs, summed) when set, else 4096 KiB x 8 on sm90
-    (Hopper) and 4096 KiB x 2 + 16 KiB x 8 elsewhere. It is allocated through the caching allocator."""
-    default = 4096 * 1024 * 8 if compute_capability == (9, 0) else 4096 * 1024 * 2 + 16 * 1024 * 8
+    torch 2.x): CUBLAS_WORKSPACE_CONFIG (":SIZE_KiB:COUNT" pairs, summed) when set, else 4096 KiB x 8 on
+    LARGE_WORKSPACE_MAJORS and 4096 KiB x 2 + 16 KiB x 8 elsewhere. It is allocated through the caching allocator."""
+    default = 4096 * 1024 * 8 if compute_capability[0] in LARGE_WORKSPACE_MAJORS else 4096 * 1024 * 2 + 16 * 1024 * 8
     config = (os.environ if env is None else env).get("CUBLAS_WORKSPACE_CONFIG")
     if not config:
         return default

@@ -23,8 +23,8 @@ from membench import environment, optimizers, private
 from membench.allocator.events import TraceEvent
 from membench.common.errors import UserError
 from membench.measure import Session
-from membench.predict import device, gpus, steady, streams
-from membench.predict.emulate import fake
+from membench.predict import compiled, device, gpus, steady, streams
+from membench.predict.emulate import fake, versions
 from membench.predict.emulate.autocast import cuda_policy
 from membench.predict.emulate.kernels import CudaKernels
 from membench.predict.ranks import predict_ranks
@@ -157,7 +157,7 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     if traced is None:  # a check refused the written warm-up step: run it instead
         return predict_traced(job, round_to, trace=trace, derive_warmup=False, rank=rank)
     _label(traced, spec, stack, on_streams)
-    traced.assumed = values.answered()
+    traced.assumed = [*values.answered(), *filter(None, [compiled.note(meta_model)])]
     if attention is not None:
         traced.memory.attention = attention.summary()
     return traced
@@ -373,7 +373,8 @@ def predict(job: Job, round_to: int | None = None) -> RunRecord:
         stack = resolve(job.run, target_device=job.run.device)
         record.numerics = stack.numerics  # whether it changes precision, for the report (it has no check)
         traced = predict_traced(job, round_to, trace=job.run.device == "cuda")
-        record.memory, record.assumed = traced.memory, traced.assumed or None
+        stated = versions.notice() if job.run.device == "cuda" else None  # rules not checked on this torch
+        record.memory, record.assumed = traced.memory, [*traced.assumed, *filter(None, [stated])] or None
         record.world_size = world_size(job.run, stack) or 1
         if record.world_size > 1:  # each rank whose shards differ (uneven shards), rank 0 first
             record.ranks = predict_ranks(job, round_to, record.memory, predict_memory)

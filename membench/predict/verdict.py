@@ -125,18 +125,30 @@ def answer(records: list[RunRecord], gpu: Gpu) -> str:
     return head + "."
 
 
-def assumptions(records: list[RunRecord], gpu: Gpu | None, explain: bool, attention: str | None = None) -> list[str]:
+# Answers said on a line of their own, not folded with the values assumed: a compiled model predicted eager
+# (predict/compiled.py's PREFIX) and a torch release whose CUDA rules were not checked (predict/emulate/versions.py's
+# notice). Matched as text: this module is read where torch is not imported.
+ALONE = ("torch.compile:", "CUDA rules not checked on this release")
+
+
+def assumptions(records: list[RunRecord], gpu: Gpu | None, explain: bool, attention: str | None = None,
+                why: str | None = None) -> list[str]:
     """What the prediction assumed: two lines, and a third with the attention kernels it assumed (the child's
     predict/emulate/sdpa.describe line) or else the first value it answered without knowing (each record's
-    cannot_see and assumed hold the full lists), or with `explain` every item, one per line."""
+    cannot_see and assumed hold the full lists), or with `explain` every item, one per line. `why`: why this GPU
+    (the default target when --gpu was not given). A compiled model and an unchecked torch release each get a line."""
     seen = next((r.cannot_see for r in records if r.cannot_see), None) or []
     if gpu is None:  # the CPU tracker is what the prediction reproduces: no CUDA caveat applies
         lines = ["PREDICTED cpu memory (no timing): what `membench run --device cpu` measures, to the byte where the",
                  "model does not branch on tensor values."]
     else:
-        lines = [f"PREDICTED (no timing) for {_gpu_in_short(gpu)}, with CUDA's autocast and kernels;",
+        chosen = f" ({why})" if why else ""
+        lines = [f"PREDICTED (no timing) for {_gpu_in_short(gpu)}{chosen}, with CUDA's autocast and kernels;",
                  "reserved memory from the caching-allocator simulator" + _not_seen(seen, explain)]
-    assumed = list(dict.fromkeys(a for r in records for a in (r.assumed or [])))
+    everything = list(dict.fromkeys(a for r in records for a in (r.assumed or [])))
+    alone = [a for a in everything if any(mark in a for mark in ALONE)]
+    assumed = [a for a in everything if a not in alone]
+    lines += alone
     if explain:
         return (lines + ["A prediction cannot see:"] + [f"  - {item}" for item in seen]
                 + ([attention] if attention else [])
@@ -199,12 +211,12 @@ def fit_answer(fits: list[Fit], budget: int, by: str, gpu: Gpu | None) -> str:
     return f"{head}: the baseline does not fit even its smallest batch{over}; {cheapest_text}."
 
 
-def fit_assumptions(gpu: Gpu | None, by: str, confirmed: bool, cannot_see: list[str], explain: bool) -> list[str]:
-    """What the fit assumed, in two lines (with `explain`: every item a prediction cannot see)."""
+def fit_assumptions(gpu: Gpu | None, by: str, checked: str, cannot_see: list[str], explain: bool) -> list[str]:
+    """What the fit assumed, in two lines (with `explain`: every item a prediction cannot see). `checked`: whether
+    real runs confirmed it, and if not why not (the CLI's `confirmation`)."""
     if gpu is None:
         lines = [f"PREDICTED cpu peak {by} (no timing): what `membench run --device cpu` measures."]
     else:
-        checked = "confirmed on this GPU" if confirmed else "not confirmed (no CUDA GPU here)"
         lines = [f"PREDICTED (no timing) for {_gpu_in_short(gpu)}; {checked}."]
     if by == "device":  # predict/device.py's parts: the CUDA context and NCCL's buffers are estimates
         lines[0] = lines[0][:-1] + "; peaks include the estimated CUDA context and NCCL buffers (`membench predict`)."

@@ -239,6 +239,9 @@ class TimelineInfo:
     top_sites: list[SiteBytes] | None = None  # CUDA: from the snapshot's frames at the trace's peak
     seconds: float | None = None  # the whole recording pass: its steps, and on CUDA the snapshot and its saving
     source: str | None = None  # CUDA: where the categories come from (the allocator's labelled history, ...)
+    # Where the model's forward is compiled: the recording pass ran it eager (its tracker is a dispatch mode, under
+    # which Dynamo runs compiled code eager), so the timeline is the eager model's; the measured step was compiled.
+    ran_eager: str | None = None
 
 
 @dataclass

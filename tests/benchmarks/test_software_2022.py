@@ -71,12 +71,12 @@ def test_bert_keeps_one_fp32_score_matrix_more_per_layer():
 def test_torch_1_9s_cuda_autocast_runs_gelu_in_fp32(version, gelu_dtype):
     from membench.predict.emulate import autocast
 
-    before = autocast.FP32
+    before = autocast.cuda_lists
     x = torch.randn(4, 8, dtype=torch.float16)
     with early_2022(version), autocast.cuda_policy(), torch.autocast("cpu", dtype=torch.float16):
         assert F.gelu(x).dtype == gelu_dtype
         assert F.layer_norm(x, (8,)).dtype == torch.float32  # the rest of CUDA's policy as before
-    assert autocast.FP32 is before
+    assert autocast.cuda_lists is before
 
 
 def test_an_unknown_torch_version_is_refused():

@@ -163,7 +163,7 @@ def test_a_factory_that_prints_does_not_break_the_answer(tmp_path):
                 "baseline", "--batch-size", "2", "--out", str(tmp_path / "pred"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "x" * 1000 in proc.stderr and "goodbye from atexit" in proc.stderr
-    assert proc.stdout.splitlines()[2].split()[0] == "baseline" and "x" * 1000 not in proc.stdout
+    assert proc.stdout.splitlines()[3].split()[0] == "baseline" and "x" * 1000 not in proc.stdout
 
 
 def test_processes_the_users_code_forks_end_with_the_command(tmp_path):

@@ -9,14 +9,18 @@ CUDA's policy instead: the op lists below are CUDA's, and each kernel does what 
 (not float64) to the op's type, the lower-precision casts of fp32 leaf tensors that require grad (the weights)
 kept in a cache until the outermost autocast region ends, `fp32_set_opt_dtype` ops given `dtype=float32`,
 `promote` ops cast to the widest floating type among their arguments. Ops CPU autocasts and CUDA does not run
-uncast. `tests/predict/emulate/test_autocast.py` checks the lists against the installed torch's header where it ships
-one.
+uncast. The lists are read from the installed torch's `autocast_mode.h` (the wheel ships it; they change between
+releases), else the copies below (torch 2.14's); `tests/predict/emulate/test_autocast.py` checks both.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import re
 import warnings
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -56,9 +60,50 @@ FP32_APPEND_DTYPE = {"norm.Scalar": "norm.ScalarOpt_dtype", "norm.ScalarOpt_dim"
 PROMOTE = ("addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler", "index_put",
            "tensordot", "scatter_add")
 
+
+@dataclass(frozen=True)
+class CudaLists:
+    """ATen's CUDA autocast op lists, and where they were read."""
+
+    lower_precision_fp: tuple[str, ...]
+    fp32: tuple[str, ...]
+    fp32_set_opt_dtype: tuple[str, ...]
+    promote: tuple[str, ...]
+    source: str
+
+
+COPIED = CudaLists(LOWER_PRECISION_FP, FP32, FP32_SET_OPT_DTYPE, PROMOTE, "copied from torch 2.14's autocast_mode.h")
+_MACROS = ("AT_FORALL_LOWER_PRECISION_FP", "AT_FORALL_FP32", "AT_FORALL_FP32_SET_OPT_DTYPE", "AT_FORALL_PROMOTE")
+
+
+@functools.cache
+def cuda_lists() -> CudaLists:
+    """The installed torch's lists, read from the ATen header its wheel ships (they change between releases: 2.9's
+    FP32 list has no rms_norm, 2.14's has); the copies above where it ships none or it cannot be read."""
+    header = Path(torch.__file__).parent / "include" / "ATen" / "autocast_mode.h"
+    try:
+        return lists_from_header(header.read_text(), f"read from {header}")
+    except (OSError, ValueError):
+        return COPIED
+
+
+def lists_from_header(text: str, source: str) -> CudaLists:
+    """The four lists from the header's `#define AT_FORALL_...(_)` macros: `_(op)` or `_(op, overload)` entries up
+    to the first line without a continuation backslash. ValueError where a macro is missing."""
+    found = []
+    for name in _MACROS:
+        match = re.search(rf"#define {name}\(_\)((?:[^\n]*\\\n)*[^\n]*)", text)
+        if match is None:
+            raise ValueError(f"{name} not in the header")
+        found.append(tuple(".".join(filter(None, (op.strip(), overload.strip())))
+                           for op, overload in re.findall(r"_\((\w+)(?:,\s*(\w+))?\)", match.group(1))))
+    return CudaLists(*found, source=source)
+
+
 def _op(name: str):
+    """The op of that name in the installed torch, None where it has none (a header's list may name one)."""
     base, _, overload = name.partition(".")
-    return getattr(getattr(torch.ops.aten, base), overload or "default")
+    return getattr(getattr(torch.ops.aten, base, None), overload or "default", None)
 
 
 class _Casts:
@@ -176,16 +221,18 @@ def _kernels(casts: _Casts) -> dict[str, object]:
                 return _call(op, args, kwargs)
         return kernel
 
+    lists = cuda_lists()
+    here = lambda names: [name for name in names if _op(name) is not None]  # noqa: E731
     kernels = {}
-    for name in LOWER_PRECISION_FP:
+    for name in here(lists.lower_precision_fp):
         kernels[name] = lower_precision(_op(name))
-    for name in FP32:
+    for name in here(lists.fp32):
         kernels[name] = fp32(_op(name))
-    for name in FP32_SET_OPT_DTYPE:
+    for name in here(lists.fp32_set_opt_dtype):
         kernels[name] = set_opt_dtype(_op(name), _op(HALF_TO_FLOAT[name]) if name in HALF_TO_FLOAT else None)
     for name, target in FP32_APPEND_DTYPE.items():
         kernels[name] = append_dtype(_op(name), _op(target))
-    for name in PROMOTE:
+    for name in here(lists.promote):
         kernels[name] = promote(_op(name))
     return kernels
 

@@ -1,0 +1,54 @@
+"""Which torch releases each CUDA emulation's rules were checked on, and the one line a prediction under another
+release prints.
+
+Rules read from the installed torch itself follow it whatever its release: the autocast op lists (the wheel's
+`autocast_mode.h`, predict/emulate/autocast.py), and Adam's priming, which checks `_init_group`'s signature and
+runs the warm-up step where it differs (membench/private.py). The rest was read from one release's source or
+binary and is stated here with the releases it was checked on (major.minor); under any other, a CUDA prediction says
+which parts may differ. It never refuses: what runs is the installed torch's own training step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Rule:
+    part: str  # what of a CUDA prediction follows it
+    checked: tuple[str, ...]  # torch releases (major.minor) whose source or binary it was checked against
+    source: str  # where it was read
+
+
+RULES = (
+    Rule("reductions' vector widths and scratch", ("2.14",), "Reduce.cuh, and the vectorization the 2.14 binary "
+         "picks for 16-bit means (predict/emulate/reductions.py)"),
+    Rule("cuBLAS workspace sizes", ("2.11", "2.14"), "CublasHandlePool.cpp; 2.11 on the real GPU traces "
+         "(benchmarks/validate_predictions.py)"),
+    Rule("CUDA output dtypes (fp32 norm statistics)", ("2.14",), "FakeTensorMode on device cuda over the OpInfo "
+         "database (benchmarks/cuda_dtypes.py)"),
+    Rule("optimizers' host tensors (CPU step counts)", ("2.9", "2.14"), "torch/optim/adam.py and _adafactor.py "
+         "(predict/emulate/host.py)"),
+)
+
+
+def release(version: str | None = None) -> str:
+    """'2.14' of '2.14.1+cu130'."""
+    return ".".join((version or torch.__version__).split("+")[0].split(".")[:2])
+
+
+def unchecked(version: str | None = None) -> list[Rule]:
+    """The rules not checked on this torch release."""
+    this = release(version)
+    return [rule for rule in RULES if this not in rule.checked]
+
+
+def notice(version: str | None = None) -> str | None:
+    """One line naming what of a CUDA prediction may differ under this torch release, None where all was checked."""
+    rules = unchecked(version)
+    if not rules:
+        return None
+    parts = "; ".join(f"{r.part} (checked on torch {', '.join(r.checked)})" for r in rules)
+    return f"torch {version or torch.__version__}: CUDA rules not checked on this release, which may differ: {parts}"
