@@ -32,7 +32,8 @@ def gate(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
     """Time one training step per technique and save the run under .benchmarks/ (keyed by machine)."""
-    session.run(PYTHON, "-m", "pytest", "benchmarks", "-q", "--benchmark-autosave", *session.posargs)
+    # -n 0: in one process, as pytest-benchmark times only without xdist (pyproject's addopts start two)
+    session.run(PYTHON, "-m", "pytest", "benchmarks", "-q", "-n", "0", "--benchmark-autosave", *session.posargs)
 
 
 @nox.session(venv_backend="none")
@@ -40,5 +41,5 @@ def bench_compare(session: nox.Session) -> None:
     """Compare against the last saved run (or the one given: `nox -s bench_compare -- 0001`); fail when a step's
     minimum time is 15% slower. Only meaningful on the machine the saved run came from."""
     against = session.posargs[0] if session.posargs else ""
-    session.run(PYTHON, "-m", "pytest", "benchmarks", "-q", f"--benchmark-compare={against}".rstrip("="),
+    session.run(PYTHON, "-m", "pytest", "benchmarks", "-q", "-n", "0", f"--benchmark-compare={against}".rstrip("="),
                 "--benchmark-compare-fail=min:15%", *session.posargs[1:])

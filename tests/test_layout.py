@@ -226,3 +226,33 @@ def test_the_root_holds_at_most_a_dozen_modules_and_trackers_only_measure():
     assert len(root) <= 12, root
     emulation = [p.name for p in (PACKAGE / "trackers").glob("*.py") if p.name.startswith(("cuda_", "fake"))]
     assert not emulation, f"prediction-only modules in trackers/: {emulation}"
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def long_functions(root: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """Functions longer than `limit` lines, decorators and docstring included: the length a reader has to hold."""
+    found = []
+    for name, path in modules(root).items():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                length = node.end_lineno - start + 1
+                if length > limit:
+                    found.append(f"{name}.{node.name}:{node.lineno} is {length} lines")
+    return found
+
+
+def test_no_function_is_over_80_lines():
+    # Cyclomatic complexity has its own gate: ruff's C901 at 25 (ruff.toml), which CI runs.
+    assert long_functions(PACKAGE) == []
+
+
+def test_the_length_check_finds_a_long_function(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    (package / "long.py").write_text(f"def short():\n    pass\n\n\ndef long():\n{body}")
+    assert long_functions(package) == [f"pkg.long.long:5 is {MAX_FUNCTION_LINES + 1} lines"]

@@ -80,14 +80,33 @@ class Pace:
                 f"{fmt_duration(step_s * steps)} more ({steps} more steps{more})" + _held(job, stage))
 
 
-def _held(job, stage: Stage) -> str:
-    """The worker's host memory so far, and what is still to come that holds two models at once."""
+def available_bytes(meminfo: str = "/proc/meminfo") -> int | None:
+    """The memory this machine can give new work now without swapping (Linux's MemAvailable); None elsewhere."""
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # in kB, that is KiB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _held(job, stage: Stage, available: int | None = None) -> str:
+    """The worker's host memory so far, what is still to come that holds two models at once, and whether twice
+    what it holds (two such models) is more than this machine has available: a CPU run that would be killed for
+    memory minutes from now says so after its warm-up. `available`: MemAvailable, read now when not given."""
     if not stage.host_peak_bytes:
         return ""
     later = (["the baseline's model is built beside it to time the two"] if job.run.techniques else []) + (
         ["the equivalence check trains two models side by side"] if job.measure.check else [])
-    return (f"; its peak host memory so far is {fmt_bytes(stage.host_peak_bytes)} (RSS)"
+    said = (f"; its peak host memory so far is {fmt_bytes(stage.host_peak_bytes)} (RSS)"
             + (f", and later {' and '.join(later)}" if later else ""))
+    available = available_bytes() if available is None else available
+    if later and available is not None and 2 * stage.host_peak_bytes > available:
+        said += (f": twice that is more than the {fmt_bytes(available)} this machine has available now (MemAvailable),"
+                 " so it may be killed for memory" + ("; --no-check leaves out the check" if job.measure.check else ""))
+    return said
 
 
 def run_line(result: RunRecord, skipped: bool = False, wall_s: float | None = None) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+from membench.report import live
 from membench.report.live import TIMELINE_STEPS, Pace, StageLines, steps_after_warmup
 from membench.results.progress import Stage
 from membench.trackers import timeline
@@ -11,7 +12,8 @@ from tests.helpers import spec
 
 
 def cpu_job(techniques=(), **options):
-    return spec("vit-tiny", techniques, steps=5, warmup=2, check=True, timeline=True, device="cpu", **options)
+    return spec("vit-tiny", techniques, **{"steps": 5, "warmup": 2, "check": True, "timeline": True, "device": "cpu",
+                                          **options})
 
 
 def test_steps_after_warmup_as_the_worker_runs_them():
@@ -50,7 +52,8 @@ def test_min_time_is_named_and_the_api_lines_print_it():
             "(13 more steps (--min-time can add timed steps))") in text
 
 
-def test_the_note_names_the_peak_host_memory_so_far_and_what_holds_two_models_later():
+def test_the_note_names_the_peak_host_memory_so_far_and_what_holds_two_models_later(monkeypatch):
+    monkeypatch.setattr(live, "available_bytes", lambda: 7 * 2**30)  # more than twice 3 GiB: no warning
     job = cpu_job(("ckpt",))
     pace = Pace()
     pace.seen(job, Stage("ckpt", "warmup", 0.0, steps=2))
@@ -58,3 +61,28 @@ def test_the_note_names_the_peak_host_memory_so_far_and_what_holds_two_models_la
     assert said == ("a step took 10 s in warm-up: at that pace this run needs about 4 min 30 s more (27 more steps); "
                     "its peak host memory so far is 3.00 GiB (RSS), and later the baseline's model is built beside "
                     "it to time the two and the equivalence check trains two models side by side")
+
+
+def test_twice_the_memory_held_beyond_what_is_available_is_a_warning(monkeypatch):
+    monkeypatch.setattr(live, "available_bytes", lambda: 5 * 2**30)
+    pace = Pace()
+    pace.seen(cpu_job(), Stage("baseline", "warmup", 0.0, steps=2))
+    said = pace.seen(cpu_job(), Stage("baseline", "measure", 20.0, steps=1, host_peak_bytes=3 * 2**30))
+    assert said.endswith("its peak host memory so far is 3.00 GiB (RSS), and later the equivalence check trains two "
+                         "models side by side: twice that is more than the 5.00 GiB this machine has available now "
+                         "(MemAvailable), so it may be killed for memory; --no-check leaves out the check")
+    # a baseline without the check holds one model throughout: nothing to warn about
+    alone = Pace()
+    job = cpu_job(check=False)
+    alone.seen(job, Stage("baseline", "warmup", 0.0, steps=2))
+    assert alone.seen(job, Stage("baseline", "measure", 60.0, steps=1, host_peak_bytes=3 * 2**30)).endswith(
+        "its peak host memory so far is 3.00 GiB (RSS)")
+
+
+def test_available_memory_is_read_from_meminfo_in_kib(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemFree:         1000 kB\nMemAvailable:    2048 kB\n")
+    assert live.available_bytes(str(meminfo)) == 2 * 2**20
+    assert live.available_bytes(str(tmp_path / "absent")) is None
+    meminfo.write_text("MemAvailable: lots\n")
+    assert live.available_bytes(str(meminfo)) is None
