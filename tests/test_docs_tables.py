@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_readme import marked_blocks
+
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PRINTED = re.compile(r"^<!-- test: printed by: (membench [^\n]*?) -->[ \t]*\n```[^\n]*\n(.*?)^```",
@@ -63,11 +65,18 @@ class Shown:
     command: str
     table: Table
     after: list[str]  # the block's lines after the table: each printed as shown
+    files: dict[str, str]  # the page's own code the command runs (mypkg/bench.py), as test_readme writes it
+
+
+def user_files(text: str) -> dict[str, str]:
+    """The page's marked python blocks whose first line is `# path/to/file.py` (tests/test_readme.py's rule)."""
+    return {body.splitlines()[0][2:]: body for lang, body in marked_blocks(text)
+            if lang == "python" and re.fullmatch(r"# [\w./-]+\.py", body.split("\n", 1)[0])}
 
 
 def shown_tables() -> list[Shown]:
     return [Shown(page.name, command, parse_table(block), [line for line in block.partition("\n\n")[2].splitlines()
-                                                          if line.strip()])
+                                                          if line.strip()], user_files(page.read_text()))
             for page in PAGES for command, block in PRINTED.findall(page.read_text())]
 
 
@@ -84,6 +93,8 @@ def test_the_convention_finds_and_parses_a_table():
 def test_the_documented_tables_are_found():
     shown = shown_tables()
     assert {s.page for s in shown} >= {"workloads.md"}
+    [mine] = [s for s in shown if "mypkg" in s.command]
+    assert list(mine.files) == ["mypkg/bench.py"] and "def my_model() -> Workload:" in mine.files["mypkg/bench.py"]
     for s in shown:
         assert s.table.rows and "run" in s.table.headers, f"{s.page}: {s.command}: no table with a run column"
 
@@ -95,6 +106,11 @@ def test_a_documented_table_is_what_the_command_prints(shown, tmp_path):
     if not (scripts / "membench").exists() and not shutil.which("membench"):
         pytest.skip("membench is not installed as a console script here (pip install -e .)")
     env = {**os.environ, "PATH": os.pathsep.join([str(scripts), os.environ.get("PATH", "")])}
+    for name, code in shown.files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(code)
+        (path.parent / "__init__.py").touch()
     proc = subprocess.run(shlex.split(shown.command), cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=1800)
     assert proc.returncode == 0, f"{shown.command} failed:\n{proc.stderr[-3000:]}"
@@ -106,6 +122,60 @@ def test_a_documented_table_is_what_the_command_prints(shown, tmp_path):
             f"prints {printed.column(header)}:\n{proc.stdout}")
     missing = [line for line in shown.after if line not in proc.stdout.splitlines()]
     assert not missing, f"{shown.page}: {shown.command} no longer prints {missing}:\n{proc.stdout}"
+
+
+# `<!-- test: in FILE written by: membench ARGS -->` right before a markdown table: the table is in FILE (relative
+# to the folder the command ran in) after `membench ARGS`, or some of its columns (report.md's tables).
+WRITTEN = re.compile(r"^<!-- test: in (\S+) written by: (membench [^\n]*?) -->[ \t]*\n((?:\|.*\|\n)+)", re.MULTILINE)
+
+
+def pipe_table(text: str) -> Table:
+    """A markdown table's header and rows (its |---| line skipped)."""
+    lines = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in text.strip().splitlines()]
+    return Table(lines[0], [row for row in lines[1:] if not all(set(cell) <= set("-:") for cell in row)])
+
+
+def pipe_tables(text: str) -> list[Table]:
+    return [pipe_table(block) for block in re.findall(r"^((?:\|.*\|\n)+)", text + "\n", re.MULTILINE)]
+
+
+def written_tables() -> dict[tuple[str, str], list[tuple[str, Table]]]:
+    """Per page and command, the (file, table) pairs the page shows as written by it: a command runs once."""
+    found: dict[tuple[str, str], list[tuple[str, Table]]] = {}
+    for page in PAGES:
+        for file, command, block in WRITTEN.findall(page.read_text()):
+            found.setdefault((page.name, command), []).append((file, pipe_table(block)))
+    return found
+
+
+def test_the_written_tables_are_found_and_parsed():
+    text = ("<!-- test: in out/r.md written by: membench run --workload w -->\n| run | peak |\n|-----|------|\n"
+            "| baseline | 1 |\n| ckpt | 2 |\n\ntext\n")
+    [(file, command, block)] = WRITTEN.findall(text)
+    assert (file, command) == ("out/r.md", "membench run --workload w")
+    assert pipe_table(block) == Table(["run", "peak"], [["baseline", "1"], ["ckpt", "2"]])
+    shown = written_tables()
+    report = ("membench run --workload vit-small --batch-size 1 --techniques ckpt,opt-in-bwd,ckpt+opt-in-bwd "
+              "--device cpu --steps 3 --warmup 1 --out results/demo")
+    assert [table.headers[:3] for _, table in shown[("report.md", report)]] == [
+        ["run", "status", "peak alloc MiB"], ["run", "peak", "peak phase"]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", list(written_tables()), ids=lambda key: f"{key[0]}:{key[1][len('membench '):][:60]}")
+def test_a_documented_file_table_is_what_the_command_writes(key, tmp_path):
+    page, command = key
+    proc = subprocess.run([sys.executable, "-m", *shlex.split(command)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=1800)
+    assert proc.returncode == 0, f"{command} failed:\n{proc.stderr[-3000:]}"
+    for file, shown in written_tables()[key]:
+        written = [t for t in pipe_tables((tmp_path / file).read_text()) if t.headers[:1] == shown.headers[:1]
+                   and set(shown.headers) <= set(t.headers)]
+        assert written, f"{page}: no table in {file} has the columns {shown.headers}"
+        for header in shown.headers:
+            assert shown.column(header) == written[0].column(header), (
+                f"{page}: {file}: column {header!r} shows {shown.column(header)}, {command} writes "
+                f"{written[0].column(header)}")
 
 
 OPTIMIZER_TABLE = re.compile(r"^\| optimizer \| baseline \| peak phase \| opt-in-bwd \| peak phase \|\n"

@@ -287,7 +287,9 @@ def test_module_factory_resolves_from_the_working_directory_and_default_techniqu
                 "--out", str(tmp_path / "pred"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "skipping ckpt" in proc.stderr and "CUDA" not in proc.stdout
-    assert [line.split()[0] for line in proc.stdout.splitlines()[2:5]] == ["baseline", "accum", "opt-in-bwd"]
+    lines = proc.stdout.splitlines()
+    dashes = next(i for i, line in enumerate(lines) if line.startswith("---"))
+    assert [line.split()[0] for line in lines[dashes + 1:dashes + 4]] == ["baseline", "accum", "opt-in-bwd"]
 
 
 def test_version():
