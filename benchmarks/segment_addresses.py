@@ -168,8 +168,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     snapshots, truth = SHARED / "cuda-snapshots", SHARED / "gpu-truth"
     if not snapshots.is_dir() and not truth.is_dir():
-        print(f"{SHARED} holds neither cuda-snapshots nor gpu-truth: nothing to read")
-        return 0
+        print(f"segment_addresses: {SHARED} holds neither cuda-snapshots nor gpu-truth: nothing read, exit 3",
+              file=sys.stderr)
+        return 3
     paths = sorted(snapshots.glob("*.pickle")) + sorted((truth / "traces").glob("*.pickle"))
     rows = [row for row in map(recorded_placements, paths) if row]
     print("1. New segments in recorded order (each against the one made before it):\n")
