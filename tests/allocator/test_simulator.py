@@ -583,10 +583,12 @@ def test_validation_on_real_snapshots_is_exact():
     assert "NO" not in proc.stdout.replace("NOT", "")
 
 
-def test_validation_script_skips_without_the_data(tmp_path):
+def test_validation_script_without_the_data_checks_nothing_and_says_so_with_exit_3(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "validate_allocator.py"), str(tmp_path / "no")],
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and proc.stdout.startswith("skipped: no snapshots at")
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert proc.returncode == 3 and len(lines) == 1 and lines[0].startswith("validate_allocator: no snapshots at")
+    assert "nothing checked, exit 3" in lines[0]
 
 
 # --- invariants under random traces (seeded; no outcome is asserted here, only that the state stays sound) ---------

@@ -1,5 +1,6 @@
-"""The validation scripts of benchmarks/ without the real GPU data beside the repository: each says so in one line
-and exits 3, never 0 (a script that checked nothing must not pass for one that checked)."""
+"""benchmarks/validate_predictions.py without the real GPU traces beside the repository: it says so in one line and
+exits 3, never 0 (a script that checked nothing must not pass for one that checked; validate_allocator.py's case is in
+tests/allocator/test_simulator.py)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,3 @@ def test_without_the_traces_it_checks_nothing_and_says_so_with_exit_3(tmp_path):
     lines = (done.stdout + done.stderr).strip().splitlines()
     assert len(lines) == 1 and "absent" in lines[0] and "nothing checked, exit 3" in lines[0], lines
 
-
-def test_the_allocator_validation_without_snapshots_says_so_with_exit_3(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "validate_allocator.py"), str(tmp_path / "none")],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 3
-    lines = (done.stdout + done.stderr).strip().splitlines()
-    assert len(lines) == 1 and "nothing checked, exit 3" in lines[0], lines
