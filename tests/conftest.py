@@ -3,14 +3,15 @@ from pathlib import Path
 
 import pytest
 
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    # Two test processes share the two cores (pyproject's addopts): each, and every process it starts, gets one
-    # thread, or torch's thread pools oversubscribe the cores and in-process steps slow ten-fold.
-    os.environ["OMP_NUM_THREADS"] = "1"
+# Two test processes share the two cores (pyproject's addopts): each, and every process it starts, gets one
+# thread, or torch's thread pools oversubscribe the cores and in-process steps slow ten-fold.
+XDIST_WORKER = bool(os.environ.get("PYTEST_XDIST_WORKER"))
+if XDIST_WORKER:
+    os.environ["OMP_NUM_THREADS"] = "1"  # before torch is imported: its pool's size is read then
 
 import torch  # noqa: E402
 
-if os.environ.get("PYTEST_XDIST_WORKER"):
+if XDIST_WORKER:
     torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -31,6 +31,19 @@ def marked_blocks(text: str) -> list[tuple[str, str]]:
     return [(lang, body) for lang, body in BLOCK.findall(text)]
 
 
+def user_file(lang: str, body: str) -> str | None:
+    """The path a marked block is the user's code for (a python block whose first line is `# path/to/file.py`)."""
+    first = body.split("\n", 1)[0]
+    return first[2:] if lang == "python" and re.fullmatch(r"# [\w./-]+\.py", first) else None
+
+
+def write_user_file(folder: Path, name: str, body: str) -> None:
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(body)
+    (path.parent / "__init__.py").touch()  # mypkg/bench.py: mypkg is a package
+
+
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Pages with examples to run; the slow ones (the CI recipe end to end, the workloads page's models) run with -m slow.
 SLOW_PAGES = {"ci.md", "workloads.md"}
@@ -80,12 +93,8 @@ def test_examples_run_as_printed(page, tmp_path):
         pytest.skip("membench is not installed as a console script here (pip install -e .)")
     env = {**os.environ, "PATH": os.pathsep.join([str(scripts), os.environ.get("PATH", "")]), "MPLBACKEND": "Agg"}
     for i, (lang, body) in enumerate(marked_blocks(page.read_text())):
-        first = body.splitlines()[0] if body else ""
-        if lang == "python" and re.fullmatch(r"# [\w./-]+\.py", first):
-            path = tmp_path / first[2:]
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(body)
-            (path.parent / "__init__.py").touch()  # mypkg/bench.py: mypkg is a package
+        if (name := user_file(lang, body)) is not None:
+            write_user_file(tmp_path, name, body)
             continue
         if lang == "python":
             command = [sys.executable, "-c", body]

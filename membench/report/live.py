@@ -92,17 +92,17 @@ def available_bytes(meminfo: str = "/proc/meminfo") -> int | None:
     return None
 
 
-def _held(job, stage: Stage, available: int | None = None) -> str:
+def _held(job, stage: Stage) -> str:
     """The worker's host memory so far, what is still to come that holds two models at once, and whether twice
     what it holds (two such models) is more than this machine has available: a CPU run that would be killed for
-    memory minutes from now says so after its warm-up. `available`: MemAvailable, read now when not given."""
+    memory minutes from now says so after its warm-up."""
     if not stage.host_peak_bytes:
         return ""
     later = (["the baseline's model is built beside it to time the two"] if job.run.techniques else []) + (
         ["the equivalence check trains two models side by side"] if job.measure.check else [])
     said = (f"; its peak host memory so far is {fmt_bytes(stage.host_peak_bytes)} (RSS)"
             + (f", and later {' and '.join(later)}" if later else ""))
-    available = available_bytes() if available is None else available
+    available = available_bytes()
     if later and available is not None and 2 * stage.host_peak_bytes > available:
         said += (f": twice that is more than the {fmt_bytes(available)} this machine has available now (MemAvailable),"
                  " so it may be killed for memory" + ("; --no-check leaves out the check" if job.measure.check else ""))

@@ -17,4 +17,3 @@ def test_without_the_traces_it_checks_nothing_and_says_so_with_exit_3(tmp_path):
     assert done.returncode == 3
     lines = (done.stdout + done.stderr).strip().splitlines()
     assert len(lines) == 1 and "absent" in lines[0] and "nothing checked, exit 3" in lines[0], lines
-
