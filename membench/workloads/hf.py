@@ -125,6 +125,14 @@ def load_config(spec: str):
             setattr(config, key, value)
         except Exception as exc:  # noqa: BLE001 - transformers' own validators: TypeError, ValueError, its own
             raise UserError(f"workload 'hf:{spec}': {key}={json.dumps(value)[:40]}: {_first_line(exc)}") from None
+    if overrides and name in CONFIG_MAPPING:
+        # A model type's config is built again with the overrides as arguments, so that what its __init__ derives
+        # from them follows them: LlamaConfig's head_dim is hidden_size // num_attention_heads when not given
+        # (set afterwards, hidden_size=64 would keep the default's 128).
+        try:
+            config = t.AutoConfig.for_model(name, **overrides)
+        except Exception as exc:  # noqa: BLE001 - as above
+            raise UserError(f"workload 'hf:{spec}': {_first_line(exc)}") from None
     if hasattr(config, "validate"):
         try:
             config.validate()

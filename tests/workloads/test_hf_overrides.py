@@ -109,3 +109,16 @@ def test_a_model_name_is_fetched_saying_so_and_a_local_folder_never_asks_the_hub
     with pytest.raises(UserError):
         load_workload(f"hf:{tmp_path}")
     assert asked[-1] == (str(tmp_path), {"local_files_only": True})
+
+
+def test_what_a_config_derives_from_an_override_follows_it():
+    # LlamaConfig derives head_dim = hidden_size // num_attention_heads when it is not given: the 7B's 4096 / 32 =
+    # 128 by default. Overridden sizes must carry it along, else q_proj of a 256-wide model would be [4096, 256].
+    assert hf.load_config("llama").head_dim == 128
+    assert hf.load_config("llama,hidden_size=256").head_dim == 8
+    assert hf.load_config("llama,hidden_size=256,num_attention_heads=4").head_dim == 64
+    assert hf.load_config("llama,hidden_size=256,head_dim=16").head_dim == 16
+    model = load_workload("hf:llama,num_hidden_layers=1,hidden_size=64,num_attention_heads=4,vocab_size=32").build_model
+    with torch.device("meta"):
+        q = model().model.layers[0].self_attn.q_proj.weight
+    assert tuple(q.shape) == (64, 64)
