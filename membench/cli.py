@@ -119,8 +119,8 @@ def add_sharding_options(p: argparse.ArgumentParser) -> None:
     group = p.add_argument_group("sharding", "fsdp, fsdp-offload and tp: the mesh and FSDP2's own options")
     group.add_argument("--mesh", type=_mesh_text, default=None, metavar="DIM=SIZE,...",
                        help="the device mesh by torchtitan's dimension names: dp_shard (FSDP), dp_replicate (HSDP "
-                            "with dp_shard), e.g. dp_replicate=2,dp_shard=4 (tp: not supported yet); its size is the "
-                            "number of ranks (default: dp_shard over every rank)")
+                            "with dp_shard), tp (the tp technique), e.g. dp_replicate=2,dp_shard=4 or dp_shard=4,tp=2; "
+                            "its size is the number of ranks (default: dp_shard over every rank)")
     group.add_argument("--param-dtype", choices=DTYPES, default=None,
                        help="FSDP2's MixedPrecisionPolicy param_dtype: the dtype parameters are all-gathered and "
                             "computed in (default: their own, fp32)")

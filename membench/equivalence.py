@@ -286,9 +286,9 @@ def _check(spec: RunSpec, stack: Stack, workload: Workload, check_steps: int = 2
     is one process training on the ranks' combined batch. A step that draws random numbers (dropout) is checked
     again with dropout off, so a difference in masks is not mistaken for a different model.
     """
-    from membench.launch.distributed import agree, rank_world
+    from membench.launch.distributed import agree, data_rank
 
-    rank, world = rank_world()
+    rank, world = data_rank(spec.mesh)  # tensor-parallel ranks share a batch: the data-parallel ranks split it
     if not stack.techniques:
         return Equivalence(verdict="reference", detail="the baseline is the reference")
     setup = _setup(spec, stack, world, check_steps)

@@ -189,7 +189,7 @@ class RunSpec:
             if dtype is not None and dtype not in DTYPES:
                 raise UserError(f"unknown {option} {dtype!r}; valid: {', '.join(DTYPES)}")
         if self.mesh is not None or self.reshard_after_forward is not None:
-            from membench.techniques.mesh import check_reshard_after_forward, check_supported, parse_mesh
+            from membench.techniques.mesh import check_reshard_after_forward, parse_mesh
 
             # Its size against the ranks is checked where they are known: predict's --world-size, and each rank
             # of a run (several nodes: nproc_per_node is one node's share).
@@ -197,7 +197,6 @@ class RunSpec:
                               if self.mesh is None else None)
             if self.mesh is not None and mesh.text != self.mesh:
                 return dataclasses.replace(self, mesh=mesh.text).validated()  # one spelling: runs pair by it
-            check_supported(mesh)
             if not isinstance(self.reshard_after_forward, bool) and self.reshard_after_forward is not None:
                 _check(self, "reshard_after_forward")
             check_reshard_after_forward(self.reshard_after_forward, mesh)

@@ -121,7 +121,8 @@ class Worker:
     def _stages(self, workload: Workload, stack: Stack, meter) -> Measured:
         spec, how, done = self.spec, self.job.measure, self.measured
         rank, world = distributed.rank_world()
-        self.session = session = Session(spec, stack, workload, meter, batches(workload, spec, rank, world))
+        data_rank, data_world = distributed.data_rank(spec.mesh)  # the ranks of one tp group share a batch
+        self.session = session = Session(spec, stack, workload, meter, batches(workload, spec, data_rank, data_world))
         progress.report("build")
         self.build_info = session.build()
         progress.report("warmup", steps=how.warmup)
@@ -150,7 +151,7 @@ class Worker:
                                               how.min_time_s, prepare=session.next_batch, on_step=timed_step)
             progress.report("flops")
             flops = timing.count_flops(lambda: session.bare_step(-1))
-        done.timing = self._timing(times, losses, flops, workload, stack, world)
+        done.timing = self._timing(times, losses, flops, workload, stack, data_world)
         try:
             done.timing.vs_baseline = self._against_baseline(workload, stack, world)
         except NotCompared as why:
@@ -189,7 +190,8 @@ class Worker:
 
     def _timing(self, times, losses, flops: int, workload: Workload, stack: Stack, world: int) -> Timing:
         summary = timing.summarize(times)
-        # Data parallel ranks step together: the run trains world x batch-size samples per step.
+        # Data parallel ranks step together: the run trains world x batch-size samples per step (world: the
+        # data-parallel ranks; tensor-parallel ranks share their samples).
         samples_per_s = self.spec.batch_size * world / summary.median_s
         peak = self.job.measure.peak_flops or timing.peak_flops(
             environment.describe(self.spec.device).device_name, "bf16" if stack.low_precision else "fp32")

@@ -52,6 +52,14 @@ def rank_world() -> tuple[int, int]:
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
 
+def data_rank(mesh: str | None) -> tuple[int, int]:
+    """This rank's place among the ranks that split the batch (techniques/mesh.py: tp ranks share one)."""
+    from membench.techniques.mesh import data_parallel
+
+    rank, world = rank_world()
+    return data_parallel(mesh, rank, world) if world > 1 else (rank, world)
+
+
 def gather(obj) -> list:
     """Every rank's `obj`, in rank order, on every rank (all ranks must call it)."""
     import torch.distributed as dist

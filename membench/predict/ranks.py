@@ -1,10 +1,11 @@
 """Which ranks of a sharded run hold different memory, so that each is predicted and not only rank 0.
 
 FSDP2 shards every parameter on its first dimension with torch.chunk over the dp_shard ranks
-(_fsdp_param.py: FSDPParam._init_sharded_param): chunks of ceil(rows / ranks) rows, so where the rows do not divide,
-the last ranks hold fewer rows, or none (their shard is padding). The all-gather buffers are padded to the same size
-on every rank; what differs is the sharded parameters, their gradients and the optimizer state. Ranks along
-dp_replicate (HSDP) hold what their dp_shard coordinate holds.
+(_fsdp_param.py: FSDPParam._init_sharded_param; with tp, the TP-local tensor's): chunks of ceil(rows / ranks)
+rows, so where the rows do not divide, the last ranks hold fewer rows, or none (their shard is padding). The
+all-gather buffers are padded to the same size on every rank; what differs is the sharded parameters, their
+gradients and the optimizer state. Ranks along dp_replicate (HSDP) hold what their dp_shard coordinate holds, and
+the ranks along tp what tp gives each (the sizes it shards divide by tp: techniques/tp.py checks).
 """
 
 from __future__ import annotations
@@ -41,12 +42,14 @@ def predict_ranks(job, round_to: int | None, rank0, predict_memory) -> list:
     other by `predict_memory(job, round_to, rank)` (membench.predict.run's, passed in)."""
     from membench.predict.emulate import fake
     from membench.results.schema import RankSummary
+    from membench.techniques import tp
     from membench.techniques.mesh import parse_mesh
     from membench.workloads import load_workload
 
     spec = job.run
     model = fake.build_on_meta(load_workload(spec.workload, spec.seq_len).build_model)
-    ranks = distinct_ranks(model_first_dims(model), parse_mesh(spec.mesh, spec.nproc_per_node))
+    mesh = parse_mesh(spec.mesh, spec.nproc_per_node)
+    ranks = distinct_ranks(tp.first_dims(model, mesh.tp) if mesh.tp > 1 else model_first_dims(model), mesh)
     memories = {0: rank0, **{r: predict_memory(job, round_to, rank=r) for r in ranks if r}}
     return [RankSummary(rank=r, peak_allocated_bytes=m.peak_allocated_bytes, peak_reserved_bytes=m.peak_reserved_bytes,
                         peak_phase=m.peak_phase, breakdown_at_peak=m.breakdown_at_peak)

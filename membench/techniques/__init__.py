@@ -25,12 +25,13 @@ from membench.techniques.init_on_device import InitOnDevice
 from membench.techniques.opt_in_bwd import OptimizerInBackward
 from membench.techniques.opt_offload import OptimizerOffload
 from membench.techniques.sac import SelectiveCheckpointing
+from membench.techniques.tp import TensorParallel
 
 REGISTRY: dict[str, type[Technique]] = {
     cls.name: cls
     for cls in (Baseline, GradientAccumulation, ActivationCheckpointing, OptimizerInBackward, AmpBf16, AmpFp16,
                 Bf16, ForeachOff, FusedAdam, InitOnDevice, OptimizerOffload, ActivationOffload,
-                SelectiveCheckpointing, Fsdp, FsdpOffload, ExpandableSegments)
+                SelectiveCheckpointing, Fsdp, FsdpOffload, TensorParallel, ExpandableSegments)
 }
 
 

@@ -2,7 +2,7 @@
 
 from membench.common.errors import UserError
 from membench.techniques.base import Technique
-from membench.techniques.mesh import fsdp_submesh
+from membench.techniques.mesh import check_tp, fsdp_submesh, parse_mesh
 
 
 def _dtype(name: str | None):
@@ -43,6 +43,9 @@ class Fsdp(Technique):
 
     def offload_policy(self, device: str):
         return self._offload_policy()
+
+    def validate(self, spec, workload) -> None:
+        check_tp(parse_mesh(spec.mesh, None), spec.techniques)
 
     def configure(self, state) -> None:
         import torch.distributed as dist

@@ -2,8 +2,7 @@
 
 `--mesh dp_replicate=2,dp_shard=4,tp=2`: 16 ranks, laid out as torchtitan's `init_device_mesh` lays them, row-major
 over (dp_replicate, dp_shard, tp), tensor parallelism innermost (the ranks of one node). FSDP shards over dp_shard
-and, with dp_replicate, is HSDP (replicated across dp_replicate). tp is parsed and laid out, but refused until a
-tensor-parallel technique uses it (check_supported).
+and, with dp_replicate, is HSDP (replicated across dp_replicate); the tp technique shards each block over tp.
 Without --mesh every rank is one dp_shard dimension. Only here is the mesh parsed and built.
 """
 
@@ -84,11 +83,19 @@ def fsdp_submesh(state):
     return built[names] if len(names) > 1 else built[names[0]]
 
 
-def check_supported(mesh: Mesh) -> None:
-    """Tensor parallelism has no technique yet: a tp dimension would be predicted and run as plain FSDP."""
-    if mesh.tp > 1:
-        raise UserError(f"--mesh {mesh.text}: tensor parallelism (tp) is not supported yet; valid dimensions: "
-                        f"{', '.join(FSDP_DIMS)}")
+def check_tp(mesh: Mesh, techniques: tuple[str, ...]) -> None:
+    """A tp dimension is the tp technique's: without it, the ranks along tp would train as more FSDP ranks."""
+    if mesh.tp > 1 and "tp" not in techniques:
+        raise UserError(f"--mesh {mesh.text} has a tp dimension, which only the tp technique shards over: use "
+                        f"{'+'.join((*techniques, 'tp'))}, or a mesh without tp")
+
+
+def data_parallel(mesh_text: str | None, rank: int, world: int) -> tuple[int, int]:
+    """(this rank's index among the data-parallel ranks, how many there are): the ranks of one tp group train on
+    the same batch, so the batch is split over dp_replicate x dp_shard, not over every rank."""
+    mesh = parse_mesh(mesh_text, world)
+    at = mesh.coordinates(rank)
+    return at["dp_replicate"] * mesh.dp_shard + at["dp_shard"], mesh.dp_replicate * mesh.dp_shard
 
 
 def check_reshard_after_forward(value, mesh: Mesh) -> None:

@@ -29,7 +29,7 @@ def baseline() -> dict:
 
 def test_catalogue_is_complete():
     expected = {"baseline", "accum", "ckpt", "opt-in-bwd", "amp-bf16", "amp-fp16", "bf16", "foreach-off",
-                "fused-adam", "init-on-device", "opt-offload", "act-offload", "sac", "fsdp", "fsdp-offload",
+                "fused-adam", "init-on-device", "opt-offload", "act-offload", "sac", "fsdp", "fsdp-offload", "tp",
                 "expandable-segments"}
     assert set(REGISTRY) == expected
     for name, cls in REGISTRY.items():

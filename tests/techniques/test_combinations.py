@@ -36,6 +36,7 @@ CONFLICTS = {frozenset(pair) for pair in [
     ("sac", "ckpt"),
     ("fsdp", "fsdp-offload"), ("opt-offload", "fsdp"), ("opt-offload", "fsdp-offload"), ("opt-offload", "opt-in-bwd"),
     ("amp-fp16", "opt-in-bwd"), ("amp-fp16", "fsdp"), ("amp-fp16", "fsdp-offload"),
+    ("tp", "fsdp-offload"), ("tp", "opt-offload"), ("tp", "amp-fp16"),
 ]}
 CUDA_ONLY = {"opt-offload", "act-offload", "fsdp-offload", "expandable-segments"}  # they move memory off the GPU
 

@@ -3,6 +3,8 @@ of a prediction holds, against shard sizes derived by hand (CPU; fake process gr
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from membench import cli
@@ -13,6 +15,8 @@ from membench.techniques.mesh import Mesh, check_reshard_after_forward, parse_me
 
 MLP = "tests.workloads:mlp"  # Linear(192, 64) and Linear(64, 10), fully_shard on the root alone (no blocks)
 STEP = 4  # bytes of each Adam step count (a float32 scalar per parameter)
+LLAMA = ("hf:llama,num_hidden_layers=1,hidden_size=64,num_attention_heads=4,num_key_value_heads=2,"
+         "intermediate_size=128,vocab_size=256,head=causal-lm")  # head_dim 16; embedding and LM head untied
 
 
 def test_a_mesh_is_spelled_one_way_and_lays_ranks_out_as_torchtitan():
@@ -33,10 +37,33 @@ def test_a_bad_mesh_is_one_line_naming_the_valid_dimensions(text, message):
     assert "dp_replicate, dp_shard, tp" in str(error.value) or "twice" in message
 
 
-def test_a_tp_dimension_is_refused_until_a_technique_uses_it():
-    with pytest.raises(UserError, match=r"--mesh dp_shard=4,tp=2: tensor parallelism \(tp\) is not supported yet; "
-                                        r"valid dimensions: dp_replicate, dp_shard"):
-        RunSpec(MLP, 4, ("fsdp",), nproc_per_node=8, mesh="dp_shard=4,tp=2").validated()
+@pytest.mark.parametrize("techniques, mesh, message", [
+    ("fsdp", "dp_shard=4,tp=2", r"--mesh dp_shard=4,tp=2 has a tp dimension, which only the tp technique shards over: "
+                                r"use fsdp\+tp, or a mesh without tp"),
+    ("tp", "dp_shard=8", r"technique tp needs a tp dimension of 2 or more in --mesh \(e.g. --mesh tp=2"),
+    ("tp", "dp_shard=4,tp=2", r"--mesh dp_shard=4,tp=2: the data-parallel ranks need fsdp to shard over them "
+                              r"\(--techniques fsdp\+tp\), or --mesh tp=2 alone"),
+])
+def test_a_mesh_and_a_stack_that_do_not_go_together_are_one_line(techniques, mesh, message, capsys):
+    assert cli.main(["predict", "--workload", "gpt-tiny", "--techniques", techniques, "--mesh", mesh]) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("workload, message", [
+    ("gpt-tiny", r"technique tp applies torchtitan's plan for Llama-style blocks .* and this model has no "
+                 r"model.layers / lm_head"),
+    ("hf:llama,num_hidden_layers=1,hidden_size=96,num_attention_heads=6,num_key_value_heads=3,intermediate_size=128,"
+     "vocab_size=256", r"technique tp: tp=2 does not divide the model's num_key_value_heads \(3\); valid tp sizes "
+                       r"divide every one of num_attention_heads=6, num_key_value_heads=3, intermediate_size=128"),
+    (LLAMA + ",tie_word_embeddings=true", r"technique tp: this model's LM head shares the embedding's weight "
+                                           r"\(tie_word_embeddings\), which torchtitan's plan shards two ways"),
+])
+def test_tp_on_a_model_it_cannot_shard_is_one_line(workload, message, capsys):
+    assert cli.main(["predict", "--workload", workload, "--techniques", "tp", "--mesh", "tp=2",
+                     "--seq-len", "8"]) == 2
+    captured = capsys.readouterr()
+    assert re.search(message, captured.out + captured.err), captured
 
 
 def test_reshard_after_forward_takes_a_proper_divisor_of_the_shard_dimension():
@@ -124,3 +151,54 @@ def test_a_prediction_with_uneven_shards_predicts_each_distinct_rank():
     full, last = (16 * 192 + 16 + 3 * 64 + 3) * 4, (16 * 192 + 16 + 1 * 64 + 1) * 4
     assert (rank0["optimizer_state"], rank3["optimizer_state"]) == (2 * full + 4 * STEP, 2 * last + 4 * STEP)
     assert rank0["gradients"] == rank3["gradients"] == full
+
+
+
+def _llama_held(mesh: str, techniques: tuple[str, ...]) -> dict[str, int]:
+    job = Job(RunSpec(LLAMA, 2, techniques, nproc_per_node=parse_mesh(mesh).size, mesh=mesh, zero_grad="zeros",
+                      seq_len=8))
+    held = predict_memory(job, round_to=1).current_breakdown
+    return {k: held[k] for k in ("parameters", "gradients", "optimizer_state")}
+
+
+def test_tp_and_fsdp_shard_parameters_gradients_and_optimizer_state_as_derived_by_hand():
+    # Full fp32 shapes: embedding [256, 64]; q [64, 64], k and v [32, 64] (2 KV heads of 16), o [64, 64];
+    # gate and up [128, 64], down [64, 128]; two block norms, the final norm [64]; LM head [256, 64].
+    # tp=2, torchtitan's plan: the embedding row-wise and q/k/v, gate/up and the LM head column-wise, all sharded on
+    # dim 0; o and down row-wise, sharded on dim 1 (as DTensors their local tensors are [64, 32] and [64, 64]);
+    # the norms replicated (sequence parallel).
+    tp_sharded = (128 * 64) + (32 * 64 + 16 * 64 + 16 * 64 + 64 * 32) + (64 * 64 + 64 * 64 + 64 * 64) + 128 * 64
+    assert tp_sharded * 2 == 256 * 64 + (64 * 64 + 2 * 32 * 64 + 64 * 64) + 3 * 128 * 64 + 256 * 64
+    norms = 3 * 64
+    rope = 2 * 8 * 4  # the rotary embedding's buffers, inv_freq and original_inv_freq: head_dim / 2 floats each
+    adam_steps = (1 + 9 + 1 + 1) * STEP  # embedding, nine in the block, final norm, LM head
+    tp_only = (tp_sharded + norms) * 4
+    # The embedding's gradient is whole on every rank: its output gradient arrives sharded on the sequence
+    # (Shard(1)), and DTensor's embedding_dense_backward strategies (torch/distributed/tensor/_ops/
+    # _embedding_ops.py) take it as it is with the indices sharded the same way, making the weight's gradient a
+    # Partial sum of the whole [256, 64], which the gradient keeps as a whole (Replicate) tensor after the step.
+    whole_embedding_grad = 128 * 64 * 4
+    assert _llama_held("tp=2", ("tp",)) == {"parameters": tp_only + rope, "gradients": tp_only + whole_embedding_grad,
+                                             "optimizer_state": 2 * tp_only + adam_steps}
+    # fsdp over dp_shard=2 on top: FSDP2 chunks each rank's TP-local tensor on dim 0, the norms included; it
+    # redistributes each gradient to its parameter's placement before the reduce-scatter (FSDPParam.
+    # _get_grad_inner_tensor), so the embedding's is sharded like the rest.
+    both = (tp_sharded + norms) // 2 * 4
+    assert _llama_held("dp_shard=2,tp=2", ("fsdp", "tp")) == {"parameters": both + rope, "gradients": both,
+                                                             "optimizer_state": 2 * both + adam_steps}
+
+
+def test_with_tp_the_distinct_ranks_follow_the_tp_local_first_dimensions():
+    from membench.predict.emulate import fake
+    from membench.predict.ranks import distinct_ranks
+    from membench.techniques.tp import first_dims
+    from membench.workloads import load_workload
+
+    model = fake.build_on_meta(load_workload(LLAMA).build_model)
+    # embedding, q, k, v (dim 0 halved), o (sharded on dim 1: whole dim 0), gate, up (halved), down, two norms,
+    # final norm, LM head (halved)
+    assert first_dims(model, 2) == [128, 32, 16, 16, 64, 64, 64, 64, 64, 64, 64, 128]
+    # dp_shard=3: 64 rows in chunks of 22 (22, 22, 20), 16 in chunks of 6 (6, 6, 4): the third dp_shard coordinate
+    # differs; with tp innermost its first rank is 2 x 2 = 4
+    assert distinct_ranks(first_dims(model, 2), Mesh(dp_shard=3, tp=2)) == [0, 4]
+    assert distinct_ranks(first_dims(model, 2), Mesh(dp_shard=2, tp=2)) == [0]
