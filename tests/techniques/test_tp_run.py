@@ -45,12 +45,13 @@ def test_tp_trains_the_same_model_and_measures_what_its_prediction_says(tmp_path
             assert rank.peak_phase == predicted.peak_phase
             assert {k: measured[k] for k in state} == {k: predicted.breakdown_at_peak[k] for k in state}
             # The peak, to the byte in most runs here; when gloo's worker threads finish a collective decides when
-            # its buffers are freed, and one run in three under load peaked up to 6,144 B (1%) higher. A rank's
+            # its buffers are freed, and about one run in three under load peaked higher, in temporaries (5,888 or
+            # 6,144 B more, 1.2% of the peak): allowed up to 8 KiB. A rank's
             # inputs are its slice of the whole batch, which on CPU is a view keeping the whole batch's storage
             # (2 x 128 B here where the data-parallel ranks split it); a GPU run copies the slice to the device, as
             # the prediction counts it.
             kept = (data_ranks - 1) * predicted.breakdown_at_peak["inputs"]
             assert measured["inputs"] == predicted.breakdown_at_peak["inputs"] + kept
             extra = rank.peak_allocated_bytes - kept - predicted.peak_allocated_bytes
-            assert 0 <= extra <= 0.01 * rank.peak_allocated_bytes
+            assert 0 <= extra <= 8192, (measured, predicted.breakdown_at_peak)
         assert predicted.peak_allocated_bytes < base.memory.peak_allocated_bytes
