@@ -128,7 +128,7 @@ class _Outputs:
             view_of = inputs.get(id(storage))
             if view_of is None and (not _fresh(t) or id(storage) in inputs):
                 return None
-            if view_of is not None and not func.is_view:
+            if view_of is not None and not (func.is_view or func in _VIEWS_UNSEEN_BY_AUTOGRAD):
                 return None
             specs.append((tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.fake_device, view_of))
         return (isinstance(out, (tuple, list)), tuple(specs))
@@ -137,6 +137,13 @@ class _Outputs:
         shape, stride, offset, dtype, device, view_of = spec
         storage = args[view_of].untyped_storage() if view_of is not None else None
         return private.new_fake_tensor(self.mode, shape, stride, dtype, device, storage, offset)
+
+
+# Ops whose output shares its input's storage, as a view does, though autograd does not record it as one (a matmul
+# of 3-d inputs reshapes its output so: a twentieth of a 70B-shaped prediction's time went to FakeTensorMode's
+# Python reshape for it, which its own cache refuses). Below autograd, where _Outputs runs, FakeTensorMode's output is a
+# tensor on the input's storage with no view base, as the one made again is (tests/predict/emulate/test_fake_outputs).
+_VIEWS_UNSEEN_BY_AUTOGRAD = frozenset({torch.ops.aten._unsafe_view.default})
 
 
 def _fresh(t: torch.Tensor) -> bool:

@@ -36,3 +36,60 @@ def test_only_ops_whose_outputs_follow_from_their_inputs_layouts_are_kept():
     assert not private.cacheable_op(aten.add_.Tensor)  # writes into an argument
     assert not private.cacheable_op(aten.nonzero.default)  # its size depends on the values
     assert not private.cacheable_op(aten.randn.default)  # random
+
+
+def test_a_fake_tensor_made_from_a_known_modes_attributes_is_the_one_fake_tensor_makes():
+    """new_fake_tensor makes the first tensor of a mode with FakeTensor and later ones from its attributes: each must
+    be what FakeTensor makes (attributes and their order, dispatch keys, device, layout, the storage it views)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from membench.predict.emulate import fake
+
+    with fake.fake_tensors():
+        mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+        cpu = torch.device("cpu")
+        base = private.new_fake_tensor(mode, (4, 6), (6, 1), torch.bfloat16, cpu)  # the first: FakeTensor's own
+        for storage, offset in ((None, 0), (base.untyped_storage(), 2)):
+            made = private.new_fake_tensor(mode, (3, 2), (1, 3), torch.bfloat16, cpu, storage, offset)
+            with private.no_dispatch_modes():
+                empty = torch.empty_strided((3, 2), (1, 3), dtype=torch.bfloat16, device="meta")
+                if storage is not None:
+                    empty.set_(storage, offset, (3, 2), (1, 3))
+            expected = FakeTensor(mode, empty, cpu)
+            assert type(made) is FakeTensor and made.fake_mode is mode
+            assert list(made.__dict__.items()) == list(expected.__dict__.items())
+            assert torch._C._dispatch_keys(made) == torch._C._dispatch_keys(expected)
+            assert (made.device, made.shape, made.stride(), made.storage_offset(), made.dtype, made.requires_grad) == (
+                expected.device, expected.shape, expected.stride(), expected.storage_offset(), expected.dtype,
+                expected.requires_grad)
+            assert (made.untyped_storage() is base.untyped_storage()) == (storage is not None)
+    with fake.fake_tensors():  # another mode: its own attributes, not the last one's
+        other = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+        assert private.new_fake_tensor(other, (2,), (1,), torch.float32, cpu).fake_mode is other
+        assert private.new_fake_tensor(other, (2,), (1,), torch.float32, cpu).fake_mode is other
+
+
+def test_an_unsafe_view_made_again_shares_its_inputs_storage_with_no_view_base():
+    """A matmul of a 3-d input ends in _unsafe_view: kept, and made again on the input's storage, not as a view (no
+    _base), as FakeTensorMode makes it below autograd."""
+    import torch
+
+    from membench.predict.emulate import fake
+
+    seen = []
+
+    class Outputs(private.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten._unsafe_view.default:
+                seen.append((out._base is None, out.untyped_storage() is args[0].untyped_storage(), out.shape,
+                             out.stride(), out.storage_offset()))
+            return out
+
+    with fake.fake_tensors():
+        a, w = torch.empty(2, 3, 4, requires_grad=True), torch.empty(5, 4, requires_grad=True)
+        with Outputs():
+            for _ in range(2):  # FakeTensorMode's, then the kept one's
+                torch.matmul(a, w.t()).sum().backward()
+    assert len(seen) == 2 and seen[0] == seen[1] == (True, True, torch.Size([2, 3, 5]), (15, 5, 1), 0)
