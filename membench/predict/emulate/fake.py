@@ -122,14 +122,13 @@ class _Outputs:
             if t.is_conj() or t.is_neg() or t.requires_grad:
                 return None
             storage = t.untyped_storage()
-            if id(storage) in seen:
-                return None
-            seen.add(id(storage))
             view_of = inputs.get(id(storage))
-            if view_of is None and (not _fresh(t) or id(storage) in inputs):
-                return None
-            if view_of is not None and not (func.is_view or func in _VIEWS_UNSEEN_BY_AUTOGRAD):
-                return None
+            if view_of is None:
+                if id(storage) in seen or not _fresh(t):  # outputs sharing a new storage are not made again
+                    return None
+                seen.add(id(storage))
+            elif not (func.is_view or func in _VIEWS_UNSEEN_BY_AUTOGRAD):
+                return None  # a view op's outputs may all view one input (split: FSDP2 splits every all-gather)
             specs.append((tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.fake_device, view_of))
         return (isinstance(out, (tuple, list)), tuple(specs))
 
