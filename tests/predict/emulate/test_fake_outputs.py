@@ -93,3 +93,26 @@ def test_an_unsafe_view_made_again_shares_its_inputs_storage_with_no_view_base()
             for _ in range(2):  # FakeTensorMode's, then the kept one's
                 torch.matmul(a, w.t()).sum().backward()
     assert len(seen) == 2 and seen[0] == seen[1] == (True, True, torch.Size([2, 3, 5]), (15, 5, 1), 0)
+
+
+def test_a_foreach_op_over_dtensors_called_in_parts_makes_the_trace_one_call_makes(monkeypatch):
+    """FSDP2's Adam takes the square root of its second moments (DTensors) in one _foreach_sqrt; a prediction calls it
+    on parts of the list (fake.SPLIT_FOREACH_AT tensors each): the memory and every allocation must be one call's."""
+    from membench.predict.emulate import fake
+
+    job = next(j for j in plan(workload="gpt-tiny", techniques="fsdp", batch_size=4, target_device="cuda",
+                               in_process=True, nproc_per_node=2) if j.name == "fsdp")
+    calls, split = [], fake._split_foreach
+
+    def counted(func, tensors):
+        calls.append(len(tensors))
+        return split(func, tensors)
+
+    monkeypatch.setattr(fake, "_split_foreach", counted)
+    monkeypatch.setattr(fake, "SPLIT_FOREACH_AT", 3)
+    parts = predict_traced(job)
+    assert calls and all(n > 3 for n in calls)  # split, in parts of 3
+    monkeypatch.setattr(fake, "SPLIT_FOREACH_AT", 10**9)
+    whole = predict_traced(job)
+    assert dataclasses.asdict(parts.memory) == dataclasses.asdict(whole.memory)
+    assert parts.events == whole.events
