@@ -120,13 +120,19 @@ class _Outputs:
                 return None
             return (value.shape, value.stride(), value.storage_offset(), value.dtype, value.fake_device,
                     value.is_conj(), value.is_neg())
+        if type(value) is torch.Tensor and value.dim() == 0 and value.layout is torch.strided:
+            # A real host scalar (predict/emulate/sdpa.py's mask fill: a tenth of a second per 80 attention calls
+            # through FakeTensorMode): FakeTensorMode makes it a fake tensor of its dtype and device, without its
+            # value (no constant), before it works out any output; with no fake argument its outputs are constants,
+            # which are not kept.
+            return (torch.Tensor, value.dtype, value.device, value.requires_grad, value.is_conj(), value.is_neg())
         if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device, torch.layout,
                                                torch.memory_format)):
             return (type(value), value)
         if isinstance(value, (tuple, list)):
             parts = tuple(self._part(v) for v in value)
             return None if any(p is None for p in parts) else (type(value), parts)
-        return None  # a generator, a real tensor, a symbolic size: not kept
+        return None  # a generator, a real tensor of elements, a symbolic size: not kept
 
     def _layout(self, func, args, out):
         """How to make `out` again: (a tuple?, per output (shape, stride, offset, dtype, device, the input it

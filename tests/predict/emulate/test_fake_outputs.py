@@ -13,10 +13,14 @@ from membench.api import plan
 from membench.predict.run import predict_traced
 from tests.predict.test_steady import _canonical
 
+LLAMA = ("hf:llama,hidden_size=64,intermediate_size=128,num_attention_heads=4,num_key_value_heads=2,vocab_size=128,"
+         "num_hidden_layers=2,head=causal-lm")
 CASES = [("gpt-tiny", "accum", {}), ("gpt-tiny", "ckpt", {}), ("gpt-tiny", "amp-bf16", {}),
          ("gpt-tiny", "opt-in-bwd", {"optimizer": "adafactor"}), ("vit-tiny", "sac", {}),
          ("tests.workloads:resnet18", "amp-bf16", {}), ("gpt-tiny", "baseline", {"inference": True}),
-         ("gpt-tiny", "fsdp", {"nproc_per_node": 2})]
+         ("gpt-tiny", "fsdp", {"nproc_per_node": 2}),
+         # a boolean attention mask: where() with a real host scalar (predict/emulate/sdpa.py), efficient and cuDNN
+         (LLAMA, "baseline", {"seq_len": 32}), (LLAMA, "amp-bf16", {"seq_len": 32})]
 
 
 @pytest.mark.parametrize("workload, technique, options", CASES, ids=[f"{w}-{t}-{o}" for w, t, o in CASES])
