@@ -120,3 +120,67 @@ def test_a_foreach_op_over_dtensors_called_in_parts_makes_the_trace_one_call_mak
     whole = predict_traced(job)
     assert dataclasses.asdict(parts.memory) == dataclasses.asdict(whole.memory)
     assert parts.events == whole.events
+
+
+FSDP_CASES = [{"nproc_per_node": 2}, {"nproc_per_node": 4, "param_dtype": "bf16", "reduce_dtype": "fp32"},
+              {"mesh": "dp_replicate=2,dp_shard=2", "nproc_per_node": 4, "reshard_after_forward": False},
+              {"nproc_per_node": 3}]
+
+
+@pytest.mark.parametrize("options", FSDP_CASES, ids=[str(o) for o in FSDP_CASES])
+def test_fsdp2s_copy_in_and_copy_out_answered_without_fake_tensor_mode_make_its_trace(options, monkeypatch):
+    """FSDP2's all-gather copy-in and copy-out are answered by fake.py where their arguments are as FSDP2 makes them:
+    every allocation, free and byte must be FakeTensorMode's (mixed precision, HSDP, uneven shards at 3 ranks)."""
+    from membench.predict.emulate import fake
+
+    job = next(j for j in plan(workload="gpt-tiny", techniques="fsdp", batch_size=4, target_device="cuda",
+                               in_process=True, **options) if j.name == "fsdp")
+    answered, copies = [], fake._fsdp_copies
+
+    def counted():
+        def noting(answer):
+            def noted(*args):
+                out = answer(*args)
+                answered.append(out is not fake._UNLIKE_FSDP)  # not the outputs: they would outlive the step
+                return out
+            return noted
+        return {op: noting(answer) for op, answer in copies().items()}
+
+    monkeypatch.setattr(fake, "_fsdp_copies", counted)
+    fast = predict_traced(job)
+    assert len(answered) > 4 and all(answered)  # every call answered here
+    monkeypatch.setattr(fake, "_fsdp_copies", dict)
+    slow = predict_traced(job)
+    assert dataclasses.asdict(fast.memory) == dataclasses.asdict(slow.memory)
+    assert fast.events == slow.events
+
+
+def test_fsdp2s_copy_in_answered_is_the_view_fake_tensor_mode_makes(monkeypatch):
+    """A rank's share of the all-gather buffer: the same view (shape, strides, offset into the buffer's storage) as
+    FakeTensorMode's Meta kernel makes, and the buffer itself."""
+    import torch
+    import torch.distributed.fsdp  # noqa: F401 - registers FSDP2's ops
+
+    from membench.predict.emulate import fake
+
+    def copy_in():
+        inputs = [torch.empty(6, dtype=torch.bfloat16), torch.empty(2, dtype=torch.bfloat16)]
+        buffer = torch.empty(8 * 4, dtype=torch.bfloat16)[8:]  # not at its storage's start
+        share, same = torch.ops.fsdp.all_gather_copy_in(inputs, buffer, [6, 2], 8, 2)
+        assert same is buffer and share.untyped_storage() is buffer.untyped_storage()
+        return share.shape, share.stride(), share.storage_offset(), share.dtype, share.requires_grad, type(share)
+
+    answered, original = [], fake._all_gather_copy_in
+
+    def noted(*args):
+        answered.append(True)
+        return original(*args)
+
+    monkeypatch.setattr(fake, "_all_gather_copy_in", noted)
+    with fake.fake_tensors():
+        ours = copy_in()
+    assert answered  # by fake.py
+    monkeypatch.setattr(fake, "_fsdp_copies", dict)  # FakeTensorMode's
+    with fake.fake_tensors():
+        theirs = copy_in()
+    assert ours == theirs and ours[2] == 8 + 16
