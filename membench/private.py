@@ -165,6 +165,23 @@ def fsdp_comm_streams(model) -> dict[str, object]:
     return {}
 
 
+def fsdp_copy_ops() -> dict[str, object]:
+    """FSDP2's all-gather copy-in and copy-out custom ops (_fsdp_collectives.py registers them in the `fsdp`
+    namespace), by name: those registered (none before FSDP2 is imported). checked: 2.14.1"""
+    ops = getattr(torch.ops, "fsdp", None)
+    found = {}
+    for name in ("all_gather_copy_in", "split_with_sizes_copy"):
+        op = getattr(getattr(ops, name, None), "default", None) if ops is not None else None
+        if op is not None:
+            found[name] = op
+    return found
+
+
+def active_fake_mode():
+    """The FakeTensorMode on the dispatch mode stack, or None. checked: 2.14.1"""
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+
+
 class _ChunksOnDemand:
     """_chunk_with_empty's list of `num_chunks` chunks (torch.chunk's, then empty tensors), each made when asked:
     FSDP2 asks for its own rank's and chunk 0 only, and at 64 ranks a prediction would otherwise make 64 fake views

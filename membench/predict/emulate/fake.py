@@ -120,14 +120,8 @@ def _split_with_sizes_copy(outputs, args, kwargs):
 # 1 ms a call, 0.7 s of a 70B-shaped prediction's 80 layers: answered here where the arguments are as FSDP2 makes
 # them, sent on to FakeTensorMode otherwise. tests/predict/emulate/test_fake_outputs.py compares both ways.
 def _fsdp_copies() -> dict:
-    ops = getattr(torch.ops, "fsdp", None)
-    found = {}
-    for name, answer in (("all_gather_copy_in", _all_gather_copy_in),
-                         ("split_with_sizes_copy", _split_with_sizes_copy)):
-        op = getattr(getattr(ops, name, None), "default", None) if ops is not None else None
-        if op is not None:
-            found[op] = answer
-    return found
+    answers = {"all_gather_copy_in": _all_gather_copy_in, "split_with_sizes_copy": _split_with_sizes_copy}
+    return {op: answers[name] for name, op in private.fsdp_copy_ops().items()}
 
 
 _UNLIKE_FSDP = object()  # an answer's "not as FSDP2 calls it": FakeTensorMode answers

@@ -51,7 +51,7 @@ def test_a_fake_tensor_made_from_a_known_modes_attributes_is_the_one_fake_tensor
     from membench.predict.emulate import fake
 
     with fake.fake_tensors():
-        mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+        mode = private.active_fake_mode()
         cpu = torch.device("cpu")
         base = private.new_fake_tensor(mode, (4, 6), (6, 1), torch.bfloat16, cpu)  # the first: FakeTensor's own
         for storage, offset in ((None, 0), (base.untyped_storage(), 2)):
@@ -69,7 +69,7 @@ def test_a_fake_tensor_made_from_a_known_modes_attributes_is_the_one_fake_tensor
                 expected.requires_grad)
             assert (made.untyped_storage() is base.untyped_storage()) == (storage is not None)
     with fake.fake_tensors():  # another mode: its own attributes, not the last one's
-        other = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+        other = private.active_fake_mode()
         assert private.new_fake_tensor(other, (2,), (1,), torch.float32, cpu).fake_mode is other
         assert private.new_fake_tensor(other, (2,), (1,), torch.float32, cpu).fake_mode is other
 
