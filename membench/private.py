@@ -11,6 +11,7 @@ import contextlib
 import functools
 import inspect
 import sys
+import weakref
 
 import torch
 from torch import nn
@@ -164,6 +165,23 @@ def fsdp_comm_streams(model) -> dict[str, object]:
     return {}
 
 
+def fsdp_copy_ops() -> dict[str, object]:
+    """FSDP2's all-gather copy-in and copy-out custom ops (_fsdp_collectives.py registers them in the `fsdp`
+    namespace), by name: those registered (none before FSDP2 is imported). checked: 2.14.1"""
+    ops = getattr(torch.ops, "fsdp", None)
+    found = {}
+    for name in ("all_gather_copy_in", "split_with_sizes_copy"):
+        op = getattr(getattr(ops, name, None), "default", None) if ops is not None else None
+        if op is not None:
+            found[name] = op
+    return found
+
+
+def active_fake_mode():
+    """The FakeTensorMode on the dispatch mode stack, or None. checked: 2.14.1"""
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+
+
 class _ChunksOnDemand:
     """_chunk_with_empty's list of `num_chunks` chunks (torch.chunk's, then empty tensors), each made when asked:
     FSDP2 asks for its own rank's and chunk 0 only, and at 64 ranks a prediction would otherwise make 64 fake views
@@ -279,14 +297,44 @@ def fake_tensor_type():
 
 def new_fake_tensor(mode, shape, stride, dtype, device, storage=None, storage_offset: int = 0):
     """A fake tensor as FakeTensorMode's own dispatch cache makes one (fake_tensor.py,
-    _get_output_tensor_from_cache_entry): empty on meta, or a view of `storage`. checked: 2.14.1"""
-    from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
+    _get_output_tensor_from_cache_entry): empty on meta, or a view of `storage`.
 
-    with in_kernel_invocation_manager(mode):
+    FakeTensor.__new__ checks its arguments and sets a dozen attributes through descriptors, the same values every
+    time for one mode and device: a prediction makes tens of thousands of outputs, and that was a fifth of each op.
+    So the first tensor for a (mode, device) is made by FakeTensor itself, and later ones get what it set (its
+    __dict__) on the same C++ wrapping (_make_subclass); tests/predict/emulate/test_fake.py compares the two.
+    checked: 2.14.1"""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConfig
+
+    with torch._C._DisableTorchDispatch():  # explicitly on meta: no mode, no kernel-invocation state needed
         empty = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
         if storage is not None:
             empty.set_(storage, storage_offset, shape, stride)
-    return FakeTensor(mode, empty, device)
+    known = _FAKE_ATTRIBUTES.get(device)
+    if known is None or known[0]() is not mode or FakeTensorConfig.debug:
+        made = FakeTensor(mode, empty, device)
+        # The mode by weak reference: a finished prediction's mode is not kept alive by the next one's cache. The
+        # attributes before and after it, so that the order of a tensor's __dict__ is FakeTensor's too.
+        names = list(made.__dict__)
+        at = names.index("fake_mode")
+        _FAKE_ATTRIBUTES[device] = (weakref.ref(mode), {k: made.__dict__[k] for k in names[:at]},
+                                    {k: made.__dict__[k] for k in names[at + 1:]})
+        return made
+    made = torch.Tensor._make_subclass(FakeTensor, empty, False, dispatch_device=True,
+                                       device_for_backend_keys=device)
+    if mode._allow_unsafe_data_ptr_access:
+        torch._C._set_warn_deprecated_on_mutable_data_ptr(made)
+    else:
+        torch._C._set_throw_on_mutable_data_ptr(made)
+    attributes = made.__dict__
+    attributes.update(known[1])
+    attributes["fake_mode"] = mode
+    attributes.update(known[2])
+    return made
+
+
+# device -> (the mode, weakly; the attributes FakeTensor.__new__ set before fake_mode, and after it, for that mode)
+_FAKE_ATTRIBUTES: dict[object, tuple[weakref.ref, dict, dict]] = {}
 
 
 def no_dispatch_modes():

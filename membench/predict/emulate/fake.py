@@ -26,6 +26,7 @@ class _AnswerScalars(private.TorchDispatchMode):
         super().__init__()
         self.values = Values()
         self.outputs = _Outputs(mode)
+        self.fsdp_copies = _fsdp_copies()  # registered when FSDP2 is imported, which a distributed run does first
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in private.SCALAR_OPS:
@@ -46,6 +47,13 @@ class _AnswerScalars(private.TorchDispatchMode):
             self.values.finite_check(args[1])
             return out
         kwargs = kwargs or {}
+        if func in self.fsdp_copies and not torch.is_inference_mode_enabled():
+            out = self.fsdp_copies[func](self.outputs, args, kwargs)
+            if out is not _UNLIKE_FSDP:
+                return out
+        if func in SPLIT_FOREACH and len(args[0]) > SPLIT_FOREACH_AT and not all(
+                type(t) is self.outputs.fake for t in args[0]):
+            return _split_foreach(func, args[0])
         try:
             out = self.outputs.call(func, args, kwargs)
         except private.value_dependent_shape_errors() as exc:
@@ -53,6 +61,70 @@ class _AnswerScalars(private.TorchDispatchMode):
                               f"prediction does not have ({type(exc).__name__})") from None
         self.values.made(func, args, kwargs, out)
         return out
+
+
+# Out-of-place foreach ops of one list whose every output is its own input's alone, and allocates nothing else:
+# called on part of the list at a time, they make the same outputs in the same order. Over DTensors (FSDP2's
+# parameters: Adam's square root of its second moments) DTensor's sharding propagation of one call takes time
+# quadratic in the list's length (each tensor's strided-shard check walks every argument: 1.6 s of a 70B-shaped
+# prediction's 80 layers, for 723 parameters); in parts of SPLIT_FOREACH_AT it is linear.
+# tests/predict/emulate/test_fake_outputs.py compares a prediction's records and trace with and without the split.
+SPLIT_FOREACH = frozenset({torch.ops.aten._foreach_sqrt.default})
+SPLIT_FOREACH_AT = 32
+
+
+def _split_foreach(func, tensors) -> list:
+    return [out for start in range(0, len(tensors), SPLIT_FOREACH_AT)
+            for out in func(tensors[start:start + SPLIT_FOREACH_AT])]
+
+
+def _all_gather_copy_in(outputs, args, kwargs):
+    """fsdp::all_gather_copy_in: (the rank's share of the all-gather buffer, the buffer), its Meta kernel's
+    all_gather_output.narrow(0, numel * rank, numel) and all_gather_output itself."""
+    if kwargs or len(args) != 5:
+        return _UNLIKE_FSDP
+    buffer, numel, rank = args[1], args[3], args[4]
+    if (type(buffer) is not outputs.fake or buffer.constant is not None or buffer.requires_grad
+            or buffer.layout is not torch.strided or buffer.dim() != 1 or buffer.stride() != (1,)
+            or type(numel) is not int or type(rank) is not int or not 0 <= numel * rank <= buffer.numel() - numel):
+        return _UNLIKE_FSDP
+    share = private.new_fake_tensor(outputs.mode, (numel,), (1,), buffer.dtype, buffer.fake_device,
+                                    buffer.untyped_storage(), buffer.storage_offset() + numel * rank)
+    return share, buffer
+
+
+def _split_with_sizes_copy(outputs, args, kwargs):
+    """fsdp::split_with_sizes_copy: nothing, where each `out` already has its split's shape (then its Meta kernel,
+    torch.split_with_sizes_copy, resizes none and copies only values)."""
+    dim = args[2] if len(args) > 2 else kwargs.get("dim", 0)
+    out = kwargs.get("out")
+    if len(args) not in (2, 3) or set(kwargs) - {"dim", "out"} or not isinstance(out, (list, tuple)):
+        return _UNLIKE_FSDP
+    source, sizes = args[0], args[1]
+    if type(source) is not outputs.fake or type(dim) is not int or not 0 <= dim < source.dim():
+        return _UNLIKE_FSDP
+    shape = list(source.shape)
+    if len(out) != len(sizes) or sum(sizes) != shape[dim]:
+        return _UNLIKE_FSDP
+    for t, size in zip(out, sizes):
+        shape[dim] = size
+        if type(t) is not outputs.fake or list(t.shape) != shape or t.fake_device != source.fake_device:
+            return _UNLIKE_FSDP
+    return None
+
+
+# FSDP2's all-gather copy-in and copy-out (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py: custom ops)
+# allocate nothing: the copy-in returns a view of the all-gather buffer its caller made, and the buffer; the copy-out
+# writes each parameter's part into a buffer its caller made to that size. On fake tensors they copy no values, and
+# FakeTensorMode's path for custom ops (its cache key over every argument, then the Meta kernel in Python) took about
+# 1 ms a call, 0.7 s of a 70B-shaped prediction's 80 layers: answered here where the arguments are as FSDP2 makes
+# them, sent on to FakeTensorMode otherwise. tests/predict/emulate/test_fake_outputs.py compares both ways.
+def _fsdp_copies() -> dict:
+    answers = {"all_gather_copy_in": _all_gather_copy_in, "split_with_sizes_copy": _split_with_sizes_copy}
+    return {op: answers[name] for name, op in private.fsdp_copy_ops().items()}
+
+
+_UNLIKE_FSDP = object()  # an answer's "not as FSDP2 calls it": FakeTensorMode answers
 
 
 class _Outputs:
@@ -102,13 +174,19 @@ class _Outputs:
                 return None
             return (value.shape, value.stride(), value.storage_offset(), value.dtype, value.fake_device,
                     value.is_conj(), value.is_neg())
+        if type(value) is torch.Tensor and value.dim() == 0 and value.layout is torch.strided:
+            # A real host scalar (predict/emulate/sdpa.py's mask fill: a tenth of a second per 80 attention calls
+            # through FakeTensorMode): FakeTensorMode makes it a fake tensor of its dtype and device, without its
+            # value (no constant), before it works out any output; with no fake argument its outputs are constants,
+            # which are not kept.
+            return (torch.Tensor, value.dtype, value.device, value.requires_grad, value.is_conj(), value.is_neg())
         if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device, torch.layout,
                                                torch.memory_format)):
             return (type(value), value)
         if isinstance(value, (tuple, list)):
             parts = tuple(self._part(v) for v in value)
             return None if any(p is None for p in parts) else (type(value), parts)
-        return None  # a generator, a real tensor, a symbolic size: not kept
+        return None  # a generator, a real tensor of elements, a symbolic size: not kept
 
     def _layout(self, func, args, out):
         """How to make `out` again: (a tuple?, per output (shape, stride, offset, dtype, device, the input it
@@ -122,14 +200,13 @@ class _Outputs:
             if t.is_conj() or t.is_neg() or t.requires_grad:
                 return None
             storage = t.untyped_storage()
-            if id(storage) in seen:
-                return None
-            seen.add(id(storage))
             view_of = inputs.get(id(storage))
-            if view_of is None and (not _fresh(t) or id(storage) in inputs):
-                return None
-            if view_of is not None and not func.is_view:
-                return None
+            if view_of is None:
+                if id(storage) in seen or not _fresh(t):  # outputs sharing a new storage are not made again
+                    return None
+                seen.add(id(storage))
+            elif not (func.is_view or func in _VIEWS_UNSEEN_BY_AUTOGRAD):
+                return None  # a view op's outputs may all view one input (split: FSDP2 splits every all-gather)
             specs.append((tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.fake_device, view_of))
         return (isinstance(out, (tuple, list)), tuple(specs))
 
@@ -137,6 +214,13 @@ class _Outputs:
         shape, stride, offset, dtype, device, view_of = spec
         storage = args[view_of].untyped_storage() if view_of is not None else None
         return private.new_fake_tensor(self.mode, shape, stride, dtype, device, storage, offset)
+
+
+# Ops whose output shares its input's storage, as a view does, though autograd does not record it as one (a matmul
+# of 3-d inputs reshapes its output so: a twentieth of a 70B-shaped prediction's time went to FakeTensorMode's
+# Python reshape for it, which its own cache refuses). Below autograd, where _Outputs runs, FakeTensorMode's output is a
+# tensor on the input's storage with no view base, as the one made again is (tests/predict/emulate/test_fake_outputs).
+_VIEWS_UNSEEN_BY_AUTOGRAD = frozenset({torch.ops.aten._unsafe_view.default})
 
 
 def _fresh(t: torch.Tensor) -> bool:
