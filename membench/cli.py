@@ -163,6 +163,9 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
                         "child process (default 1800; at least 30 s: Python and torch start first)")
     p.add_argument("--explain", action="store_true",
                    help="after the answer, list everything a prediction cannot see (each record's cannot_see)")
+    p.add_argument("--jobs", type=_checked("jobs"), default=None,
+                   help="techniques predicted (or fitted) at once, each in a process of its own (default: this "
+                        "machine's cores; 1: one after another, in one process)")
 
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
@@ -362,7 +365,8 @@ def cmd_predict(args) -> int:
     # From loading the user's code to the last prediction, one child process under --timeout does the work, the
     # only one that imports torch: it picks the default folder, locks it, refuses to replace a measurement and
     # archives earlier predictions (child.probe.predict_request). This process reads what it wrote.
-    request = {"plan": _predict_plan(args, args.batch_size), "out": str(args.out.absolute()) if args.out else None}
+    request = {"plan": _predict_plan(args, args.batch_size), "out": str(args.out.absolute()) if args.out else None,
+               "jobs": args.jobs}
     answer = call_isolated("predict", request, args.timeout, f"predicting {args.workload!r}")
     out = Path(answer["out"])
     results = [read_result(result_path(out, name)) for name in answer["names"]]
@@ -577,9 +581,6 @@ def _add_fit_and_replay_commands(sub) -> None:
                         "--device cuda, from the allocator simulator), allocated (the default for --device cpu) or "
                         "device (reserved + the CUDA context + NCCL's buffers per rank, as predict's whole-device "
                         "estimate: for a budget of the whole card)")
-    p.add_argument("--jobs", type=_checked("jobs"), default=None,
-                   help="techniques fitted at once, each in a process of its own (default: this machine's cores; "
-                        "1: one after another)")
     p.add_argument("--no-confirm", action="store_true", help="on a GPU, do not confirm predictions with real runs")
     p.add_argument("--out", type=_path, default=None, help="where confirmation runs go (default results/fit)")
     p.set_defaults(func=cmd_fit)

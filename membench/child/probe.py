@@ -29,12 +29,12 @@ from membench.predict.fit import Fit, default_jobs, fit_batch
 from membench.predict.run import (
     CANNOT_SEE,
     default_predict_dir,
-    predict_all,
+    predict,
     predict_traced,
     refuse_over_measurements,
     reusing_models,
 )
-from membench.results import archive
+from membench.results import RunRecord, archive, result_path, write_record
 from membench.spec import Job, RunSpec
 
 
@@ -106,23 +106,37 @@ def _predict_into(request: dict, out: Path) -> dict:
     jobs = plan(**request["plan"], in_process=True)
     refuse_over_measurements(jobs, out)
 
-    def start(job) -> None:  # a large model takes a while per run: say which one is going
+    def predict_one(job: Job) -> RunRecord:
         archive(out, job.name)  # an earlier prediction moves to previous/, as a run's result does
-        print(f"predicting {job.name} ...", file=sys.stderr, flush=True)
-
-    attentions = []
-
-    def done(job, record) -> None:
+        print(f"predicting {job.name} ...", file=sys.stderr, flush=True)  # a large model takes a while per run
+        record = predict(job)
+        write_record(result_path(out, job.name), record)
         print(f"predicted {job.name}: {record.status} ({record.wall_s:.1f} s)", file=sys.stderr, flush=True)
         if record.traceback:  # a membench bug, not the user's: show where
             print(record.traceback, file=sys.stderr, flush=True)
-        if record.memory is not None and record.memory.attention is not None:
-            attentions.append(record.memory.attention)
+        return record
 
-    predict_all(jobs, out, on_start=start, on_done=done)
+    workers = _workers(request.get("jobs"), len(jobs), "techniques predicted one at a time")
+    with reusing_models():  # one worker's (or the serial loop's) predictions share the workload's meta model
+        if workers > 1:
+            records = in_forks(jobs, predict_one, workers, request["plan"].get("workload"), "predicting")
+        else:
+            records = [predict_one(job) for job in jobs]
+    attentions = [r.memory.attention for r in records if r.memory is not None and r.memory.attention is not None]
     # Folded here, where torch is imported already: the CLI's process prints it without importing torch.
     return {"names": [job.name for job in jobs], "out": str(out), "attention": describe(attentions),
             "target": _target(request["plan"])}
+
+
+def _workers(asked: int | None, jobs: int, serially: str) -> int:
+    """How many processes predict or fit `jobs` runs: --jobs, else this machine's cores; one where this process
+    cannot fork (saying so)."""
+    workers = min(asked or default_jobs(), jobs)
+    reason = fork_refused() if workers > 1 else None
+    if reason is not None:
+        print(f"membench: this process cannot fork ({reason}): {serially}", file=sys.stderr, flush=True)
+        workers = 1
+    return workers
 
 
 def _target(plan: dict) -> str | None:
@@ -134,7 +148,7 @@ def _target(plan: dict) -> str | None:
 
 def fit_request(request: dict) -> dict:
     """In the child process of `membench fit` (launch.probe.call_isolated): plan the runs (loading the user's code),
-    fit each (request["jobs"] at a time: fit_in_forks), showing every prediction on stderr as the search goes;
+    fit each (request["jobs"] at a time: in_forks), showing every prediction on stderr as the search goes;
     the answer is the fits and their jobs."""
     budget, by = request["budget"], request["by"]
 
@@ -155,15 +169,10 @@ def fit_request(request: dict) -> dict:
         return dataclasses.replace(fit, peak=None if fit.peak is None else fit.peak + outside,
                                    over_peak=None if fit.over_peak is None else fit.over_peak + outside)
 
-    workers = min(request.get("jobs") or default_jobs(), len(jobs))
-    reason = fork_refused() if workers > 1 else None
-    if reason is not None:
-        print(f"membench: the fitting process cannot fork ({reason}): techniques fitted one at a time",
-              file=sys.stderr, flush=True)
-        workers = 1
+    workers = _workers(request.get("jobs"), len(jobs), "techniques fitted one at a time")
     with reusing_models():  # every batch the search tries starts from the same meta model
         if workers > 1:
-            fits = fit_in_forks(jobs, fit_one, workers, request["plan"].get("workload"))
+            fits = in_forks(jobs, fit_one, workers, request["plan"].get("workload"), "fitting")
         else:
             fits = [fit_one(job) for job in jobs]
     from membench.predict.gpus import local_gpu_name
@@ -184,14 +193,14 @@ def fork_refused() -> str | None:
     return why_not_fork("cuda" if torch.cuda.is_initialized() else "cpu")
 
 
-def fit_in_forks(jobs: list[Job], fit_one, workers: int, workload: str | None) -> list[Fit]:
-    """fit_one(job) for every job in `workers` processes forked from this one, the workload already loaded
-    (launch.pool: the output in the serial loop's order), the fits in the order of `jobs`. A job that raises is the
-    same one line as in the serial loop; a worker that dies is one line naming the technique it was fitting."""
+def in_forks(jobs: list[Job], call, workers: int, workload: str | None, doing: str) -> list:
+    """call(job) for every job in `workers` processes forked from this one, the workload already loaded
+    (launch.pool: the output in the serial loop's order), the answers in the order of `jobs`. A job that raises is
+    the same one line as in the serial loop; a worker that dies is one line naming the job it was `doing`."""
 
-    def answer(k: int) -> Fit | UserError:  # in a worker
+    def answer(k: int):  # in a worker
         try:
-            return fit_one(jobs[k])
+            return call(jobs[k])
         except UserError as exc:
             return UserError(str(exc))
         except BaseException as exc:  # noqa: BLE001 - the user's code raising: one line, as serially
@@ -200,7 +209,7 @@ def fit_in_forks(jobs: list[Job], fit_one, workers: int, workload: str | None) -
     try:
         answers = run_in_order(answer, len(jobs), workers, stops=lambda a: isinstance(a, UserError))
     except WorkerDied as died:
-        raise UserError(f"fitting {jobs[died.index].name} (in a process of its own) {died.how} before answering "
+        raise UserError(f"{doing} {jobs[died.index].name} (in a process of its own) {died.how} before answering "
                         "(the workload's code exits or crashes the process?)") from None
     for a in answers:
         if isinstance(a, UserError):

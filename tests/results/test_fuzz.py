@@ -323,6 +323,8 @@ def test_any_gpu_name_names_one_card_whole_or_is_refused(text):
     ["run", "--steps", "9223372036854775808"],
     ["fit", "--budget", "1GiB", "--jobs", "9223372036854775808"],
     ["fit", "--budget", "1GiB", "--jobs", "0"],
+    ["predict", "--jobs", "0"],
+    ["predict", "--jobs", "9223372036854775808"],
     ["predict", "--world-size", "1025"],
     ["predict", "--timeout", "1e300"],
     ["run", "--min-time", "1e300"],
