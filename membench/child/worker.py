@@ -125,7 +125,9 @@ class Worker:
         self.session = session = Session(spec, stack, workload, meter, batches(workload, spec, data_rank, data_world))
         progress.report("build")
         self.build_info = session.build()
-        progress.report("warmup", steps=how.warmup)
+        # A rank's parameters are DTensor shards, whose numel is the whole: only a single process says its model's.
+        progress.report("warmup", steps=how.warmup, model_bytes=None if world > 1 else sum(
+            p.numel() * p.element_size() for p in session.state.model.parameters()))
         session.warm_up(how.warmup)
 
         def timed_step(k: int) -> None:  # 'timing step k of n'; past --steps, --min-time decides how many

@@ -24,14 +24,15 @@ PROGRESS_ENV = "MEMBENCH_PROGRESS"
 
 # --- the worker's side ------------------------------------------------------------------------------------------
 
-def report(stage: str, step: int | None = None, steps: int | None = None) -> None:
+def report(stage: str, step: int | None = None, steps: int | None = None, model_bytes: int | None = None) -> None:
     """Append this stage to $MEMBENCH_PROGRESS; nothing when it is unset (a run in the caller's process, a test).
-    Under torchrun only rank 0 reports: the ranks step together."""
+    Under torchrun only rank 0 reports: the ranks step together. model_bytes: the built model's parameters."""
     path = os.environ.get(PROGRESS_ENV)
     if not path or os.environ.get("RANK", "0") != "0":
         return
     rss = peak_rss_bytes()
-    line = json.dumps({"stage": stage, "t": time.time(), "step": step, "steps": steps, "rss": rss})
+    line = json.dumps({"stage": stage, "t": time.time(), "step": step, "steps": steps, "rss": rss,
+                       **({"model": model_bytes} if model_bytes is not None else {})})
     try:
         with open(path, "a") as f:  # opened per line: each line is on disk before the next stage starts
             f.write(line + "\n")
@@ -77,7 +78,7 @@ class StageReader:
             try:
                 d = json.loads(line)
                 stages.append(Stage(self.run, str(d["stage"]), max(0.0, float(d["t"]) - self.started),
-                                    d.get("step"), d.get("steps"), d.get("rss")))
+                                    d.get("step"), d.get("steps"), d.get("rss"), d.get("model")))
             except (ValueError, KeyError, TypeError):
                 continue  # not a line of ours: skip it rather than stop the sweep
         return stages

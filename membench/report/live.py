@@ -68,7 +68,7 @@ class Pace:
     def seen(self, job, stage: Stage) -> str | None:
         if stage.stage == "warmup":
             self.warmup_at = stage.elapsed_s
-            return None
+            return _before_warmup(job, stage)
         if self.warmup_at is None or job.measure.warmup < 1:
             return None
         step_s = (stage.elapsed_s - self.warmup_at) / job.measure.warmup
@@ -92,14 +92,43 @@ def available_bytes(meminfo: str = "/proc/meminfo") -> int | None:
     return None
 
 
+# Optimizer states per parameter, each of the parameter's size (Adam's two moments; SGD with momentum its buffer).
+STATES = {"adam": 2, "adamw": 2, "sgd": 0, "sgd-momentum": 1}
+
+
+def _later(job) -> list[str]:
+    """What a run does after its measured steps that holds two models at once."""
+    return (["the baseline's model is built beside it to time the two"] if job.run.techniques else []) + (
+        ["the equivalence check trains two models side by side"] if job.measure.check else [])
+
+
+def _before_warmup(job, stage: Stage) -> str | None:
+    """Before the first step of a CPU run: when the least its steps can hold (the parameters, their gradients and
+    the optimizer's states, each the parameters' size), twice that where it later holds two models, is more than
+    this machine has available, it says so now rather than being killed for memory minutes later. Silent otherwise
+    (and for an optimizer whose states it does not know, or a user's)."""
+    states = STATES.get(job.run.optimizer)
+    available = available_bytes()
+    if job.run.device != "cpu" or not stage.model_bytes or states is None or available is None:
+        return None
+    least, later = stage.model_bytes * (2 + states), _later(job)
+    if least * (2 if later else 1) <= available:
+        return None
+    held = "its parameters and their gradients" + (f" and {job.run.optimizer}'s {states} state" + "s" * (states > 1)
+                                                    if states else "")
+    return (f"before its first step: this model's parameters are {fmt_bytes(stage.model_bytes)}, so {held} hold at "
+            f"least {fmt_bytes(least)}" + (f", and twice that later, when {' and '.join(later)}" if later else "")
+            + f": more than the {fmt_bytes(available)} this machine has available now (MemAvailable), so it may be "
+            "killed for memory" + ("; --no-check leaves out the check" if job.measure.check else ""))
+
+
 def _held(job, stage: Stage) -> str:
     """The worker's host memory so far, what is still to come that holds two models at once, and whether twice
     what it holds (two such models) is more than this machine has available: a CPU run that would be killed for
     memory minutes from now says so after its warm-up."""
     if not stage.host_peak_bytes:
         return ""
-    later = (["the baseline's model is built beside it to time the two"] if job.run.techniques else []) + (
-        ["the equivalence check trains two models side by side"] if job.measure.check else [])
+    later = _later(job)
     said = (f"; its peak host memory so far is {fmt_bytes(stage.host_peak_bytes)} (RSS)"
             + (f", and later {' and '.join(later)}" if later else ""))
     available = available_bytes()

@@ -22,7 +22,7 @@ STAGE_WORDS = {
 class Stage:
     """One stage of one run, as the worker reported it. step/steps: 'timing step 3 of 5' (steps is None past
     --steps, when --min-time keeps timing); elapsed_s: seconds since the run started; host_peak_bytes: the
-    worker's peak resident memory (RSS) so far, where it said."""
+    worker's peak resident memory (RSS) so far, where it said; model_bytes: its model's parameters, once built."""
 
     run: str
     stage: str
@@ -30,6 +30,7 @@ class Stage:
     step: int | None = None
     steps: int | None = None
     host_peak_bytes: int | None = None
+    model_bytes: int | None = None  # the built model's parameter bytes, said once it is built (before warm-up)
 
     def describe(self) -> str:
         words = STAGE_WORDS.get(self.stage, self.stage)

@@ -86,3 +86,40 @@ def test_available_memory_is_read_from_meminfo_in_kib(tmp_path):
     assert live.available_bytes(str(tmp_path / "absent")) is None
     meminfo.write_text("MemAvailable: lots\n")
     assert live.available_bytes(str(meminfo)) is None
+
+
+def test_before_its_first_step_a_run_that_cannot_fit_its_state_says_so(monkeypatch):
+    monkeypatch.setattr(live, "available_bytes", lambda: 7 * 2**30)
+    built = Stage("baseline", "warmup", 5.0, steps=2, model_bytes=2**30)
+    # Adam: 1 GiB of parameters, 1 of gradients, 2 of moments = 4 GiB; the check trains two models later: 8 GiB
+    assert Pace().seen(cpu_job(), built) == (
+        "before its first step: this model's parameters are 1.00 GiB, so its parameters and their gradients and "
+        "adam's 2 states hold at least 4.00 GiB, and twice that later, when the equivalence check trains two models "
+        "side by side: more than the 7.00 GiB this machine has available now (MemAvailable), so it may be killed "
+        "for memory; --no-check leaves out the check")
+    assert Pace().seen(cpu_job(check=False), built) is None  # 4 GiB held once: it fits
+    monkeypatch.setattr(live, "available_bytes", lambda: 5 * 2**29)  # 2.5 GiB
+    assert Pace().seen(cpu_job(check=False, optimizer="sgd"), built) is None  # 2 GiB
+    assert Pace().seen(cpu_job(check=False, optimizer="sgd-momentum"), built) == (
+        "before its first step: this model's parameters are 1.00 GiB, so its parameters and their gradients and "
+        "sgd-momentum's 1 state hold at least 3.00 GiB: more than the 2.50 GiB this machine has available now "
+        "(MemAvailable), so it may be killed for memory")
+    # nothing where the optimizer's states are not known, on a GPU, or when the worker said no size
+    assert Pace().seen(cpu_job(check=False, optimizer="adafactor"), built) is None
+    assert Pace().seen(cpu_job(device="cuda"), built) is None
+    assert Pace().seen(cpu_job(), Stage("baseline", "warmup", 5.0, steps=2)) is None
+
+
+def test_a_run_says_it_before_its_first_step_from_the_worker_s_model_size(tmp_path, monkeypatch, capsys):
+    """End to end: the worker reports its built model's parameter bytes with the warm-up stage, and the sweep's
+    progress says it before the warm-up (MemAvailable made 1 KiB here)."""
+    from membench import cli
+
+    monkeypatch.setattr(live, "available_bytes", lambda: 1024)
+    assert cli.main(["run", "--device", "cpu", "--workload", "tests.workloads:mlp", "--batch-size", "2",
+                     "--techniques", "baseline", "--steps", "1", "--warmup", "1", "--no-check", "--no-timeline",
+                     "--out", str(tmp_path)]) == 0
+    # tests.workloads:mlp: Linear(192, 64) and Linear(64, 10) in fp32, (192 * 64 + 64 + 64 * 10 + 10) * 4 B
+    assert ("before its first step: this model's parameters are 50.79 KiB, so its parameters and their gradients "
+            "and adam's 2 states hold at least 203.16 KiB: more than the 1.00 KiB this machine has available now "
+            "(MemAvailable), so it may be killed for memory") in capsys.readouterr().err
