@@ -82,11 +82,12 @@ def test_ctrl_c_keeps_finished_runs(tmp_path):
                              "--techniques", "baseline", "--device", "cpu", "--out", str(tmp_path)],
                             env=os.environ.copy(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # The baseline hangs; once its worker has started, interrupt the sweep as a person at the terminal would.
-    deadline = time.time() + 60
-    while not (tmp_path / "runs" / "baseline.log").exists() and time.time() < deadline:
+    # The baseline hangs; once its worker has started (its first stage is in its log: the log file itself is made
+    # before the worker is), interrupt the sweep as a person at the terminal would.
+    log, deadline = tmp_path / "runs" / "baseline.log", time.time() + 120
+    while not (log.exists() and "membench " in log.read_text(errors="replace")) and time.time() < deadline:
         time.sleep(0.2)
-    time.sleep(1)
+    time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
