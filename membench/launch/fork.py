@@ -24,6 +24,7 @@ import torch
 
 from membench.common.errors import UserError
 from membench.launch.lifecycle import NEW_PROCESS_ONLY, run_job
+from membench.launch.lifeline import interrupts_held, release_interrupts
 from membench.launch.progress import PROGRESS_ENV
 from membench.results import RunRecord
 from membench.spec import Job
@@ -124,8 +125,9 @@ class Fork:
         child = multiprocessing.get_context("fork").Process(target=_child_main,
                                                             args=(self.work, job, out_path, log, env),
                                                             daemon=True)
-        child.start()
-        return _Forked(child)
+        with interrupts_held():
+            child.start()
+            return _Forked(child)
 
 
 class _Forked:
@@ -148,6 +150,7 @@ def _child_main(work: Work, job: Job, out_path: Path, log: Path, env: dict[str, 
     """In the forked child: output to the run's log (in a notebook sys.stdout is the kernel's socket, which the
     child must not write to), the stack's environment (allocator settings act at CUDA's first use), then the
     worker, exactly as `python -m membench.child.worker` runs it."""
+    release_interrupts()  # forked under lifeline.interrupts_held
     out = open(log, "w", buffering=1)  # kept open for the child's whole life
     os.dup2(out.fileno(), 1)
     os.dup2(out.fileno(), 2)

@@ -15,6 +15,7 @@ so nothing kills them by default when the sweep itself is killed. Two mechanisms
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -53,6 +54,43 @@ def die_with_parent(expected_parent: int | None = None) -> None:
     _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if expected_parent is not None and os.getppid() != expected_parent:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+_HELD: dict[int, object] = {}  # the handlers interrupts_held replaced, while it holds them
+
+
+@contextlib.contextmanager
+def interrupts_held():
+    """Ctrl-C and SIGTERM held back while a worker is forked, and acted on once it exists: one raised inside fork()
+    interrupts CPython's at-fork handlers (logging's lock release: "Exception ignored in _releaseLock"), which leaves
+    the lock taken and the sweep hung for good. Blocking the signals would not do: another thread of this process
+    can take them and leave the exception pending for the main thread's next bytecode, inside those handlers. So
+    for the moment of the fork their handler only notes them; then the handlers are put back, and one noted is
+    handled as it would have been. Only the main thread sets handlers: elsewhere nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    _HELD.update({s: signal.signal(s, lambda signum, frame: noted.append(signum)) for s in INTERRUPTS})
+    try:
+        yield
+    finally:
+        before = dict(_HELD)
+        release_interrupts()
+        for signum in noted[:1]:
+            handler = before[signum]
+            if callable(handler):
+                handler(signum, None)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(signum)
+
+
+def release_interrupts() -> None:
+    """The handlers interrupts_held replaced, put back (also in a child forked while they were held)."""
+    for signum, handler in list(_HELD.items()):
+        signal.signal(signum, handler)
+    _HELD.clear()
 
 
 def preexec_for(parent: int):

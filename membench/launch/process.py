@@ -15,7 +15,7 @@ from pathlib import Path
 
 from membench.common.fsio import open_fresh
 from membench.launch.lifecycle import run_job, spec_file
-from membench.launch.lifeline import child_env, preexec_for
+from membench.launch.lifeline import child_env, interrupts_held, preexec_for
 from membench.results import RunRecord
 from membench.results.progress import Stage
 from membench.spec import Job
@@ -39,7 +39,7 @@ class Subprocess:
 
     def start(self, job: Job, stack: Stack, out_path: Path, log: Path, env: dict[str, str]) -> _Popen:
         spec_path = spec_file(log.parent, job)
-        with open_fresh(log) as log_file:  # the child holds its own copy of the descriptor
+        with open_fresh(log) as log_file, interrupts_held():  # the child holds its own copy of the descriptor
             return _Popen(subprocess.Popen(command_for(job, stack, spec_path, out_path), stdout=log_file,
                                            stderr=subprocess.STDOUT, env=child_env(env), start_new_session=True,
                                            preexec_fn=preexec_for(os.getpid())))

@@ -94,6 +94,27 @@ def test_ctrl_c_keeps_finished_runs(tmp_path):
     assert "interrupted" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
+def test_ctrl_c_while_the_worker_is_forked_still_stops_the_sweep(tmp_path):
+    """SIGINT the moment the run's log file appears, when the sweep is inside fork(): it used to interrupt CPython's
+    at-fork handlers (logging's lock release), leaving the lock taken and the sweep hung for good (seen in CI). The
+    sweep holds interrupts back while it forks (lifeline.interrupts_held) and stops once the worker exists."""
+    for trial in range(3):
+        out = tmp_path / str(trial)
+        proc = subprocess.Popen([sys.executable, "-m", "membench", "run", "--workload", "tests.workloads:hang",
+                                 "--techniques", "baseline", "--device", "cpu", "--out", str(out)],
+                                env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 60
+        while not (out / "runs" / "baseline.log").exists() and time.time() < deadline:
+            time.sleep(0.002)
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+        assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
+
+
 def test_ctrl_c_after_a_finished_run_leaves_its_result(tmp_path):
     from membench.launch.sweep import Interrupted, run_all
     from tests.helpers import spec
