@@ -76,11 +76,17 @@ def test_resume_skips_finished_runs_and_reruns_keep_history(tmp_path):
     assert len(list((tmp_path / "previous").glob("baseline.*/baseline.json"))) == 1
 
 
+def _interruptible() -> None:
+    """The sweep as a terminal starts it: Ctrl-C not ignored. A shell's background job (`.ci/run &`, a CI runner's)
+    starts with SIGINT ignored, which its children inherit, and Python then installs no handler for it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 def test_ctrl_c_keeps_finished_runs(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "membench", "run", "--workload", "tests.workloads:hang",
                              "--techniques", "baseline", "--device", "cpu", "--out", str(tmp_path)],
-                            env=os.environ.copy(),
+                            env=os.environ.copy(), preexec_fn=_interruptible,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # The baseline hangs; once its worker has started (its first stage is in its log: the log file itself is made
     # before the worker is), interrupt the sweep as a person at the terminal would.
@@ -103,7 +109,8 @@ def test_ctrl_c_while_the_worker_is_forked_still_stops_the_sweep(tmp_path):
         out = tmp_path / str(trial)
         proc = subprocess.Popen([sys.executable, "-m", "membench", "run", "--workload", "tests.workloads:hang",
                                  "--techniques", "baseline", "--device", "cpu", "--out", str(out)],
-                                env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                env=os.environ.copy(), preexec_fn=_interruptible, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
         deadline = time.time() + 60
         while not (out / "runs" / "baseline.log").exists() and time.time() < deadline:
             time.sleep(0.002)
