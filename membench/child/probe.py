@@ -29,12 +29,12 @@ from membench.predict.fit import Fit, default_jobs, fit_batch
 from membench.predict.run import (
     CANNOT_SEE,
     default_predict_dir,
-    predict,
+    predict_all,
     predict_traced,
     refuse_over_measurements,
     reusing_models,
 )
-from membench.results import RunRecord, archive, result_path, write_record
+from membench.results import RunRecord, archive
 from membench.spec import Job, RunSpec
 
 
@@ -106,22 +106,22 @@ def _predict_into(request: dict, out: Path) -> dict:
     jobs = plan(**request["plan"], in_process=True)
     refuse_over_measurements(jobs, out)
 
-    def predict_one(job: Job) -> RunRecord:
+    def start(job: Job) -> None:  # a large model takes a while per run: say which one is going
         archive(out, job.name)  # an earlier prediction moves to previous/, as a run's result does
-        print(f"predicting {job.name} ...", file=sys.stderr, flush=True)  # a large model takes a while per run
-        record = predict(job)
-        write_record(result_path(out, job.name), record)
+        print(f"predicting {job.name} ...", file=sys.stderr, flush=True)
+
+    def done(job: Job, record: RunRecord) -> None:
         print(f"predicted {job.name}: {record.status} ({record.wall_s:.1f} s)", file=sys.stderr, flush=True)
         if record.traceback:  # a membench bug, not the user's: show where
             print(record.traceback, file=sys.stderr, flush=True)
-        return record
 
     workers = _workers(request.get("jobs"), len(jobs), "techniques predicted one at a time")
     with reusing_models():  # one worker's (or the serial loop's) predictions share the workload's meta model
         if workers > 1:
-            records = in_forks(jobs, predict_one, workers, request["plan"].get("workload"), "predicting")
+            records = in_forks(jobs, lambda job: predict_all([job], out, on_start=start, on_done=done)[0], workers,
+                               request["plan"].get("workload"), "predicting")
         else:
-            records = [predict_one(job) for job in jobs]
+            records = predict_all(jobs, out, on_start=start, on_done=done)
     attentions = [r.memory.attention for r in records if r.memory is not None and r.memory.attention is not None]
     # Folded here, where torch is imported already: the CLI's process prints it without importing torch.
     return {"names": [job.name for job in jobs], "out": str(out), "attention": describe(attentions),

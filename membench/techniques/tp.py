@@ -41,12 +41,11 @@ def _llama_parts(model):
     decoder, head = getattr(model, "model", None), getattr(model, "lm_head", None)
     blocks = getattr(decoder, "layers", None)
     missing = [] if blocks and head is not None else ["model.layers / lm_head"]
-    for block in blocks or []:
-        attention, mlp = getattr(block, "self_attn", None), getattr(block, "mlp", None)
+    if blocks:  # every block is built alike: the first one shows the names
+        attention, mlp = getattr(blocks[0], "self_attn", None), getattr(blocks[0], "mlp", None)
         missing += [f"self_attn.{n}" for n in ATTENTION if not hasattr(attention, n)]
         missing += [f"mlp.{n}" for n in MLP if not hasattr(mlp, n)]
-        missing += [n for n in NORMS if not hasattr(block, n)]
-        break
+        missing += [n for n in NORMS if not hasattr(blocks[0], n)]
     if missing or not hasattr(decoder, "embed_tokens") or not hasattr(decoder, "norm"):
         raise UserError("technique tp applies torchtitan's plan for Llama-style blocks (Hugging Face's "
                         "self_attn.q_proj/k_proj/v_proj/o_proj, mlp.gate_proj/up_proj/down_proj, input_layernorm, "
