@@ -232,4 +232,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    lifeline.exit_promptly(main(sys.argv[1:]))

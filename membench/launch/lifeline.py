@@ -23,6 +23,7 @@ import signal
 import sys
 import threading
 import time
+from typing import NoReturn
 
 PARENT_ENV = "MEMBENCH_PARENT_PID"
 _PR_SET_PDEATHSIG = 1
@@ -141,3 +142,22 @@ def tie_worker_to_sweep() -> None:
     except ProcessLookupError:  # the sweep is gone already
         os.killpg(os.getpgrp(), signal.SIGKILL)
     watch(int(sweep))
+
+
+def exit_promptly(code: int) -> NoReturn:
+    """Exit as sys.exit(code) would, less the interpreter's teardown, for a child whose answer is written: unloading
+    torch, torch._dynamo and the rest takes most of a second (0.6-0.9 s measured on a 2-core x86_64 with torch
+    2.14.1) that the command waits for and nothing needs. Exit handlers still run (the user's, logging's: CPython's
+    own function for them) and the standard streams are flushed; where a thread that is not a daemon still runs (a
+    normal exit waits for it), or on an interpreter without that function, the usual exit."""
+    import atexit
+
+    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
+    others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if run_exit_handlers is None or others:
+        sys.exit(code)
+    run_exit_handlers()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)

@@ -99,7 +99,7 @@ def _work(call: Callable[[int], A], mine: list[int], outputs: list[Path], send: 
 
 def _answer(k: int, process: multiprocessing.Process, answers: Connection, output: Path, out_fd: int):
     """Item k's answer from its worker, its output shown as it comes; WorkerDied where the worker ends first."""
-    shown = 0
+    shown = _show(output, 0, out_fd)  # what it wrote while the items before it ran, at once
     while True:
         ready = wait([answers], timeout=POLL_S)
         shown = _show(output, shown, out_fd)
