@@ -23,6 +23,13 @@ def _importable_tests(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
 
 
+@pytest.fixture(autouse=True)
+def _out_of_the_working_tree(monkeypatch, tmp_path_factory):
+    """Each test runs in a folder of its own: a command without --out writes its default results/ folder there,
+    never into the clone (where two tests at once would also lock each other out of the same folder)."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
 @pytest.fixture()
 def sweep(tmp_path) -> Path:
     """A finished tiny sweep's results folder (tests/sweeps.py); a test module may define its own."""

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from membench.common.errors import UserError
 
-DIMS = ("dp_replicate", "dp_shard", "tp")  # torchtitan's names, in its order (pp and cp: not supported)
+DIMS = ("dp_replicate", "dp_shard", "tp")  # torchtitan's names, in its order
+UNSUPPORTED = {"pp": "pipeline parallelism", "cp": "context parallelism", "ep": "expert parallelism"}
 FSDP_DIMS = ("dp_replicate", "dp_shard")
 
 
@@ -46,8 +47,15 @@ def parse_mesh(text: str | None, world_size: int | None = None) -> Mesh:
     valid = f"NAME=SIZE pairs, e.g. dp_shard=8,tp=2; names: {', '.join(DIMS)}"
     for part in str(text).split(","):
         name, eq, size = part.strip().partition("=")
-        if not eq or name not in DIMS or not size.strip().isdigit() or int(size) < 1:
+        if not eq:
             raise UserError(f"--mesh {text!r}: {part.strip()!r} is not {valid}")
+        if name in UNSUPPORTED:
+            raise UserError(f"--mesh {text!r}: {name} ({UNSUPPORTED[name]}) is not supported; names: "
+                            f"{', '.join(DIMS)}")
+        if name not in DIMS:
+            raise UserError(f"--mesh {text!r}: {name!r} is not a mesh dimension; {valid}")
+        if not size.strip().isdigit() or int(size) < 1:
+            raise UserError(f"--mesh {text!r}: {part.strip()!r}: a size is an integer of 1 or more; {valid}")
         if name in sizes:
             raise UserError(f"--mesh {text!r}: {name} is given twice")
         sizes[name] = int(size)

@@ -29,7 +29,9 @@ def test_a_mesh_is_spelled_one_way_and_lays_ranks_out_as_torchtitan():
 
 
 @pytest.mark.parametrize("text, message", [
-    ("pp=2", "'pp=2' is not NAME=SIZE pairs"), ("dp_shard=0", "'dp_shard=0' is not"),
+    ("pp=2", r"pp \(pipeline parallelism\) is not supported"), ("cp=2", r"cp \(context parallelism\) is not"),
+    ("dp_shard=0", "'dp_shard=0': a size is an integer of 1 or more"), ("tp=x", "'tp=x': a size is an integer"),
+    ("dpshard=2", "'dpshard' is not a mesh dimension; NAME=SIZE pairs"),
     ("dp_shard=2,dp_shard=2", "dp_shard is given twice"), ("dp_shard", "is not NAME=SIZE")])
 def test_a_bad_mesh_is_one_line_naming_the_valid_dimensions(text, message):
     with pytest.raises(UserError, match=message) as error:
