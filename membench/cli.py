@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import re
 import sys
+import threading
 from pathlib import Path
 
 from membench.common.errors import UserError
@@ -358,6 +360,14 @@ def _predict_plan(args, batch_size: int) -> dict:
                 **_model_options(args))
 
 
+def _import_meanwhile(*modules: str) -> threading.Thread:
+    """Import what the answer is printed with in a thread of its own while this process waits for the child (a
+    tenth of a second the command no longer takes after it); joined before this process imports anything again."""
+    thread = threading.Thread(target=lambda: [importlib.import_module(m) for m in modules], daemon=True)
+    thread.start()
+    return thread
+
+
 def cmd_predict(args) -> int:
     from membench.launch.probe import call_isolated
     from membench.results import read_result, result_path
@@ -367,7 +377,10 @@ def cmd_predict(args) -> int:
     # archives earlier predictions (child.probe.predict_request). This process reads what it wrote.
     request = {"plan": _predict_plan(args, args.batch_size), "out": str(args.out.absolute()) if args.out else None,
                "jobs": args.jobs}
+    printing = _import_meanwhile("membench.predict.verdict", "membench.predict.device", "membench.report.table",
+                                 "membench.results.sweep")
     answer = call_isolated("predict", request, args.timeout, f"predicting {args.workload!r}")
+    printing.join()
     out = Path(answer["out"])
     results = [read_result(result_path(out, name)) for name in answer["names"]]
     print_predictions(results, args, answer.get("attention"), answer.get("target"))
@@ -422,7 +435,9 @@ def cmd_fit(args) -> int:
     # (the only one that imports torch) plans, searches and says whether this machine has a CUDA GPU.
     request = {"plan": _predict_plan(args, args.accum_steps), "budget": budget, "by": by,
                "max_batch": args.max_batch, "jobs": args.jobs}
+    printing = _import_meanwhile("membench.predict.verdict", "tabulate")
     answer = call_isolated("fit", request, args.timeout, f"fitting {args.workload!r}")
+    printing.join()
     fits = [Fit(**f) for f in answer["fits"]]
     target = Job.from_dict(answer["jobs"][0]).run.gpu if answer["jobs"] else args.gpu
     checked = confirmation(args, target, answer.get("local_gpu"), answer.get("target"))

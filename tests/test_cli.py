@@ -42,6 +42,9 @@ CASES = [
     (["check", "x", "--baseline", "y", "--rule", "peak_allocated:" + "9" * 400], "too large to be a size"),
     (["check", "x", "--baseline", "y", "--rule", "step_time:" + "9" * 400], "too large to be a number"),
     (["run", "--out", "x" * 300, "--workload", "vit-tiny", "--batch-size", "4"], "File name too long"),
+    # "cannot create the folder ...", not "workload 'vit-tiny' raised OSError"
+    (["predict", "--out", "x" * 300, "--workload", "vit-tiny", "--batch-size", "4"],
+     "/" + "x" * 300 + ": File name too long"),
 ]
 
 

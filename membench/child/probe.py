@@ -96,7 +96,14 @@ def _new_folders(request: dict) -> list[Path]:
     p = request["plan"]
     path = Path(request["out"]) if request.get("out") else default_predict_dir(
         RunSpec(workload=p["workload"], batch_size=p["batch_size"], device=p["target_device"]))
-    return [f for f in [path.absolute(), *path.absolute().parents] if not f.exists()]
+    return [f for f in [path.absolute(), *path.absolute().parents] if _absent(f)]
+
+
+def _absent(path: Path) -> bool:
+    try:
+        return not path.exists()
+    except OSError:  # a name the file system refuses (too long): make_dir says so in one line
+        return True
 
 
 def _remove_new_folders(out: Path, new: list[Path]) -> None:

@@ -163,9 +163,9 @@ def side_file(folder: Path, name: object) -> Path | None:
     root = Path(folder).resolve()
     try:
         path = (root / name).resolve()
-    except (OSError, RuntimeError):  # a symlink loop
-        return None
-    if not path.is_relative_to(root) or not path.is_file():
+        if not path.is_relative_to(root) or not path.is_file():
+            return None
+    except (OSError, RuntimeError):  # a symlink loop; a name longer than the file system takes
         return None
     return path
 

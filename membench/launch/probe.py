@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -85,9 +86,7 @@ def call_isolated(kind: str, request: dict, timeout_s: float, what: str) -> dict
         reader = threading.Thread(target=relay, daemon=True)
         reader.start()
         try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            rc = None
+            rc = _wait(proc, timeout_s)
         finally:  # a timeout, Ctrl-C, SIGTERM or a clean end: the child's whole session goes
             kill_session(proc)
             reader.join(5)
@@ -105,3 +104,20 @@ def call_isolated(kind: str, request: dict, timeout_s: float, what: str) -> dict
     if answer.get("error"):
         raise UserError(str(answer["error"]).splitlines()[0])
     return answer
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float) -> int | None:
+    """The child's exit code as soon as it exits, None after timeout_s. Popen.wait with a timeout polls (up to 50 ms
+    late, which the command waits out); Linux's pidfd says at once. Elsewhere, Popen.wait."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout_s)
+    finally:
+        os.close(fd)
+    return proc.wait() if ready else None
