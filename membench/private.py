@@ -381,6 +381,12 @@ def fake_tensor_cache_info():
     return FakeTensorMode.cache_info()
 
 
+def import_fake_tensor_needs() -> None:
+    """Import what FakeTensorMode() imports when first made: torch._dynamo.config, and with it all of torch._dynamo
+    (sympy, triton's frontend, FSDP, DTensor). checked: 2.14.1"""
+    import torch._dynamo.config  # noqa: F401
+
+
 def set_fake_tensor_cache(enabled: bool) -> None:
     """Turn the fake-tensor dispatch cache on or off for FakeTensorModes made from now on (on by default)."""
     import torch._dynamo.config  # checked: 2.14.1

@@ -13,9 +13,9 @@ from __future__ import annotations
 import gc
 
 if __name__ == "__main__":
-    # Importing torch, torch._dynamo and the user's workload (torchvision, transformers) makes millions of objects,
-    # and the cycle collector would walk them again and again as they come: a sixth of the loading here (torch
-    # 2.14.1, 2-core x86_64). Off until the workload is loaded (_loaded).
+    # Importing torch and torch._dynamo makes millions of objects, and the cycle collector would walk them again and
+    # again as they come: a sixth of the loading here (torch 2.14.1, 2-core x86_64). Off until they are imported,
+    # before the user's code runs (main).
     gc.disable()
 
 import contextlib
@@ -25,6 +25,7 @@ import os
 import sys
 from pathlib import Path
 
+from membench import private
 from membench.api import plan
 from membench.common.errors import UserError, failure_line
 from membench.common.fsio import make_dir
@@ -118,18 +119,8 @@ def _remove_new_folders(out: Path, new: list[Path]) -> None:
             folder.rmdir()
 
 
-def _loaded() -> None:
-    """The cycle collector on again where this process's start turned it off, now that the workload is loaded;
-    what loading made is frozen out of its reach (the later collections, and the forked workers' copies of those
-    pages, leave it alone)."""
-    if __name__ == "__main__" and not gc.isenabled():
-        gc.freeze()
-        gc.enable()
-
-
 def _predict_into(request: dict, out: Path) -> dict:
     jobs = plan(**request["plan"], in_process=True)
-    _loaded()
     refuse_over_measurements(jobs, out)
 
     def start(job: Job) -> None:  # a large model takes a while per run: say which one is going
@@ -184,7 +175,6 @@ def fit_request(request: dict) -> dict:
               flush=True)
 
     jobs = plan(**request["plan"], in_process=True)
-    _loaded()
 
     def fit_one(job: Job) -> Fit:
         if by != "device":
@@ -244,8 +234,22 @@ def in_forks(jobs: list[Job], call, workers: int, workload: str | None, doing: s
     return answers
 
 
+def _imported(predicting: bool) -> None:
+    """The cycle collector on again where this process's start turned it off, before the user's code runs (what it
+    makes is collected as usual); predictions' fake tensors need torch._dynamo, imported first. What importing
+    made is frozen out of the collector's reach: the later collections, and the forked workers' copies of those
+    pages, leave it alone."""
+    if gc.isenabled():
+        return
+    if predicting:
+        private.import_fake_tensor_needs()
+    gc.freeze()
+    gc.enable()
+
+
 def main(argv: list[str]) -> int:
     lifeline.tie_worker_to_sweep()  # a probe never outlives the sweep that started it
+    _imported(predicting=argv[0] == "--call")
     if argv[0] == "--call":  # KIND REQUEST ANSWER; the answer goes to a file
         from membench.common.fsio import atomic_write_text
 

@@ -166,6 +166,13 @@ def test_a_factory_that_prints_does_not_break_the_answer(tmp_path):
     assert proc.stdout.splitlines()[3].split()[0] == "baseline" and "x" * 1000 not in proc.stdout
 
 
+def test_the_users_code_runs_with_the_cycle_collector_on(tmp_path):
+    proc = _cli("predict", "--workload", "tests.workloads:factory_says_collector", "--device", "cpu", "--techniques",
+                "baseline", "--batch-size", "2", "--out", str(tmp_path / "pred"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "collector on: True" in proc.stderr and "collector on: False" not in proc.stderr
+
+
 def test_processes_the_users_code_forks_end_with_the_command(tmp_path):
     pidfile = tmp_path / "pid"
     proc = _cli("fit", "--workload", "tests.workloads:factory_forks", "--device", "cpu", "--techniques", "baseline",

@@ -166,6 +166,15 @@ def factory_prints() -> Workload:
     return mlp()
 
 
+def factory_says_collector() -> Workload:
+    """Says whether Python's cycle collector is on while the user's code runs (predict's child turns it off only
+    while it imports torch)."""
+    import gc
+
+    print(f"collector on: {gc.isenabled()}")
+    return mlp()
+
+
 def factory_forks() -> Workload:
     """Leaves a forked child behind that sleeps (holding whatever pipes it inherited), and writes its pid where the
     test reads it (MEMBENCH_TEST_PIDFILE)."""
