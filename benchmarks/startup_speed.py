@@ -10,11 +10,16 @@ after: CPU timings on a shared machine swing several-fold with it, so compare ra
 The commands: `python -c pass`; `python -c "import torch"`; `membench --version`; `membench replay --help`;
 `membench techniques`; and three vit_l_16 predictions for an H100 (`membench predict --workload vit_l_16
 --batch-size 1 --techniques opt-in-bwd,foreach-off`), into a temporary folder.
+
+Then, unless --skip-predict, where the prediction command's seconds go: the imports as its child makes them
+(torch, then torch._dynamo and torchvision, with the cycle collector off), median over the rounds, and each
+prediction's own seconds as the last round's records give them (`wall_s`: two run at a time on two cores).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
@@ -59,6 +64,34 @@ def timed(command: list[str]) -> float:
     return elapsed
 
 
+IMPORTS = """
+import gc, time
+gc.disable()  # as predict's child imports them (membench/child/probe.py)
+start = time.perf_counter()
+import torch
+middle = time.perf_counter()
+import torch._dynamo.config, torchvision.models
+print(middle - start, time.perf_counter() - middle)
+"""
+
+
+def imports() -> tuple[float, float]:
+    """Seconds to import torch, then torch._dynamo and torchvision, in a fresh process."""
+    done = subprocess.run([sys.executable, "-c", IMPORTS], capture_output=True, text=True, check=True)
+    first, second = done.stdout.split()
+    return float(first), float(second)
+
+
+def breakdown(split: list[tuple[float, float]], out: Path) -> list[str]:
+    """Where the prediction command's seconds go (see the module docstring)."""
+    walls = {p.stem: json.loads(p.read_text())["wall_s"] for p in sorted(out.glob("*.json"))}
+    return [f"imports as predict's child makes them (median of {len(split)}): torch "
+            f"{statistics.median(s[0] for s in split):.2f} s; torch._dynamo, torchvision "
+            f"{statistics.median(s[1] for s in split):.2f} s",
+            "predictions, last round (two at a time): " + ", ".join(f"{name} {wall:.2f} s"
+                                                                    for name, wall in walls.items())]
+
+
 def load() -> str:
     return " / ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -76,15 +109,20 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="membench-startup-") as tmp:
         table = commands(Path(tmp), not args.skip_predict)
         times: dict[str, list[float]] = {name: [] for name in table}
+        split = []
         for _ in range(args.rounds):
             for name, command in table.items():
                 times[name].append(timed(command))
-    print(f"load average after (1/5/15 min): {load()}")
+            if not args.skip_predict:
+                split.append(imports())
+        print(f"load average after (1/5/15 min): {load()}")
+        where = breakdown(split, Path(tmp) / "vit_l_16") if not args.skip_predict else []
     torch_median = statistics.median(times['python -c "import torch"'])
     rows = [[name, f"{statistics.median(t):.3f}", f"{min(t):.3f} - {max(t):.3f}",
              f"{statistics.median(t) / torch_median:.2f}"] for name, t in times.items()]
     print(tabulate(rows, headers=["command", f"median s ({args.rounds} rounds)", "range s",
                                   'median / import torch'], tablefmt="simple", disable_numparse=True))
+    print("\n".join(where))
     return 0
 
 
