@@ -32,9 +32,13 @@ def distinct_ranks(first_dims: Iterable[int], mesh: Mesh) -> list[int]:
     return sorted(seen.values())
 
 
-def model_first_dims(model) -> list[int]:
-    """Each parameter's first dimension (1 for a 0-d parameter, which FSDP2 shards as one row)."""
-    return [p.shape[0] if p.dim() else 1 for p in model.parameters()]
+def model_first_dims(model, tp: int = 1) -> list[int]:
+    """Each parameter's first dimension on a rank, as FSDP2 chunks it (1 for a 0-d parameter, which it shards as one
+    row): with tp, the TP-local tensor's (techniques/tp.py: rows_sharded)."""
+    from membench.techniques.tp import rows_sharded
+
+    return [(p.shape[0] if p.dim() else 1) // (tp if tp > 1 and rows_sharded(name) else 1)
+            for name, p in model.named_parameters()]
 
 
 def predict_ranks(job, round_to: int | None, rank0, predict_memory) -> list:
@@ -42,14 +46,13 @@ def predict_ranks(job, round_to: int | None, rank0, predict_memory) -> list:
     other by `predict_memory(job, round_to, rank)` (membench.predict.run's, passed in)."""
     from membench.predict.emulate import fake
     from membench.results.schema import RankSummary
-    from membench.techniques import tp
     from membench.techniques.mesh import parse_mesh
     from membench.workloads import load_workload
 
     spec = job.run
     model = fake.build_on_meta(load_workload(spec.workload, spec.seq_len).build_model)
     mesh = parse_mesh(spec.mesh, spec.nproc_per_node)
-    ranks = distinct_ranks(tp.first_dims(model, mesh.tp) if mesh.tp > 1 else model_first_dims(model), mesh)
+    ranks = distinct_ranks(model_first_dims(model, mesh.tp), mesh)
     memories = {0: rank0, **{r: predict_memory(job, round_to, rank=r) for r in ranks if r}}
     return [RankSummary(rank=r, peak_allocated_bytes=m.peak_allocated_bytes, peak_reserved_bytes=m.peak_reserved_bytes,
                         peak_phase=m.peak_phase, breakdown_at_peak=m.breakdown_at_peak)

@@ -111,14 +111,10 @@ class TensorParallel(Technique):
 DIM0 = ("embed_tokens", "q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "lm_head")
 
 
-def first_dims(model, tp: int) -> list[int]:
-    """Each parameter's first dimension on a rank after the plan (what FSDP2 then chunks: the TP-local tensor), in
-    model.parameters() order; the plan's sizes divide by tp (TensorParallel.configure checks it)."""
-    dims = []
-    for name, p in model.named_parameters():
-        first = p.shape[0] if p.dim() else 1
-        dims.append(first // tp if name.rsplit(".", 2)[-2] in DIM0 else first)
-    return dims
+def rows_sharded(name: str) -> bool:
+    """Whether the plan shards this parameter (named as model.named_parameters() names it) on its first dimension;
+    the sizes it shards divide by tp (TensorParallel.configure checks it)."""
+    return name.rpartition(".")[0].rpartition(".")[2] in DIM0
 
 
 def _tokens(workload) -> dict[str, int]:

@@ -193,7 +193,7 @@ def test_tp_and_fsdp_shard_parameters_gradients_and_optimizer_state_as_derived_b
 def test_with_tp_the_distinct_ranks_follow_the_tp_local_first_dimensions():
     from membench.predict.emulate import fake
     from membench.predict.ranks import distinct_ranks
-    from membench.techniques.tp import first_dims
+    from membench.predict.ranks import model_first_dims as first_dims
     from membench.workloads import load_workload
 
     model = fake.build_on_meta(load_workload(LLAMA).build_model)
