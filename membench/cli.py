@@ -435,7 +435,7 @@ def cmd_fit(args) -> int:
     # (the only one that imports torch) plans, searches and says whether this machine has a CUDA GPU.
     request = {"plan": _predict_plan(args, args.accum_steps), "budget": budget, "by": by,
                "max_batch": args.max_batch, "jobs": args.jobs}
-    printing = _import_meanwhile("membench.predict.verdict", "tabulate")
+    printing = _import_meanwhile("tabulate")  # verdict is imported above
     answer = call_isolated("fit", request, args.timeout, f"fitting {args.workload!r}")
     printing.join()
     fits = [Fit(**f) for f in answer["fits"]]
