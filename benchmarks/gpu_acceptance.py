@@ -1,12 +1,14 @@
 """The GPU acceptance run: on any CUDA machine, in under ten minutes, check the facts membench's CUDA path depends
 on, and write one results file that can be committed under results/.
 
-    python benchmarks/gpu_acceptance.py [--out results/gpu-acceptance] [--quick]
+    python benchmarks/gpu_acceptance.py [--out results/gpu-acceptance] [--quick] [--jobs N] [--keep DIR]
 
 Each check runs on its own (one failing never stops the others) and is recorded as `pass`, `fail` (what was
 expected and what was found), `recorded` (a figure the GPU gives, for the docs, with nothing to compare it with)
 or `error` (the check itself raised). docs/measurement.md says what each check means. --quick leaves out the
-vit-small runs and the `-m gpu` tests.
+vit-small runs, the attention models' runs and the `-m gpu` tests. --jobs runs that many of the membench-run checks
+at a time (each in its own processes: their memory is their own, but their timings are not comparable, and this
+script reports none); --keep keeps their results folders (records, CUDA snapshots, the predictions beside them).
 
 Exit status: 0 every check passed or recorded; 1 a check failed or raised (the file says which); 2 bad arguments;
 3 no CUDA GPU here: the script stops before checking anything, says so in one line, and writes nothing.
@@ -16,14 +18,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's membench, run from anywhere
@@ -136,6 +141,48 @@ def check_sdpa() -> Check:
     fused = all(f["backend"] != "MATH" for f in figures.values())
     return _verdict("SDPA backend and backward scratch", fused, f"backends {figures}; a queries x keys fp32 "
                     f"matrix would be {quadratic:,} B", **figures)
+
+
+#: (dtype, head size, causal, with a mask, dropout, needs a gradient): calls whose backend the GPU picks, for
+#: predict/emulate/sdpa_choice.py to pick alike (head sizes the fused kernels refuse, masks, dropout, inference).
+SDPA_CALLS = [(dtype, d, causal, mask, dropout, grad)
+              for dtype in ("float32", "float16", "bfloat16") for d in (32, 64, 72, 128, 256, 512)
+              for causal, mask, dropout in ((True, False, 0.0), (False, True, 0.0), (False, False, 0.1))
+              for grad in (True, False)]
+
+
+def check_sdpa_choice() -> Check:
+    """The backend scaled_dot_product_attention picks (torch._fused_sdp_choice, as at::scaled_dot_product_attention
+    asks) against the one predict/emulate/sdpa_choice.py chooses for the same call on this GPU, for every call of
+    SDPA_CALLS."""
+    from membench import private
+    from membench.predict.emulate import sdpa_choice
+
+    p = torch.cuda.get_device_properties(torch.cuda.current_device())
+    settings = sdpa_choice.Settings.of_process()
+    rows, differ = [], []
+    for dtype_name, d, causal, with_mask, dropout, grad in SDPA_CALLS:
+        dtype = getattr(torch, dtype_name)
+        q, k, v = (torch.randn(2, 4, 128, d, device="cuda", dtype=dtype, requires_grad=grad) for _ in range(3))
+        mask = torch.zeros(2, 1, 128, 128, device="cuda", dtype=dtype) if with_mask else None
+        with torch.set_grad_enabled(grad):
+            real = private.sdpa_backend(q, k, v, mask, dropout, causal).lower()
+            call = sdpa_choice.Call(*(sdpa_choice.Operand.of(t) for t in (q, k, v)),
+                                    sdpa_choice.Operand.of(mask) if mask is not None else None, dropout, causal,
+                                    False, grad)
+        try:
+            predicted = sdpa_choice.choose(call, (p.major, p.minor), settings).backend
+        except RuntimeError as exc:
+            predicted = f"none ({exc})"
+        real = {"efficient_attention": "efficient", "flash_attention": "flash", "cudnn_attention": "cudnn"}.get(
+            real, real)
+        row = {"dtype": dtype_name, "head": d, "causal": causal, "mask": with_mask, "dropout": dropout,
+               "grad": grad, "gpu": real, "predicted": predicted}
+        rows.append(row)
+        if real != predicted:
+            differ.append(row)
+    return _verdict("SDPA backend choice", not differ, f"{len(rows) - len(differ)} of {len(rows)} calls alike; "
+                    f"differ: {differ[:6]}", calls=rows, cudnn=settings.cudnn_version)
 
 
 def check_reduction_scratch() -> Check:
@@ -300,17 +347,47 @@ def run_checks(quick: bool) -> list[Callable[[Path], Check]]:
         runs_check("a budget that must OOM", ["--workload", "gpt-small", "--techniques", "baseline", "--no-check",
                                               "--memory-budget", "64MiB", *small], _oom),
     ]
-    if not quick:
+    if not quick:  # the longest first, so that --jobs keeps every worker busy to the end
         checks.insert(2, runs_check("predicted vs measured: vit-small", ["--workload", "vit-small", "--techniques",
                                                                          "accum", "--no-check", *small],
                                     _predicted_within))
-        checks.append(lambda work: check_gpu_tests())
+        checks = [lambda work: check_gpu_tests(), *attention_model_checks(small), *checks]
     return checks
+
+
+def attention_model_checks(small: list[str]) -> list[Callable[[Path], Check]]:
+    """Models whose attention is scaled_dot_product_attention, trained with torch's optimizers: each run's
+    prediction beside it (the backend this GPU picks, its scratch, cuBLAS's operand copies, host tensors)."""
+    return [
+        runs_check("predicted vs measured: gpt-small SDPA", ["--workload", "gpt-small", "--techniques",
+                                                              "amp-bf16,ckpt,amp-bf16+ckpt", "--no-check", *small],
+                   _predicted_within),
+        runs_check("predicted vs measured: vit_b_16 MultiheadAttention",
+                   ["--workload", "vit_b_16", "--batch-size", "16", "--techniques", "amp-bf16,amp-fp16,opt-in-bwd",
+                    "--no-check", *small[2:]], _predicted_within),
+        runs_check("predicted vs measured: vit_l_16 batch 1 (the tutorial)",
+                   ["--workload", "vit_l_16", "--batch-size", "1", "--techniques", "opt-in-bwd", "--no-check",
+                    *small[2:]], _predicted_within),
+        runs_check("predicted vs measured: hf:gpt2", ["--workload", "hf:gpt2", "--batch-size", "4", "--seq-len",
+                                                       "512", "--techniques", "amp-bf16,ckpt", "--no-check",
+                                                       *small[2:]], _predicted_within),
+        runs_check("predicted vs measured: hf:bert fp16 dropout", ["--workload", "hf:bert", "--batch-size", "8",
+                                                                    "--seq-len", "512", "--techniques", "amp-fp16",
+                                                                    "--no-check", *small[2:]], _predicted_within),
+        runs_check("predicted vs measured: Adam variants", ["--workload", "vit-small", "--optimizer", "adam",
+                                                             "--techniques", "fused-adam,foreach-off,opt-in-bwd",
+                                                             "--no-check", *small],
+                   _predicted_within),
+        runs_check("predicted vs measured: fsdp at world size 1", ["--workload", "gpt-small", "--techniques",
+                                                                    "fsdp,fsdp+amp-bf16", "--nproc-per-node", "1",
+                                                                    "--no-check", *small], _predicted_within),
+    ]
 
 
 def check_gpu_tests() -> Check:
     """The `gpu`-marked tests (tests/trackers/test_cuda.py and others), as pytest reports them."""
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests"],
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-n", "4", "-p", "no:cacheprovider",
+                           "tests"],
                           capture_output=True, text=True, timeout=420, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     last = (done.stdout.strip().splitlines() or [""])[-1]
@@ -332,8 +409,14 @@ def _timed(check: Callable[[], Check], name: str) -> Check:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "gpu-acceptance")
-    parser.add_argument("--quick", action="store_true", help="leave out the vit-small runs and the -m gpu tests")
+    parser.add_argument("--quick", action="store_true",
+                        help="leave out the vit-small runs, the attention models' runs and the -m gpu tests")
+    parser.add_argument("--jobs", type=int, default=1, help="membench-run checks at a time (default 1)")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="keep the membench runs' results folders here (default: a temporary folder)")
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs {args.jobs}: must be 1 or more")
     if not torch.cuda.is_available():
         print(f"gpu_acceptance: no CUDA GPU here (torch {torch.__version__}, torch.cuda.is_available() is False): "
               f"nothing checked, nothing written; run it on a CUDA machine (exit {NO_GPU_EXIT})")
@@ -341,26 +424,47 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     facts = [(check_versions, "versions and the GPU table"), (check_cublas_workspace, "cuBLAS workspace"),
              (check_adam_step_device, "Adam's step device"), (check_sdpa, "SDPA backend and backward scratch"),
+             (check_sdpa_choice, "SDPA backend choice"),
              (check_reduction_scratch, "reduction scratch"), (check_foreach_norm_scratch, "_foreach_norm scratch"),
              (check_cudnn_workspace, "cuDNN convolution workspace"), (check_in_process_run, "in-process run")]
-    results = [_timed(f, n) for f, n in facts]
-    with tempfile.TemporaryDirectory() as work:
-        for check in run_checks(args.quick):
-            results.append(_timed(lambda check=check: check(Path(work)), getattr(check, "__name__", "check")))
+    results: list[Check] = []
+    lock = threading.Lock()
+
+    def record(result: Check) -> None:  # the file is rewritten after each check: a run cut short keeps what it did
+        with lock:
+            results.append(result)
+            _write(args.out, results, time.perf_counter() - started, finished=False)
+
+    for f, n in facts:
+        record(_timed(f, n))
+    with tempfile.TemporaryDirectory() as temporary, ThreadPoolExecutor(args.jobs) as pool:
+        work = args.keep or Path(temporary)
+        work.mkdir(parents=True, exist_ok=True)
+        list(pool.map(lambda check: record(_timed(lambda: check(work), getattr(check, "__name__", "check"))),
+                      run_checks(args.quick)))
     return _write(args.out, results, time.perf_counter() - started)
 
 
-def _write(out: Path, results: list[Check], seconds: float) -> int:
+@functools.cache
+def _environment():
     from membench import environment
+
+    return environment.describe("cuda")
+
+
+def _write(out: Path, results: list[Check], seconds: float, finished: bool = True) -> int:
     from membench.common.typedjson import to_plain
 
-    env = environment.describe("cuda")
+    env = _environment()
     name = f"{(env.device_name or 'gpu').replace(' ', '-')}_torch{torch.__version__.split('+')[0]}.json"
     out.mkdir(parents=True, exist_ok=True)
     failed = [r.name for r in results if r.status in ("fail", "error")]
-    (out / name).write_text(json.dumps({"environment": to_plain(env), "seconds": round(seconds, 1),
-                                        "failed": failed, "checks": [dataclasses.asdict(r) for r in results]},
-                                       indent=1, default=str))
+    (out / f"{name}.part").write_text(json.dumps({"environment": to_plain(env), "seconds": round(seconds, 1),
+                                        "finished": finished, "failed": failed,
+                                        "checks": [dataclasses.asdict(r) for r in results]}, indent=1, default=str))
+    (out / f"{name}.part").replace(out / name)  # whole or not at all, if the run is cut short while writing
+    if not finished:
+        return 1
     print(f"gpu_acceptance: {len(results) - len(failed)} of {len(results)} checks passed or recorded in "
           f"{seconds:.0f} s; {'failed: ' + ', '.join(failed) if failed else 'none failed'}; wrote {out / name}")
     return 1 if failed else 0
