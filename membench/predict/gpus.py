@@ -156,6 +156,32 @@ def cublas_workspace_bytes(compute_capability: tuple[int, int], env: dict | None
     return chosen
 
 
+#: The first torch release whose cuBLASLt shares its handle's cuBLAS workspace unless TORCH_CUBLASLT_UNIFIED_WORKSPACE
+#: says otherwise: 2.13's torch.backends.cuda.blas_workspace_size documents the unified workspace as "the default on
+#: open-source CUDA builds" (2.12's documents no such thing). Before it the unification is opt-in
+#: (`check_env("TORCH_CUBLASLT_UNIFIED_WORKSPACE") == true` in CublasHandlePool.cpp), and on a real NVIDIA H200
+#: torch 2.11.0 held a separate 1 MiB block for each thread that ran a biased addmm
+#: (results/gpu-runs/NVIDIA-H200_torch2.11.0.tar.xz: -1 MiB per such thread in every prediction that lacked it).
+UNIFIED_LT_FROM = (2, 13)
+_TRUE, _FALSE = ("1", "ON", "YES", "TRUE", "Y"), ("0", "OFF", "NO", "FALSE", "N")  # c10::utils::check_env
+
+
+def cublaslt_workspace_bytes(release: str, env: dict | None = None) -> int:
+    """What cuBLASLt (addmm with a bias epilogue) takes from the caching allocator for each cuBLAS handle and stream
+    beyond the handle's cuBLAS workspace, under torch `release` ("2.11"): 0 where the two are unified, else
+    CUBLASLT_WORKSPACE_SIZE KiB (getCUDABlasLtWorkspaceSize: default 1024 KiB; a value it cannot read, or one out of
+    range, makes torch warn and take the default)."""
+    env = os.environ if env is None else env
+    unified_flag = env.get("TORCH_CUBLASLT_UNIFIED_WORKSPACE", "").strip().upper()
+    major, minor = (int(part) for part in release.split(".")[:2])
+    unified = unified_flag not in _FALSE if (major, minor) >= UNIFIED_LT_FROM else unified_flag in _TRUE
+    if unified:
+        return 0
+    text = env.get("CUBLASLT_WORKSPACE_SIZE", "").strip()
+    kib = int(text) if text.isdigit() and 0 < int(text) < 2**31 else 1024
+    return kib * 1024
+
+
 def workspace_from_config(config: str) -> int | None:
     """CUBLAS_WORKSPACE_CONFIG read as torch reads it (parseChosenWorkspaceSize): every ":SIZE:COUNT" found anywhere
     in it (std::regex ":([0-9]+):([0-9]+)", searched for, not matched whole), SIZE x 1024 x COUNT summed in 64-bit

@@ -139,8 +139,11 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     ranks = world_size(spec, stack)
     meta_model = _model_on_meta(run, stack, workload, ranks)
     warmup = min(job.measure.warmup, 1)  # after one step the optimizer state exists: the steady state
-    primes = derive_warmup and _derivable(spec, stack, warmup, ranks)
     gpu = gpus.gpu(spec.gpu) if cuda else None
+    # A separate cuBLASLt workspace (torch before 2.13) comes with a thread's first biased addmm, which priming
+    # cannot know of before the step: the warm-up step is run.
+    primes = derive_warmup and _derivable(spec, stack, warmup, ranks) and not (
+        gpu is not None and gpus.cublaslt_workspace_bytes(versions.release()))
     tags = streams.StreamTags() if ranks and gpu is not None else None  # FSDP2's streams: the allocator's pools
     on_streams = None
     with _fake_world(ranks, gpu, rank) as (values, attention):

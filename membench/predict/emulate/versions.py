@@ -25,8 +25,10 @@ class Rule:
 RULES = (
     Rule("reductions' vector widths and scratch", ("2.14",), "Reduce.cuh, and the vectorization the 2.14 binary "
          "picks for 16-bit means (predict/emulate/reductions.py)"),
-    Rule("cuBLAS workspace sizes", ("2.11", "2.14"), "CublasHandlePool.cpp; 2.11 on the real GPU traces "
-         "(benchmarks/validate_predictions.py)"),
+    Rule("cuBLAS and cuBLASLt workspace sizes", ("2.11", "2.14"), "CublasHandlePool.cpp and "
+         "torch.backends.cuda's documentation (cuBLASLt's own workspace before 2.13, gpus.cublaslt_workspace_bytes); "
+         "2.11 on the real GPU traces (benchmarks/validate_predictions.py) and on an H200 "
+         "(benchmarks/validate_gpu_runs.py)"),
     Rule("CUDA output dtypes (fp32 norm statistics)", ("2.14",), "FakeTensorMode on device cuda over the OpInfo "
          "database (benchmarks/cuda_dtypes.py)"),
     Rule("optimizers' host tensors (CPU step counts)", ("2.9", "2.14"), "torch/optim/adam.py and _adafactor.py "
