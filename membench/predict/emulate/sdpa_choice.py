@@ -10,20 +10,27 @@ version). On an sm90 or sm100 GPU with a cuDNN newer than 9.15 torch puts cuDNN 
 dense (not nested) inputs, on the layouts a prediction's fake tensors have; `choose` returns the backend and, for
 each backend tried before it, the first constraint that refused it.
 
-Checked against torch 2.14.1's sources and its binary (libtorch_cuda.so holds each constraint's warning text):
-sdp_utils.cpp, sdp_utils_cpp.h; the cuDNN version is the one the installed wheel loads (torch.backends.cudnn),
-the CUDA version the one torch was built with. Not followed: nested tensors, ROCm, FlashAttention-3 (opt-in, fp8)
-and the `overrideable` backend of other devices.
+Checked against torch 2.14.1's sources and its binary (libtorch_cuda.so holds each constraint's warning text and,
+unstripped, each constraint's symbol): sdp_utils.cpp, sdp_utils_cpp.h; the cuDNN version is the one the installed wheel
+loads (torch.backends.cudnn), the CUDA version the one torch was built with. The rules follow `Settings.torch_release`
+(the installed torch's by default). Torch 2.11's and 2.12's binaries (the constraint lists in can_use_*_attention,
+the thresholds in check_cudnn_tensor_shapes) and headers differ from 2.14's in five rules (`_Rules`); a torch 2.11.0
+on an NVIDIA H200 (cuDNN 9.19) chose as this module does for 108 calls (results/gpu-acceptance/). Any other release
+gets 2.14's rules (predict/emulate/versions.py says so). Not followed: nested tensors, ROCm, FlashAttention-3
+(opt-in, fp8), the `overrideable` backend of other devices, and 2.14's multi-query broadcast (key and value with one
+head each, without enable_gqa: check_batch_size_and_num_heads_dense's supports_mqa), which 2.11 and 2.12 lack.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
+
+from membench.predict.emulate import versions
 
 Backend = Literal["cudnn", "flash", "efficient", "math"]
 BACKENDS: tuple[Backend, ...] = ("cudnn", "flash", "efficient", "math")
@@ -77,6 +84,7 @@ class Settings:
     cudnn_version: int  # cuDNN's runtime version as an integer (9.24.0 -> 92400); 0 without cuDNN
     cuda_version: int  # the CUDA torch was built with (13.0 -> 13000)
     cudnn_preferred: bool = True  # TORCH_CUDNN_SDPA_DEPRIORITIZED not set
+    torch_release: str = field(default_factory=versions.release)  # whose sdp_utils.cpp rules apply ("2.14")
 
     @classmethod
     def of_process(cls) -> Settings:
@@ -92,6 +100,31 @@ class Settings:
                    torch.backends.cudnn.version() or 0 if torch.backends.cudnn.is_available() else 0,
                    major * 1000 + minor * 10,
                    os.environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED", "").lower() not in ("1", "true", "on", "yes"))
+
+
+@dataclass(frozen=True)
+class _Rules:
+    """The constraints that differ between the torch releases checked (each present in 2.14, absent in 2.11)."""
+
+    dropout_sixteenths: bool  # check_cudnn_dropout: cuDNN refuses a dropout not a multiple of 1/16 (from 2.12)
+    late_d256: bool  # cuDNN head sizes over 128 on sm90/sm10x from cuDNN 9.23 (frontend 1.24), with a check of
+    # the backward's head sizes (check_cudnn_d256_bprop_head_dim); before, 256 on sm90 alone from cuDNN 9.10 and
+    # 192/128 on sm10x from 9.11, forward and backward alike
+    cudnn_dims_65535: bool  # check_cudnn_tensor_shapes: batch and heads at most 65535
+    efficient_offsets: bool  # check_data_ptr_alignment_mem_efficient
+    efficient_gqa: bool  # memory-efficient attention's check_batch_size_and_num_heads_dense<true, ...> (before:
+    # <false, true>: enable_gqa or not, query, key and value need the same head count)
+
+
+_RULES_2_14 = _Rules(True, True, True, True, True)
+_RULES_2_11 = _Rules(False, False, False, False, False)
+# libtorch_cuda.so of 2.11.0+cu130 and 2.12.0+cu130 (sdp:: symbols, the constants compared in
+# check_cudnn_tensor_shapes), sdp_utils_cpp.h of both wheels; 2.13 was not checked and gets 2.14's.
+_RULES_BY_RELEASE = {"2.11": _RULES_2_11, "2.12": _Rules(True, False, False, False, False)}
+
+
+def _rules(s: Settings) -> _Rules:
+    return _RULES_BY_RELEASE.get(s.torch_release, _RULES_2_14)
 
 
 @dataclass(frozen=True)
@@ -151,11 +184,11 @@ def _mask_shape(call: Call) -> str | None:  # check_attn_mask_shape
     return "mask shape"
 
 
-def _heads(call: Call, same_kv_heads: bool) -> str | None:  # check_batch_size_and_num_heads_dense
+def _heads(call: Call, same_kv_heads: bool, gqa: bool = True) -> str | None:  # check_batch_size_and_num_heads_dense
     q, k, v = call.query.shape, call.key.shape, call.value.shape
     if not q[0] == k[0] == v[0]:
         return "batch sizes differ"
-    if call.enable_gqa:  # check_grouped_query_attention
+    if call.enable_gqa and gqa:  # check_grouped_query_attention
         if same_kv_heads and k[-3] != v[-3]:
             return "key and value heads differ"
         if q[-3] % k[-3] or q[-3] % v[-3]:
@@ -195,7 +228,8 @@ def _cudnn(call: Call, cc: tuple[int, int], s: Settings) -> str | None:
         _dtype(call, HALF if cc >= (8, 0) else (torch.float16,)),
         _mask_shape(call),
         None if (8, 0) <= cc <= (12, 1) else "needs sm80-sm121",
-        None if call.dropout * 16 == math.floor(call.dropout * 16) else "dropout not a multiple of 1/16")
+        None if not _rules(s).dropout_sixteenths or call.dropout * 16 == math.floor(call.dropout * 16)
+        else "dropout not a multiple of 1/16")
     if general:
         return general
     return _first(_nonzero_lengths(call), _unit_last_stride(call, True), _heads(call, same_kv_heads=False),
@@ -203,23 +237,35 @@ def _cudnn(call: Call, cc: tuple[int, int], s: Settings) -> str | None:
 
 
 def _supports_d256(cc: tuple[int, int], s: Settings) -> bool:
-    """sm90 / sm10x with cuDNN > 9.22 (and a cuDNN frontend >= 1.24, which torch 2.14 bundles); sm107 from 9.25.1."""
+    """sm90 / sm10x with cuDNN > 9.22 (and a cuDNN frontend >= 1.24, which torch 2.14 bundles); sm107 from 9.25.1.
+    Torch 2.11 and 2.12 have no such rule (see _cudnn_head_limit)."""
     sm90_or_10x = cc == (9, 0) or cc[0] == 10
-    return sm90_or_10x and not (cc == (10, 7) and s.cudnn_version <= 92500) and s.cudnn_version > 92200
+    return (_rules(s).late_d256 and sm90_or_10x and not (cc == (10, 7) and s.cudnn_version <= 92500)
+            and s.cudnn_version > 92200)
+
+
+def _cudnn_head_limit(call: Call, cc: tuple[int, int], s: Settings) -> int:
+    """check_cudnn_tensor_shapes' head_dim_limit."""
+    d_qk, d_v = call.query.shape[3], call.value.shape[3]
+    if not _rules(s).late_d256:  # 2.11, 2.12: 256 on sm90 from cuDNN 9.10; 192/128 on sm10x from 9.11
+        if cc == (9, 0) and s.cudnn_version >= 91000:
+            return 256
+        return 192 if cc[0] == 10 and s.cudnn_version >= 91100 and (d_qk, d_v) == (192, 128) else 128
+    if _supports_d256(cc, s):
+        return 256
+    if (cc == (9, 0) or cc[0] == 10) and s.cudnn_version >= 91100 and (d_qk, d_v) == (192, 128):
+        return 192
+    return 128
 
 
 def _cudnn_shapes(call: Call, cc: tuple[int, int], s: Settings) -> str | None:  # check_cudnn_tensor_shapes
     b, h, s_q, d_qk = call.query.shape
     s_kv, d_v = call.key.shape[2], call.value.shape[3]
-    if b > 65535 or h > 65535:
+    if _rules(s).cudnn_dims_65535 and (b > 65535 or h > 65535):
         return "batch or heads over 65535"
     if s.cudnn_version < 8903:
         return "cuDNN older than 8.9.3"
-    limit = 128
-    if _supports_d256(cc, s):
-        limit = 256
-    elif (cc == (9, 0) or cc[0] == 10) and s.cudnn_version >= 91100 and d_qk == 192 and d_v == 128:
-        limit = 192
+    limit = _cudnn_head_limit(call, cc, s)
     if d_qk > limit or d_v > limit:
         return f"head size over {limit}"
     if d_qk % 8 or d_v % 8:
@@ -288,10 +334,11 @@ def _efficient(call: Call, cc: tuple[int, int], s: Settings) -> str | None:
         None if (5, 0) <= cc <= (12, 1) else "needs sm50-sm121",
         _four_dims(call),
         _efficient_head_size(call, cc),
-        _efficient_offsets(call, cc))
+        _efficient_offsets(call, cc) if _rules(s).efficient_offsets else None)
     if general:
         return general
-    dense = _first(_nonzero_lengths(call), _unit_last_stride(call, False), _heads(call, same_kv_heads=True))
+    dense = _first(_nonzero_lengths(call), _unit_last_stride(call, False),
+                   _heads(call, same_kv_heads=True, gqa=_rules(s).efficient_gqa))
     if dense:
         return dense
     allowed = (torch.float16, torch.float32, torch.bfloat16) if cc >= (8, 0) else (torch.float16, torch.float32)

@@ -1,9 +1,12 @@
 """Which attention kernel torch runs on each GPU class (predict/emulate/sdpa_choice.py), worked out by hand from
-torch 2.14's sdp_utils.cpp / sdp_utils_cpp.h: priority order, then each backend's constraints in order."""
+torch 2.14's sdp_utils.cpp / sdp_utils_cpp.h: priority order, then each backend's constraints in order; and torch
+2.11's choices on a real GPU (results/gpu-acceptance/NVIDIA-H200_torch2.11.0.json)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,9 +23,12 @@ from membench.predict.emulate.sdpa_choice import (
 )
 
 SM90, SM80, SM86, SM89, SM75, SM70 = (9, 0), (8, 0), (8, 6), (8, 9), (7, 5), (7, 0)
-# The process as torch 2.14.1 with its bundled cuDNN 9.24 and CUDA 13.0 has it by default.
+# The process as torch 2.14.1 with its bundled cuDNN 9.24 and CUDA 13.0 has it by default: 2.14's rules.
 DEFAULTS = Settings(frozenset({"cudnn", "flash", "efficient", "math"}), DEFAULT_ORDER, deterministic=False,
-                    cudnn_version=92400, cuda_version=13000)
+                    cudnn_version=92400, cuda_version=13000, torch_release="2.14")
+# torch 2.11.0+cu130 as the H200 run had it: cuDNN 9.19.0, CUDA 13.0.
+TORCH_2_11 = dataclasses.replace(DEFAULTS, cudnn_version=91900, torch_release="2.11")
+H200_RESULTS = Path(__file__).parents[3] / "results" / "gpu-acceptance" / "NVIDIA-H200_torch2.11.0.json"
 
 
 def call(b=4, h=12, lq=1024, d=64, dtype=torch.bfloat16, mask=None, dropout=0.0, causal=True, grad=True, lk=None,
@@ -44,6 +50,7 @@ def test_the_settings_of_this_process_are_torchs_defaults():
     s = Settings.of_process()
     assert s.enabled == DEFAULTS.enabled and s.order == DEFAULT_ORDER and not s.deterministic
     assert s.cudnn_version == torch.backends.cudnn.version()
+    assert s.torch_release == ".".join(torch.__version__.split(".")[:2])
 
 
 def test_cudnn_comes_first_on_hopper_and_blackwell_only():
@@ -88,7 +95,8 @@ def test_the_refusals_say_why():
     (36, torch.float16, SM75, "math"), (40, torch.float16, SM75, "efficient"), (34, torch.float32, SM75, "efficient"),
     # On sm80, fp32 head sizes must be multiples of 4.
     (34, torch.float32, SM80, "math"), (36, torch.float32, SM80, "efficient"),
-    # cuDNN: multiples of 8, at most 256 on sm90 with cuDNN > 9.22 (with a backward: <= 128, 192/128 or 256/256).
+    # cuDNN (2.14): multiples of 8, at most 256 on sm90 with cuDNN > 9.22 (with a backward: <= 128, 192/128 or
+    # 256/256).
     (96, torch.bfloat16, SM90, "cudnn"), (200, torch.bfloat16, SM90, "flash"), (256, torch.bfloat16, SM90, "cudnn"),
     (36, torch.bfloat16, SM90, "flash"),
 ])
@@ -121,9 +129,10 @@ def test_a_mask():
 
 
 def test_dropout_and_causal_masking():
-    # cuDNN's dropout resolution is 1/16: 0.1 is refused, 0.125 taken.
+    # torch 2.14 (and 2.12): cuDNN's dropout resolution is 1/16, so 0.1 is refused, 0.125 taken.
     assert backend(call(dropout=0.1), SM90) == "flash"
     assert backend(call(dropout=0.125), SM90) == "cudnn"
+    assert backend(call(dropout=0.1), SM90, dataclasses.replace(DEFAULTS, torch_release="2.12")) == "flash"
     # flash will not mask causally with different query and key lengths.
     assert backend(call(lq=1, lk=1024, grad=False), SM80) == "efficient"
     assert backend(call(lq=1, lk=1024, grad=False, causal=False), SM80) == "flash"
@@ -157,3 +166,48 @@ def test_memory_efficient_storage_offsets_on_sm80():
     assert backend(call(dtype=torch.float32, offset=4), SM80) == "efficient"
     assert backend(call(dtype=torch.float32, offset=2), SM80) == "math"
     assert backend(call(dtype=torch.float32, offset=2), SM75) == "efficient"
+
+
+def test_the_torch_release_decides_the_rules_that_changed():
+    """torch 2.11 (libtorch_cuda.so of 2.11.0+cu130): no 1/16 dropout check, cuDNN head sizes up to 256 on sm90
+    from cuDNN 9.10 with no check of the backward's, no 65535 limit on batch and heads; memory-efficient attention
+    checks no storage offsets and takes no grouped-query attention. A release not checked gets 2.14's."""
+    assert backend(call(dropout=0.1), SM90, TORCH_2_11) == "cudnn"
+    cudnn_first = dataclasses.replace(TORCH_2_11, order=CUDNN_ORDER)  # as a cuDNN newer than 9.15 has it
+    assert backend(call(d=256), SM90, dataclasses.replace(cudnn_first, cudnn_version=91000)) == "cudnn"
+    assert backend(call(d=256), SM90, dataclasses.replace(cudnn_first, cudnn_version=90900)) == "flash"
+    assert backend(call(d=256), SM90, dataclasses.replace(DEFAULTS, cudnn_version=91900)) == "flash"
+    assert backend(call(d=256), (10, 0), TORCH_2_11) == "flash"  # 2.11: 256 on sm90 only
+    assert backend(call(d=192, dv=128), (10, 0), TORCH_2_11) == "cudnn"
+    assert backend(call(d=224), SM90, dataclasses.replace(DEFAULTS, cudnn_version=92400)) == "flash"  # no backward
+    assert backend(call(d=224), SM90, TORCH_2_11) == "cudnn"
+    assert backend(call(b=70000, lq=64), SM90, TORCH_2_11) == "cudnn"
+    assert backend(call(b=70000, lq=64), SM90) == "flash"
+    assert backend(call(dtype=torch.float32, offset=2), SM80, TORCH_2_11) == "efficient"
+    gqa = dataclasses.replace(call(dtype=torch.float32, causal=False), enable_gqa=True)
+    gqa = dataclasses.replace(gqa, key=dataclasses.replace(gqa.key, shape=(4, 4, 1024, 64)),
+                              value=dataclasses.replace(gqa.value, shape=(4, 4, 1024, 64)))
+    assert backend(gqa, SM80) == "efficient"
+    assert backend(gqa, SM80, TORCH_2_11) == "math"
+    assert backend(call(dropout=0.1), SM90, dataclasses.replace(DEFAULTS, torch_release="2.13")) == "flash"
+    assert backend(call(dropout=0.1), SM90, dataclasses.replace(DEFAULTS, torch_release="2.10")) == "flash"
+
+
+def test_the_h200_run_of_torch_2_11_chose_as_predicted_for_each_call():
+    """benchmarks/gpu_acceptance.py's SDPA_CALLS on an NVIDIA H200 (sm90), torch 2.11.0+cu130, cuDNN 9.19.0:
+    torch._fused_sdp_choice's backend for every call equals choose()'s under torch 2.11's rules."""
+    results = json.loads(H200_RESULTS.read_text())
+    assert results["environment"]["torch"] == "2.11.0+cu130" and results["environment"]["cuda"] == "13.0"
+    check = next(c for c in results["checks"] if c["name"] == "SDPA backend choice")
+    assert check["figures"]["cudnn"] == 91900
+    calls = check["figures"]["calls"]
+    assert len(calls) == 108
+    differ = []
+    for row in calls:
+        dtype, d, grad = getattr(torch, row["dtype"]), row["head"], row["grad"]
+        qkv = Operand((2, 4, 128, d), (4 * 128 * d, 128 * d, d, 1), 0, dtype, grad)
+        mask = Operand((2, 1, 128, 128), (128 * 128, 128 * 128, 128, 1), 0, dtype, False) if row["mask"] else None
+        c = Call(qkv, qkv, qkv, mask, row["dropout"], row["causal"], False, grad)
+        if choose(c, SM90, TORCH_2_11).backend != row["gpu"]:
+            differ.append(row)
+    assert not differ
