@@ -391,7 +391,7 @@ def check_gpu_tests() -> Check:
                           capture_output=True, text=True, timeout=420, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     last = (done.stdout.strip().splitlines() or [""])[-1]
-    return _verdict("-m gpu tests", done.returncode == 0, last, tail=done.stdout[-3000:])
+    return _verdict("-m gpu tests", done.returncode == 0, last, tail=done.stdout[-12000:])
 
 
 # --- the run --------------------------------------------------------------------------------------------------

@@ -53,8 +53,9 @@ CANNOT_SEE = (
     "cannot know: it can move peak allocated by unsplit remainders (under 1 MiB each; 491,520 B on one of eight "
     "real traces) and peak reserved by a segment (40 MiB on another)",
     "kernel choice: CUDA kernels may save other tensors than the CPU ones (cuDNN convolutions); attention runs "
-    "the kernel torch 2.14's rules choose for the GPU (printed), but cuDNN attention's engine workspace beyond its "
-    "frontend's is not known (0 assumed), and nn.MultiheadAttention's inference fast path keeps only its output",
+    "the kernel torch's rules choose for the GPU (the installed release's where they were read: 2.11, 2.12, "
+    "2.14; else 2.14's; printed), but cuDNN attention's engine workspace beyond its frontend's is not known (0 "
+    "assumed), and nn.MultiheadAttention's inference fast path keeps only its output",
     "ops whose output size depends on data, and model code that branches on tensor values",
 )
 

@@ -132,14 +132,28 @@ def test_cuda_recording_pass_writes_snapshot_and_categorised_timeline(tmp_path):
     assert "segments" in snapshot and snapshot["device_traces"]
     timeline = tl.load(tmp_path / info.file)
     assert timeline.round_to == 512 and timeline.peak.breakdown["parameters"] > 0
-    assert_trace_peak_agrees(info)
+    assert_trace_peak_agrees(info, _unseen_by_the_tracker(info))
 
 
-def assert_trace_peak_agrees(info) -> None:
-    """The tracker (rounded to 512 B) sees tensors, the allocator blocks: the same order of magnitude, where the
-    trace was whole (TimelineInfo is a dataclass: its field is None when the trace was truncated)."""
+def _unseen_by_the_tracker(info) -> int:
+    """On the storage tracker's path (torch before 2.14) the timeline counts tensors, while the allocator's trace
+    also holds cuBLAS's and cuBLASLt's workspaces, up to one of each per thread (a tiny model's step is far smaller
+    than the 32 MiB ones of sm90: an H200 under torch 2.11 traced 1,668,608 B of tensors and 69,826,048 B in all)."""
+    from membench.predict import gpus
+    from membench.predict.emulate.versions import release
+
+    if "storage tracker" not in (info.source or ""):
+        return 0
+    p = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return 2 * (gpus.cublas_workspace_bytes((p.major, p.minor)) + gpus.cublaslt_workspace_bytes(release()))
+
+
+def assert_trace_peak_agrees(info, unseen: int = 0) -> None:
+    """The tracker (rounded to 512 B) sees tensors, the allocator blocks: the same order of magnitude, beyond up to
+    `unseen` bytes the tracker cannot see, where the trace was whole (TimelineInfo is a dataclass: its field is None
+    when the trace was truncated)."""
     if info.trace_peak_allocated_bytes is not None:
-        assert 0.5 < info.peak_bytes / info.trace_peak_allocated_bytes < 2
+        assert info.peak_bytes / 2 < info.trace_peak_allocated_bytes < 2 * info.peak_bytes + unseen
 
 
 def test_the_gpu_tests_trace_peak_check_reads_the_timeline_info():
@@ -153,6 +167,9 @@ def test_the_gpu_tests_trace_peak_check_reads_the_timeline_info():
     assert_trace_peak_agrees(dataclasses.replace(info, trace_peak_allocated_bytes=None))
     with pytest.raises(AssertionError):
         assert_trace_peak_agrees(dataclasses.replace(info, trace_peak_allocated_bytes=4000))
+    assert_trace_peak_agrees(dataclasses.replace(info, trace_peak_allocated_bytes=4000), unseen=3000)
+    with pytest.raises(AssertionError):
+        assert_trace_peak_agrees(dataclasses.replace(info, trace_peak_allocated_bytes=400), unseen=3000)
 
 
 def test_y_ticks_land_on_round_values():

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 import torch
 
 from membench.predict import gpus
-from membench.predict.emulate.sdpa_choice import Call, Choice, Operand, Settings, choose
+from membench.predict.emulate import versions
+from membench.predict.emulate.sdpa_choice import Call, Choice, Operand, Settings, choose, rules_release
 from membench.private import destroy_library, no_dispatch_modes
 from membench.results.schema import Attention, AttentionSite
 
@@ -82,7 +83,11 @@ class Sites:
         cudnn = s.cudnn_version
         cudnn_text = f"cuDNN {cudnn // 10000}.{cudnn // 100 % 100}.{cudnn % 100}" if cudnn else "no cuDNN"
         major, minor = self.gpu.compute_capability
-        return (f"torch {torch.__version__.split('+')[0]} sdp_utils.cpp on sm{major}{minor}, {cudnn_text}, "
+        follows = rules_release(s)
+        installed = torch.__version__.split("+")[0]
+        rules = f"torch {installed}" if versions.release(installed) == follows else \
+            f"torch {follows}'s rules (installed {installed})"
+        return (f"{rules} sdp_utils.cpp on sm{major}{minor}, {cudnn_text}, "
                 f"CUDA {s.cuda_version // 1000}.{s.cuda_version % 1000 // 10}")
 
 

@@ -127,6 +127,11 @@ def _rules(s: Settings) -> _Rules:
     return _RULES_BY_RELEASE.get(s.torch_release, _RULES_2_14)
 
 
+def rules_release(s: Settings) -> str:
+    """The release whose rules the choice follows: the settings' own where known, else 2.14's."""
+    return s.torch_release if s.torch_release in _RULES_BY_RELEASE else "2.14"
+
+
 @dataclass(frozen=True)
 class Choice:
     backend: Backend
