@@ -255,6 +255,58 @@ def check_cudnn_workspace() -> Check:
                  "(not modelled by a prediction)", figures)
 
 
+CONTEXT_PROBE = """
+import json, torch
+def outside():  # what the process holds on the GPU beyond the caching allocator's segments
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    return total - free - torch.cuda.memory_reserved()
+torch.zeros(1, device="cuda")
+figures = {"after_init_bytes": outside()}
+x = torch.randn(256, 256, device="cuda", requires_grad=True)
+(x @ x).sum().backward()
+figures["after_matmul_bytes"] = outside()
+q = torch.randn(2, 4, 128, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+figures["after_attention_bytes"] = outside()
+c = torch.nn.Conv2d(8, 8, 3, device="cuda")
+c(torch.randn(2, 8, 16, 16, device="cuda")).sum().backward()
+figures["after_convolution_bytes"] = outside()
+print(json.dumps(figures))
+"""
+
+
+def check_cuda_context() -> Check:
+    """What a fresh process holds on the GPU outside the caching allocator (the CUDA context and the kernels it
+    loads lazily), after CUDA starts and after a matmul, an SDPA and a convolution ran forward and backward:
+    recorded beside the context membench's whole-device estimate assumes (predict/device.py). Device-wide free
+    memory is read, so nothing else may run on the GPU meanwhile: the checks before the membench runs."""
+    from membench.predict.device import CUDA_CONTEXT_BYTES
+
+    done = subprocess.run([sys.executable, "-c", CONTEXT_PROBE], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        return Check("CUDA context", "error", done.stderr[-600:])
+    figures = {**json.loads(done.stdout.strip().splitlines()[-1]), "assumed_bytes": CUDA_CONTEXT_BYTES}
+    return Check("CUDA context", "recorded", f"outside the caching allocator: {figures} (membench's whole-device "
+                 f"figure assumes {CUDA_CONTEXT_BYTES:,} B)", figures)
+
+
+def check_default_target() -> Check:
+    """`membench predict` without --gpu predicts for this machine's GPU (issue: the local GPU is the default)."""
+    from membench.predict import beside
+
+    p = torch.cuda.get_device_properties(torch.cuda.current_device())
+    target = beside.target_for("cuda", p, torch.cuda.get_device_name())
+    with tempfile.TemporaryDirectory() as out:
+        done = subprocess.run([sys.executable, "-m", "membench", "predict", "--workload", "gpt-tiny", "--techniques",
+                               "baseline", "--out", out], capture_output=True, text=True, timeout=240, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    expected = f"PREDICTED (no timing) for {getattr(target, 'gpu', '?')} "
+    line = next((x for x in done.stdout.splitlines() if x.startswith("PREDICTED (no timing) for")), done.stdout[-300:])
+    return _verdict("the default --gpu", done.returncode == 0 and line.startswith(expected),
+                    f"exit {done.returncode}: {line.strip()[:200]} (expected it to start {expected.strip()!r})")
+
+
 def check_in_process_run() -> Check:
     """A notebook's run: CUDA already started in this process, a model function, no fork."""
     import warnings
@@ -351,8 +403,15 @@ def run_checks(quick: bool) -> list[Callable[[Path], Check]]:
         checks.insert(2, runs_check("predicted vs measured: vit-small", ["--workload", "vit-small", "--techniques",
                                                                          "accum", "--no-check", *small],
                                     _predicted_within))
-        checks = [lambda work: check_gpu_tests(), *attention_model_checks(small), *checks]
+        checks = [lambda work: check_gpu_tests(), *attention_model_checks(small), *checks,
+                  lambda work: check_default_target()]
     return checks
+
+
+# transformers' Llama at a tenth of 7B's width and depth, with 4 key/value heads for 16 query heads (SDPA's
+# grouped-query path): no download, a config override (membench/workloads/hf.py).
+LLAMA_SMALL = ("hf:llama,hidden_size=1024,num_hidden_layers=8,num_attention_heads=16,num_key_value_heads=4,"
+               "intermediate_size=2816,vocab_size=32000")
 
 
 def attention_model_checks(small: list[str]) -> list[Callable[[Path], Check]]:
@@ -378,6 +437,9 @@ def attention_model_checks(small: list[str]) -> list[Callable[[Path], Check]]:
                                                              "--techniques", "fused-adam,foreach-off,opt-in-bwd",
                                                              "--no-check", *small],
                    _predicted_within),
+        runs_check("predicted vs measured: Llama shape with grouped-query attention",
+                   ["--workload", LLAMA_SMALL, "--batch-size", "4", "--seq-len", "1024", "--techniques",
+                    "amp-bf16,amp-bf16+ckpt", "--no-check", *small[2:]], _predicted_within),
         runs_check("predicted vs measured: fsdp at world size 1", ["--workload", "gpt-small", "--techniques",
                                                                     "fsdp,fsdp+amp-bf16", "--nproc-per-node", "1",
                                                                     "--no-check", *small], _predicted_within),
@@ -422,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
               f"nothing checked, nothing written; run it on a CUDA machine (exit {NO_GPU_EXIT})")
         return NO_GPU_EXIT
     started = time.perf_counter()
-    facts = [(check_versions, "versions and the GPU table"), (check_cublas_workspace, "cuBLAS workspace"),
+    facts = [(check_cuda_context, "CUDA context"),
+             (check_versions, "versions and the GPU table"), (check_cublas_workspace, "cuBLAS workspace"),
              (check_adam_step_device, "Adam's step device"), (check_sdpa, "SDPA backend and backward scratch"),
              (check_sdpa_choice, "SDPA backend choice"),
              (check_reduction_scratch, "reduction scratch"), (check_foreach_norm_scratch, "_foreach_norm scratch"),
