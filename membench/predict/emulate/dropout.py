@@ -13,6 +13,13 @@ CPU kernel also returns a boolean mask), the unfused path otherwise. It is regis
 the op's CompositeImplicitAutograd kernel), not as a torch function mode, so it also holds where a mode would be
 off: in backward, where checkpointing recomputes the forward. In-place dropout (`dropout_`, unfused on CUDA too)
 and the feature dropouts (dropout2d, ...) are left as they are.
+
+CUDA's `native_dropout` allocates its mask before its output (aten/src/ATen/native/cuda/Dropout.cu, `dropout_cuda`:
+`mask = at::empty_like(self, ...bool)`, then `ret = at::empty_like(self)`), where the fake kernel makes the output
+first; a CUDA prediction counts them in CUDA's order (`count_mask_first`, from the kernel hook), which decides which
+cached blocks each one takes (the H200's hf:gpt2 trace shows each dropout's 1.5 MiB mask before its 6 MiB output).
+Only in training with p < 1: the shortcuts for train=False (a clone, then a mask of ones) and p == 1 (zeros, then a
+mask of zeros) make the output first, as the fake kernel does.
 """
 
 from __future__ import annotations
@@ -32,6 +39,17 @@ def _dropout(input: torch.Tensor, p: float, train: bool) -> torch.Tensor:
     if p == 0 or not train or input.numel() == 0:
         return input
     return input * torch.zeros((), dtype=input.dtype, device=input.device)  # p == 1
+
+
+def count_mask_first(func, args, out, tracker) -> None:
+    """After a CUDA prediction's `native_dropout`: count its mask before its output, as Dropout.cu allocates them."""
+    if func is not torch.ops.aten.native_dropout.default or not isinstance(out, tuple) or len(out) != 2:
+        return
+    p = args[1] if len(args) > 1 else None
+    train = args[2] if len(args) > 2 else None
+    if train is False or p == 1:
+        return
+    tracker.track(out[1])
 
 
 @contextlib.contextmanager

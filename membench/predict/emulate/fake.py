@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from membench import private
+from membench.predict.emulate import tracing
 from membench.predict.emulate.values import NeedsValues, Values, caller
 
 __all__ = ["NeedsValues", "build_on_meta", "fake_process_group", "fake_tensors", "materialize", "real_tensors"]
@@ -238,7 +239,7 @@ def fake_tensors():
     answer reads of their values (its `answered()`: what was answered without knowing)."""
     mode = private.fake_tensor_mode(allow_non_fake_inputs=True)
     answers = _AnswerScalars(mode)
-    with mode, answers:
+    with mode, answers, tracing.real_to_transformers():
         yield answers.values
 
 

@@ -20,6 +20,7 @@ for a CUDA prediction (`CudaKernels`, called around every op), of three parts.
   reproduces, so only a CUDA prediction undoes them.
 - Host tensors (predict/emulate/host.py): what a CUDA run keeps on the CPU (optimizers' step counts) is not counted.
 - Output dtypes (predict/emulate/dtypes.py): LayerNorm's and BatchNorm's statistics in fp32 under 16-bit input.
+- Output order (predict/emulate/dropout.py): CUDA's fused dropout allocates its mask before its output.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 from membench.common.vocab import OTHER
 from membench.predict.emulate.attention_kernels import AttentionKernels
 from membench.predict.emulate.cublas_operands import operand_copies
+from membench.predict.emulate.dropout import count_mask_first
 from membench.predict.emulate.dtypes import CudaDtypes
 from membench.predict.emulate.host import HostTensors
 from membench.predict.emulate.inplace_backward import BackwardPaths
@@ -116,6 +118,7 @@ class CudaKernels:
 
     def after(self, func, args, kwargs, out, tracker) -> None:
         self.paths.made(func, out)
+        count_mask_first(func, args, out, tracker)
         if func in CUBLAS_OPS:
             tracker.track_outputs(out)  # before the workspace, as a GPU allocates them
             copies = operand_copies(func, args, out, tracker)  # cuBLAS's operands, before it asks for a handle

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from membench.allocator.events import TraceEvent
 from membench.predict import gpus
 from membench.predict.emulate import fake
 from membench.predict.emulate.autocast import cuda_policy
@@ -115,6 +116,25 @@ def test_a_training_dropout_keeps_a_boolean_mask_as_cuda_does(dropout, dtype):
     assert _dropout_keeps(True, dropout, dtype) == out + N * C
     # The CPU keeps a noise tensor of the input's dtype instead: twice the output (what a CUDA prediction kept).
     assert _dropout_keeps(False, dropout, dtype) == 2 * out
+
+
+def _dropout_allocations(dropout) -> list[int]:
+    """The sizes a dropout of a [N, C] fp32 input allocates, in order, on a CUDA prediction's tracker."""
+    with cuda_policy(), fake.fake_tensors():
+        x = torch.randn(N, C, requires_grad=True)
+        tracker = StorageTracker(trace=True)
+        tracker.kernels = CudaKernels(gpus.gpu("H100"), workspace_bytes=0)
+        with tracker:
+            dropout(x)
+        return [e.size for e in map(TraceEvent.of, tracker.trace) if e.kind == "alloc"]
+
+
+def test_cudas_fused_dropout_allocates_its_mask_before_its_output():
+    # Dropout.cu's dropout_cuda: the bool mask (262,144 B), then the fp32 output (1 MiB); the fake kernel makes the
+    # output first. Its shortcuts keep the fake kernel's order: train=False (a clone, then a mask of ones) and p = 1.
+    assert _dropout_allocations(lambda x: F.dropout(x, 0.1)) == [N * C, N * C * 4]
+    assert _dropout_allocations(lambda x: torch.native_dropout(x, 0.1, False)) == [N * C * 4, N * C]
+    assert _dropout_allocations(lambda x: torch.native_dropout(x, 1.0, True)) == [N * C * 4, N * C]
 
 
 @pytest.mark.parametrize("dropout", [lambda x: F.dropout(x, 0.1, training=False),
