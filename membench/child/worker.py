@@ -152,8 +152,9 @@ class Worker:
             times, losses = timing.time_steps(session.bare_step_on, session.timed_indices(how.steps),
                                               how.min_time_s, prepare=session.next_batch, on_step=timed_step)
             progress.report("flops")
-            flops = timing.count_flops(lambda: session.bare_step(-1))
+            flops, not_counted = timing.count_flops(lambda: session.bare_step(-1))
         done.timing = self._timing(times, losses, flops, workload, stack, data_world)
+        done.timing.flops_not_counted = not_counted
         try:
             done.timing.vs_baseline = self._against_baseline(workload, stack, world)
         except NotCompared as why:
@@ -190,7 +191,7 @@ class Worker:
         memory.build_host_peak_bytes = self.build_info.host_peak_bytes
         return memory
 
-    def _timing(self, times, losses, flops: int, workload: Workload, stack: Stack, world: int) -> Timing:
+    def _timing(self, times, losses, flops: int | None, workload: Workload, stack: Stack, world: int) -> Timing:
         summary = timing.summarize(times)
         # Data parallel ranks step together: the run trains world x batch-size samples per step (world: the
         # data-parallel ranks; tensor-parallel ranks share their samples).
@@ -202,9 +203,9 @@ class Worker:
         summary.throughput = samples_per_s * workload.items_per_sample
         summary.unit = f"{workload.unit}/s"
         summary.flops_per_step = flops
-        summary.achieved_flops = flops / summary.median_s
+        summary.achieved_flops = None if flops is None else flops / summary.median_s
         summary.peak_flops = peak
-        summary.mfu = flops / summary.median_s / peak if peak else None
+        summary.mfu = flops / summary.median_s / peak if peak and flops is not None else None
         summary.losses = losses
         summary.build_s = self.build_info.seconds
         return summary

@@ -171,6 +171,7 @@ class Timing:
     achieved_flops: float | None = None
     peak_flops: float | None = None
     mfu: float | None = None
+    flops_not_counted: str | None = None  # why torch's FLOP counter could not count the step (the run stands)
     losses: list[float | None] | None = None
     build_s: float | None = None
     # A confidence interval for the median step time (order statistics) and its confidence: two runs whose
