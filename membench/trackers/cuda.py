@@ -152,7 +152,12 @@ def recorded_history(path: Path, max_entries: int = MAX_ENTRIES, labels: Allocat
     start = torch.cuda.memory_allocated()
     # Python frames only: allocation_site reads nothing else, and C++ frames ("all", the default) are
     # symbolised when the snapshot is taken, which can take minutes on a large model.
-    private.record_memory_history(max_entries=max_entries, stacks="python")
+    # Stacks at allocations only (context "alloc"; the default "all" takes one at each free too, and membench reads
+    # none of those): a free recorded with its stack while C++ unwinds a Python exception loses the exception
+    # (torch 2.11 on an H200). Checkpoint's early stop raises so, from a pack hook after an op (CUDA dropout)
+    # allocated its output, and the lost stop became "SystemError: <built-in method dropout ...> returned NULL
+    # without setting an exception" in ckpt's recording pass. A free's entry still names its block.
+    private.record_memory_history(max_entries=max_entries, stacks="python", context="alloc")
     try:
         if labels is not None:
             labels.start()

@@ -115,3 +115,20 @@ def test_an_in_process_cuda_run_leaves_no_memory_fraction_behind(tmp_path):
     # A fraction still set would refuse this allocation of more than 1 GiB.
     big = torch.empty(min(2 * 2**30, total // 2), dtype=torch.uint8, device="cuda")
     del big
+
+
+def test_a_checkpointed_dropout_is_recomputed_inside_the_recorded_history(tmp_path):
+    """ckpt's recording pass on hf:gpt2 (torch 2.11, H200): checkpoint's early stop raised from a pack hook after
+    CUDA's dropout allocated its output, and a stack taken at that output's free lost the exception ("SystemError:
+    <built-in method dropout ...> returned NULL without setting an exception"). The history takes none at frees."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    from membench.trackers import cuda
+
+    layer = torch.nn.Linear(64, 64).cuda()
+    x = torch.randn(8, 64, device="cuda", requires_grad=True)
+    with cuda.recorded_history(tmp_path / "r.snapshot.pickle"):
+        y = checkpoint(lambda t: torch.nn.functional.dropout(layer(t), 0.1, True), x, use_reentrant=False)
+        y.sum().backward()
+    assert x.grad is not None and (tmp_path / "r.snapshot.pickle").exists()

@@ -56,6 +56,23 @@ def test_history_is_recorded_with_python_stacks_only(tmp_path, monkeypatch):
         monkeypatch.setattr(torch.cuda, name, lambda value=value: value)
     with cuda.recorded_history(tmp_path / "r.snapshot.pickle", max_entries=1000) as info:
         pass
-    assert calls[0] == {"max_entries": 1000, "stacks": "python"} and calls[1] == {"enabled": None}
+    assert calls[0] == {"max_entries": 1000, "stacks": "python", "context": "alloc"} and calls[1] == {"enabled": None}
     assert info["trace_peak_allocated_bytes"] == 4096 + 512 + 1536
     assert pickle.loads((tmp_path / "r.snapshot.pickle").read_bytes()) == SNAPSHOT
+
+
+def test_history_takes_no_stack_at_a_free(tmp_path, monkeypatch):
+    """ckpt's recording pass on hf:gpt2 (torch 2.11, an H200) failed in backward with "SystemError: <built-in method
+    dropout ...> returned NULL without setting an exception": checkpoint's early stop raises from a pack hook after
+    CUDA's dropout allocated its output, and the allocator, asked for a stack at every free (context "all", torch's
+    default), took one at that output's free inside C++'s unwinding and lost the exception. Stacks at allocations
+    only ("alloc") ran; the same block on a GPU is tests/trackers/test_cuda.py's."""
+    contexts = []
+    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history",
+                        lambda *a, **k: contexts.append(k.get("context", "all")) if k.get("enabled", 1) else None)
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: SNAPSHOT)
+    for name, value in (("synchronize", None), ("memory_allocated", 4096), ("current_device", 0)):
+        monkeypatch.setattr(torch.cuda, name, lambda value=value: value)
+    with cuda.recorded_history(tmp_path / "r.snapshot.pickle"):
+        pass
+    assert contexts == ["alloc"]
