@@ -17,11 +17,16 @@ from membench.techniques.mesh import Mesh
 
 How = Literal["simulated", "estimated", "measured"]
 
-# The CUDA context with lazy module loading (CUDA_MODULE_LOADING=LAZY, torch's default since 1.13): 287,047,680 B,
-# measured in pytorch/pytorch#86509 (against 666,632,192 B loaded eagerly). One figure for every GPU and driver:
-# the PR does not give a figure per GPU, and the context grows with the kernels a run loads.
-CUDA_CONTEXT_BYTES = 287_047_680
-CUDA_CONTEXT_SOURCE = "pytorch/pytorch#86509: CUDA context with lazy loading, torch's default since 1.13"
+# What a training process holds outside the caching allocator (the CUDA context, cuBLAS's and cuDNN's handles, the
+# kernels loaded lazily, torch's default since 1.13), measured on an NVIDIA H200 with torch 2.11.0+cu130 (CUDA 13.0,
+# driver 580.159.04) after a matmul, cuDNN attention and a convolution ran forward and backward: 804,061,184 B
+# (648,871,936 B right after CUDA started; benchmarks/gpu_acceptance.py's "CUDA context",
+# results/gpu-acceptance/). One figure for every GPU and driver, none other measured: the context differs between
+# them and grows with the kernels a run loads. (pytorch/pytorch#86509's 287,047,680 B, CUDA 11, was 2.8x too low
+# there.)
+CUDA_CONTEXT_BYTES = 804_061_184
+CUDA_CONTEXT_SOURCE = ("measured on an NVIDIA H200 (torch 2.11, CUDA 13.0, driver 580) after a matmul, cuDNN "
+                       "attention and a convolution; other GPUs and drivers differ")
 
 # NCCL's per-protocol buffer of one connection on one channel (src/init.cc, DEFAULT_*_BUFFSIZE): Simple 4 MiB,
 # LL 8 lines x 512 threads x 8 steps x 16 B, LL128 120 elements x 640 threads x 8 steps x 8 B.

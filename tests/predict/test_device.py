@@ -56,12 +56,12 @@ def test_predicts_lines_name_each_part_the_fit_and_the_sources():
                                                                                     on_card=None), ranks=None)
 
     lines = device_lines([record("baseline", (), 2**30), record("fsdp", ("fsdp",), 90 * 10**9)], gpu("H100"))
-    assert lines[1] == ("  baseline: 1.27 GiB = reserved 1.00 GiB (simulated) + CUDA context 273.75 MiB (estimated); "
-                        "fits on H100 (80 GB): yes, margin 73.24 GiB")  # 80e9 - 2**30 - 287,047,680 B
-    # 90e9 + 287,047,680 + 154,140,672 B = 84.23 GiB, 10,441,188,352 B = 9.72 GiB more than 80 GB
-    assert lines[2] == ("  fsdp: 84.23 GiB = reserved 83.82 GiB (simulated) + CUDA context 273.75 MiB (estimated) + "
+    assert lines[1] == ("  baseline: 1.75 GiB = reserved 1.00 GiB (simulated) + CUDA context 766.81 MiB (estimated); "
+                        "fits on H100 (80 GB): yes, margin 72.76 GiB")  # 80e9 - 2**30 - 804,061,184 B
+    # 90e9 + 804,061,184 + 154,140,672 B = 84.71 GiB, 10,958,201,856 B = 10.21 GiB more than 80 GB
+    assert lines[2] == ("  fsdp: 84.71 GiB = reserved 83.82 GiB (simulated) + CUDA context 766.81 MiB (estimated) + "
                         "NCCL buffers (1 communicator) 147.00 MiB (estimated); fits on H100 (80 GB): no, margin "
-                        "-9.72 GiB")
+                        "-10.21 GiB")
     assert [line.split(":")[0] for line in lines[3:]] == ["  CUDA context", "  NCCL buffers"]
 
 
@@ -78,18 +78,18 @@ def test_predict_prints_the_whole_device_per_rank_for_an_hsdp_mesh(tmp_path, cap
 
 
 MiB = 2**20
-ONE_GB_CARD = 10**9 - CUDA_CONTEXT_BYTES  # what the allocator gets of a 1 GB card: 712,952,320 B
+ONE_GB_CARD = 10**9 - CUDA_CONTEXT_BYTES  # what the allocator gets of a 1 GB card: 195,938,816 B (186.86 MiB)
 
 
 def test_a_trace_that_reserves_more_than_the_card_is_replayed_under_it():
-    a, b = TraceEvent.alloc("a", 400 * MiB), TraceEvent.alloc("b", 500 * MiB)
-    # Unbounded, a's 400 MiB segment stays cached and b takes a new one: 900 MiB reserved, more than the card has.
-    # Under it, b's cudaMalloc fails, the allocator releases a's cached segment and retries: 500 MiB at the peak.
-    assert on_card([a, TraceEvent.free("a"), b], None, 900 * MiB, 1, Mesh()) == OnCard(ONE_GB_CARD, 500 * MiB, False)
+    a, b = TraceEvent.alloc("a", 100 * MiB), TraceEvent.alloc("b", 150 * MiB)
+    # Unbounded, a's 100 MiB segment stays cached and b takes a new one: 250 MiB reserved, more than the card has.
+    # Under it, b's cudaMalloc fails, the allocator releases a's cached segment and retries: 150 MiB at the peak.
+    assert on_card([a, TraceEvent.free("a"), b], None, 250 * MiB, 1, Mesh()) == OnCard(ONE_GB_CARD, 150 * MiB, False)
     # Both live: nothing cached to release, out of memory
-    assert on_card([a, b], None, 900 * MiB, 1, Mesh()).oom
+    assert on_card([a, b], None, 250 * MiB, 1, Mesh()).oom
     # What fits unbounded is not replayed: no cudaMalloc would fail
-    assert on_card([a], None, 400 * MiB, 1, Mesh()) is None
+    assert on_card([a], None, 100 * MiB, 1, Mesh()) is None
 
 
 def test_the_fits_line_follows_the_replay_under_the_card():
@@ -100,13 +100,13 @@ def test_the_fits_line_follows_the_replay_under_the_card():
 
     capacity = 80 * 10**9 - CUDA_CONTEXT_BYTES
     released = device_lines([record(OnCard(capacity, 70 * 2**30, False))], gpu("H100"))[1]
-    # 80e9 - 70 GiB - 287,047,680 B = 4,554,362,880 B
-    assert released == ("  baseline: 70.27 GiB = reserved 70.00 GiB (simulated) + CUDA context 273.75 MiB "
-                        "(estimated); fits on H100 (80 GB): yes, margin 4.24 GiB, releasing cached blocks "
+    # 80e9 - 70 GiB - 804,061,184 B = 4,034,011,136 B
+    assert released == ("  baseline: 70.75 GiB = reserved 70.00 GiB (simulated) + CUDA context 766.81 MiB "
+                        "(estimated); fits on H100 (80 GB): yes, margin 3.76 GiB, releasing cached blocks "
                         "(unbounded it would reserve 83.82 GiB)")
     oom = device_lines([record(OnCard(capacity, capacity, True))], gpu("H100"))[1]
     assert oom.endswith("fits on H100 (80 GB): no, out of memory even after the allocator releases its cached "
-                        "blocks (simulated under 74.24 GiB)")
+                        "blocks (simulated under 73.76 GiB)")
 
 
 def test_each_distinct_rank_gets_its_line():
@@ -115,5 +115,5 @@ def test_each_distinct_rank_gets_its_line():
     record = SimpleNamespace(name="fsdp", spec=Job(run), ranks=ranks,
                              memory=SimpleNamespace(peak_reserved_bytes=2**30, on_card=None))
     lines = device_lines([record], gpu("H100"))
-    # 2**30 + 287,047,680 + 154,140,672 B = 1.41 GiB; 2**29 + the same = 978,059,264 B = 932.75 MiB
-    assert [line.split(" = ")[0] for line in lines[1:3]] == ["  fsdp rank 0: 1.41 GiB", "  fsdp rank 3: 932.75 MiB"]
+    # 2**30 + 804,061,184 + 154,140,672 B = 1.89 GiB; 2**29 + the same = 1,495,072,768 B = 1.39 GiB
+    assert [line.split(" = ")[0] for line in lines[1:3]] == ["  fsdp rank 0: 1.89 GiB", "  fsdp rank 3: 1.39 GiB"]
