@@ -4,7 +4,7 @@ for the GPU it ran on, beside the peaks that GPU measured.
     python benchmarks/validate_gpu_runs.py [ARCHIVE ...] [--only TEXT] [--jobs N]
 
 An archive holds the results folders of `membench run --device cuda` runs (benchmarks/gpu_acceptance.py --keep,
-packed as results/README.md says). Each run that measured (status ok, one process) is predicted from its own
+packed as results/README.md says). Each run that measured its memory in one process is predicted from its own
 record's spec, with the installed torch. Rules membench keys by torch release (versions.py) follow the installed
 one, so a run recorded under another release is compared under this one's rules: the table names both releases.
 Runs of several processes (fsdp) are left out: a prediction of those is per rank (`predict --world-size`).
@@ -60,7 +60,7 @@ def runs_in(archive: Path, into: Path, only: str | None) -> list[tuple[str, Path
             continue
         record = read_result(path)
         case = path.parent.name
-        if (record.status != "ok" or record.memory is None or (record.world_size or 1) > 1
+        if (record.memory is None or record.memory.peak_allocated_bytes is None or (record.world_size or 1) > 1
                 or (only and only not in f"{case}/{record.name}")):
             continue
         found.append((case, path))
@@ -74,7 +74,9 @@ def predict_one(case: str, path: Path) -> Row:
 
     record = read_result(path)
     env = record.env
-    row = Row(case, record.name, (env.torch if env else "?") or "?", record.memory.peak_allocated_bytes,
+    # A run that failed after measuring its memory (torch 2.11's FLOP counter on grouped-query attention) keeps it
+    name = record.name if record.status == "ok" else f"{record.name} *"
+    row = Row(case, name, (env.torch if env else "?") or "?", record.memory.peak_allocated_bytes,
               record.memory.peak_reserved_bytes)
     target = beside.target_for("cuda", _Properties(env), env.device_name or "")
     if isinstance(target, str):
@@ -166,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     print(tabulate(table, headers=["run (case/run)", "ran on torch", "measured alloc B", "predicted B", "diff B",
                                    "error", "measured reserved B", "predicted B", "error", "predict s"],
                    disable_numparse=True))
+    if any(r.run.endswith(" *") for r in rows):
+        print("* the run ended in an error after it had measured its memory (its record says which)")
     done = [r for r in rows if r.predicted_allocated is not None]
     exact = sum(r.predicted_allocated == r.measured_allocated for r in done)
     within = sum(abs(r.predicted_allocated - r.measured_allocated) <= 0.01 * r.measured_allocated for r in done)
