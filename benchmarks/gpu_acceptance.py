@@ -121,8 +121,8 @@ def check_adam_step_device() -> Check:
 
 def check_sdpa() -> Check:
     """Which kernel scaled_dot_product_attention picks for gpt-tiny-like shapes (fp32 and bf16, causal), and the
-    memory its backward takes beyond the gradients: recorded for the docs (predict/emulate/sdpa.py assumes a
-    fused kernel that keeps the output and a log-sum-exp, never a queries x keys matrix)."""
+    memory its backward takes beyond what the forward kept, beside what a prediction of the same call gives
+    (predict/emulate/attention_kernels.py; cuDNN's engine workspace beyond its frontend's is assumed 0): recorded."""
     from membench import private
 
     figures = {}
@@ -136,11 +136,40 @@ def check_sdpa() -> Check:
         out.sum().backward()
         torch.cuda.synchronize()
         scratch = torch.cuda.max_memory_allocated() - kept
-        figures[str(dtype).removeprefix("torch.")] = {"backend": backend, "backward_peak_over_kept_bytes": scratch}
+        predicted_backend, predicted = _predicted_sdpa_scratch(dtype)
+        figures[str(dtype).removeprefix("torch.")] = {
+            "backend": backend, "backward_peak_over_kept_bytes": scratch,
+            "predicted_backend": predicted_backend, "predicted_backward_peak_over_kept_bytes": predicted}
     quadratic = 4 * 4 * 256 * 256 * 4  # one fp32 queries x keys matrix
     fused = all(f["backend"] != "MATH" for f in figures.values())
     return _verdict("SDPA backend and backward scratch", fused, f"backends {figures}; a queries x keys fp32 "
                     f"matrix would be {quadratic:,} B", **figures)
+
+
+def _predicted_sdpa_scratch(dtype) -> tuple[str, int]:
+    """The same call on fake tensors for this GPU's table entry: (backend, backward's peak over what forward
+    kept, in 512-byte blocks)."""
+    import torch.nn.functional as F
+
+    from membench.predict.beside import target_for
+    from membench.predict.emulate import fake
+    from membench.predict.emulate.autocast import cuda_policy
+    from membench.predict.emulate.kernels import CudaKernels
+    from membench.predict.gpus import GPUS
+    from membench.trackers.storage import StorageTracker
+
+    p = torch.cuda.get_device_properties(torch.cuda.current_device())
+    gpu = GPUS[target_for("cuda", p, torch.cuda.get_device_name()).gpu]
+    with cuda_policy(gpu) as sites, fake.fake_tensors():
+        q, k, v = (torch.randn(4, 4, 256, 64, dtype=dtype, requires_grad=True) for _ in range(3))
+        tracker = StorageTracker(round_to=512)
+        tracker.kernels = CudaKernels(gpu, workspace_bytes=0)
+        with tracker:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            kept = tracker.current
+            tracker.peak.bytes = 0
+            out.sum().backward()
+        return sites.summary().sites[0].backend, tracker.peak.bytes - kept
 
 
 #: (dtype, head size, causal, with a mask, dropout, needs a gradient): calls whose backend the GPU picks, for
