@@ -21,6 +21,8 @@ for a CUDA prediction (`CudaKernels`, called around every op), of three parts.
 - Host tensors (predict/emulate/host.py): what a CUDA run keeps on the CPU (optimizers' step counts) is not counted.
 - Output dtypes (predict/emulate/dtypes.py): LayerNorm's and BatchNorm's statistics in fp32 under 16-bit input.
 - Output order (predict/emulate/dropout.py): CUDA's fused dropout allocates its mask before its output.
+- LayerNorm's copies (predict/emulate/layer_norm.py): CUDA's LayerNorm, forward and backward, copies a
+  non-contiguous input (and weight, bias, output gradient) to a contiguous tensor, freed as it returns.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from membench.predict.emulate.dropout import count_mask_first
 from membench.predict.emulate.dtypes import CudaDtypes
 from membench.predict.emulate.host import HostTensors
 from membench.predict.emulate.inplace_backward import BackwardPaths
+from membench.predict.emulate.layer_norm import layer_norm_copies
 from membench.predict.emulate.reductions import KernelScratch
 from membench.predict.emulate.versions import release
 from membench.predict.gpus import cublaslt_workspace_bytes
@@ -119,6 +122,7 @@ class CudaKernels:
     def after(self, func, args, kwargs, out, tracker) -> None:
         self.paths.made(func, out)
         count_mask_first(func, args, out, tracker)
+        layer_norm_copies(func, args, kwargs, out, tracker)
         if func in CUBLAS_OPS:
             tracker.track_outputs(out)  # before the workspace, as a GPU allocates them
             copies = operand_copies(func, args, out, tracker)  # cuBLAS's operands, before it asks for a handle

@@ -167,3 +167,48 @@ def test_einsums_casts_are_freed_first_to_last_as_atens_vector_of_casts_is():
     assert order[:2] == [("alloc", 4 * 16 * 64 * 2), ("alloc", 64 * 32 * 2)]
     assert [e for e in order if e[0] == "free"][:2] == [("free", 4 * 16 * 64 * 2), ("free", 64 * 32 * 2)]
     del y
+
+
+def _sizes_in_order(tracker):
+    sizes, order = {}, []
+    for event in tracker.trace:
+        if event.kind == "alloc":
+            sizes[event.key] = event.size
+        order.append((event.kind, sizes[event.key]))
+    return order
+
+
+@pytest.mark.parametrize("inference", [False, True])
+def test_a_calls_arguments_are_cast_last_to_first_and_let_go_first_to_last(inference):
+    """ATen's autocast kernel casts in `(*F)(cached_cast(..., args, device_type)...)`: the arguments of one call,
+    which GCC evaluates right to left, so nn.Linear's bias is cast first, then its weight, then its input (as an
+    H200's traces show for every Linear under autocast); the casts are that call's temporaries, destroyed in the
+    reverse order, the input's first. Sizes by hand: bias 48 x 2 B, weight 48 x 64 x 2 B, input 2 x 16 x 64 x 2 B,
+    output 2 x 16 x 48 x 2 B."""
+    bias, weight, x, out = 48 * 2, 48 * 64 * 2, 2 * 16 * 64 * 2, 2 * 16 * 48 * 2
+    with cuda_policy(), fake.fake_tensors():
+        linear = nn.Linear(64, 48)
+        inputs = torch.randn(2, 16, 64)
+        tracker = StorageTracker(trace=True)
+        mode = torch.inference_mode() if inference else torch.enable_grad()
+        with tracker, mode, torch.autocast("cpu", dtype=torch.bfloat16):
+            y = linear(inputs)
+            within = len(tracker.trace)  # before the region's end lets go of the cached casts
+    order = _sizes_in_order(tracker)[:within]
+    assert order[:4] == [("alloc", bias), ("alloc", weight), ("alloc", x), ("alloc", out)]
+    # under grad the weight's and bias's casts are cached and the input's is saved for backward: nothing is freed
+    assert [e for e in order if e[0] == "free"] == ([("free", x), ("free", weight), ("free", bias)] if inference
+                                                    else [])
+    del y
+
+
+def test_a_tensor_lists_elements_are_cast_first_to_last():
+    """einsum's operands are one TensorList argument: its `cached_cast` casts them in a loop, first to last."""
+    with cuda_policy(), fake.fake_tensors():
+        a, b, c = nn.Parameter(torch.randn(8, 4)), torch.randn(4, 16), torch.randn(16, 2)
+        tracker = StorageTracker(trace=True)
+        with tracker, torch.autocast("cpu", dtype=torch.bfloat16):
+            y = torch.einsum("ij,jk,kl->il", a, b, c)
+    assert [e for e in _sizes_in_order(tracker) if e[0] == "alloc"][:3] == [
+        ("alloc", 8 * 4 * 2), ("alloc", 4 * 16 * 2), ("alloc", 16 * 2 * 2)]
+    del y
