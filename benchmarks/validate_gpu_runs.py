@@ -60,8 +60,8 @@ def runs_in(archive: Path, into: Path, only: str | None) -> list[tuple[str, Path
             continue
         record = read_result(path)
         case = path.parent.name
-        if (record.memory is None or record.memory.peak_allocated_bytes is None or (record.world_size or 1) > 1
-                or (only and only not in f"{case}/{record.name}")):
+        if (record.status == "oom" or record.memory is None or not record.memory.peak_allocated_bytes
+                or (record.world_size or 1) > 1 or (only and only not in f"{case}/{record.name}")):
             continue
         found.append((case, path))
     return found
@@ -159,14 +159,14 @@ def main(argv: list[str] | None = None) -> int:
         print("validate_gpu_runs: no run that measured in one process" + (f" matching {args.only!r}" if args.only
                                                                            else ""))
         return 1
-    table = [[f"{r.case}/{r.run}", r.torch, f"{r.measured_allocated:,}",
+    table = [[f"{r.case.removeprefix('predicted-vs-measured-')}/{r.run}", r.torch, f"{r.measured_allocated:,}",
               "" if r.predicted_allocated is None else f"{r.predicted_allocated:,}",
               "" if r.predicted_allocated is None else f"{r.predicted_allocated - r.measured_allocated:+,}",
               _error(r.predicted_allocated, r.measured_allocated), f"{r.measured_reserved:,}",
               "" if r.predicted_reserved is None else f"{r.predicted_reserved:,}",
               _error(r.predicted_reserved, r.measured_reserved), r.error or f"{r.seconds:.1f}"] for r in rows]
-    print(tabulate(table, headers=["run (case/run)", "ran on torch", "measured alloc B", "predicted B", "diff B",
-                                   "error", "measured reserved B", "predicted B", "error", "predict s"],
+    print(tabulate(table, headers=["run (acceptance case/run)", "ran on torch", "measured alloc B", "predicted B",
+                                   "diff B", "error", "measured reserved B", "predicted B", "error", "predict s"],
                    disable_numparse=True))
     if any(r.run.endswith(" *") for r in rows):
         print("* the run ended in an error after it had measured its memory (its record says which)")

@@ -19,7 +19,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 def test_a_recorded_run_is_predicted_beside_its_measurement():
     done = _run(str(ARCHIVE), "--only", "predicted-vs-measured-gpt-tiny/baseline", "--jobs", "1")
     assert done.returncode == 0, done.stderr
-    (row,) = [line for line in done.stdout.splitlines() if line.startswith("predicted-vs-measured-gpt-tiny/")]
+    (row,) = [line for line in done.stdout.splitlines() if line.startswith("gpt-tiny/")]
     cells = row.split()
     assert cells[1] == "2.11.0+cu130" and cells[2] == "75,880,960"  # what the H200 measured
     assert "1 of 1 runs predicted" in done.stdout
