@@ -131,6 +131,10 @@ class _Properties:
         self.multi_processor_count, self.max_threads_per_multi_processor = gpu.sm_count, gpu.max_threads_per_sm
 
 
+def _short(text: str | None, width: int = 60) -> str | None:
+    return text if text is None or len(text) <= width else text[:width - 3] + "..."
+
+
 def _error(predicted: int | None, measured: int) -> str:
     return "" if predicted is None else f"{(predicted - measured) / measured:+.3%}"
 
@@ -164,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
               "" if r.predicted_allocated is None else f"{r.predicted_allocated - r.measured_allocated:+,}",
               _error(r.predicted_allocated, r.measured_allocated), f"{r.measured_reserved:,}",
               "" if r.predicted_reserved is None else f"{r.predicted_reserved:,}",
-              _error(r.predicted_reserved, r.measured_reserved), r.error or f"{r.seconds:.1f}"] for r in rows]
+              _error(r.predicted_reserved, r.measured_reserved), _short(r.error) or f"{r.seconds:.1f}"] for r in rows]
     print(tabulate(table, headers=["run (acceptance case/run)", "ran on torch", "measured alloc B", "predicted B",
                                    "diff B", "error", "measured reserved B", "predicted B", "error", "predict s"],
                    disable_numparse=True))
