@@ -113,7 +113,9 @@ class Memory:
     peak_reserved_bytes: int | None = None  # CUDA only: what the caching allocator held from the driver
     peak_active_bytes: int | None = None
     alloc_retries: int | None = None
-    driver_used_bytes: int | None = None  # CUDA only: cudaMemGetInfo, context and library workspaces included
+    # CUDA only: cudaMemGetInfo's used memory, context and library workspaces included: the whole GPU's, so other
+    # processes on the same GPU count too
+    driver_used_bytes: int | None = None
     device_total_bytes: int | None = None
     breakdown_at_peak: dict[Category, int] | None = None
     current_bytes: int | None = None  # after the measured step: the steady state
