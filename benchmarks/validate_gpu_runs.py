@@ -136,7 +136,11 @@ def _short(text: str | None, width: int = 60) -> str | None:
 
 
 def _error(predicted: int | None, measured: int) -> str:
-    return "" if predicted is None else f"{(predicted - measured) / measured:+.3%}"
+    if predicted is None:
+        return ""
+    if not measured:  # a run that allocated nothing on the GPU (measured 0 B)
+        return "exact" if predicted == measured else "n/a"
+    return f"{(predicted - measured) / measured:+.3%}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,8 +12,8 @@ for a CUDA prediction (`CudaKernels`, called around every op), of three parts.
   gpus.cublaslt_workspace_bytes), the first addmm on a thread that takes ATen's cuBLASLt path (a 1-D bias, beta 1:
   `isInputCompliesAddmmCudaLt` in cuda/Blas.cpp; nn.Linear with a bias) makes a second, smaller workspace for that
   handle, after the handle's cuBLAS one, and it too is kept for the life of the process.
-- Kernel scratch (predict/emulate/reductions.py): what reductions and accumulating index_put_ take and free inside
-  the kernel.
+- Kernel scratch (predict/emulate/reductions.py): what reductions, accumulating index_put_ and _safe_softmax take
+  and free inside the kernel.
 - Backward's in-place paths (predict/emulate/inplace_backward.py): where the storage tracker, being a dispatch
   mode, makes torch go out of place, a plain run takes the in-place path. A GPU run is measured from the allocator's
   statistics with no dispatch mode, while a CPU run is measured by the tracker itself, whose numbers a CPU prediction
@@ -23,6 +23,7 @@ for a CUDA prediction (`CudaKernels`, called around every op), of three parts.
 - Output order (predict/emulate/dropout.py): CUDA's fused dropout allocates its mask before its output.
 - LayerNorm's copies (predict/emulate/layer_norm.py): CUDA's LayerNorm, forward and backward, copies a
   non-contiguous input (and weight, bias, output gradient) to a contiguous tensor, freed as it returns.
+- The math attention path's mask add (predict/emulate/sdpa.py, `math_mask_add`): in place, as a plain run adds it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from membench.predict.emulate.host import HostTensors
 from membench.predict.emulate.inplace_backward import BackwardPaths
 from membench.predict.emulate.layer_norm import layer_norm_copies
 from membench.predict.emulate.reductions import KernelScratch
+from membench.predict.emulate.sdpa import math_mask_add
 from membench.predict.emulate.versions import release
 from membench.predict.gpus import cublaslt_workspace_bytes
 from membench.private import in_backward
@@ -117,6 +119,7 @@ class CudaKernels:
     def rewrite(self, func, args, kwargs):
         """The op to run instead (in-place where a plain run is; CUDA's outputs for fused attention; with CUDA's
         output dtypes)."""
+        func = math_mask_add(func, args, kwargs)  # the math attention path's in-place mask add
         return self.attention.rewrite(func) or self.dtypes.rewrite(self.paths.rewrite(func, args, kwargs), args)
 
     def after(self, func, args, kwargs, out, tracker) -> None:

@@ -3,7 +3,7 @@
 Fake tensors run no kernel, so a CUDA prediction adds these (`KernelScratch`, called by
 predict/emulate/kernels.py's `CudaKernels` after each op), in the order a GPU allocates and frees them. They raise
 the peak only by their own size for a moment, but they change which cached blocks the allocator splits, and so the
-unsplit remainders `max_memory_allocated()` counts and the segments it reserves. Two kinds, as torch 2.11 runs
+unsplit remainders `max_memory_allocated()` counts and the segments it reserves. Three kinds, as torch 2.11 runs
 them (the version of the real traces benchmarks/validate_predictions.py checks, whose recorded steps show exactly
 these allocations):
 
@@ -19,6 +19,9 @@ these allocations):
   index per indexing tensor (`remainder`, then `* stride`), sorts it with cub's radix sort (`sorted_indices`,
   `orig_indices`, an `arange` of positions, and cub's temporary storage, aten/src/ATen/cuda/cub.cu), and frees
   them when it returns.
+- **`_safe_softmax`** (the math attention path's softmax): a composite whose CUDA run makes a bool mask of its
+  input, a row mask and a zero scalar after its output (`safe_softmax_scratch`; on the H200's Llama-shape trace, a
+  64 MiB mask per layer that gave that run its 64 MiB segments).
 
 Sizes are derived from that code, not fitted; tests/predict/emulate/test_reductions.py works small cases out by hand.
 Not modelled: the other reductions (max/min, norms, var/std, argmax: their own accumulator types), reductions past
@@ -357,10 +360,48 @@ def index_put_scratch(func, args, kwargs, gpu) -> list[TraceEvent]:
                      free("range"), free("orig_indices"), free("sorted_indices"), free("linear0")]
 
 
+# --- _safe_softmax: SoftMax.cpp ----------------------------------------------------------------------------------
+
+SAFE_SOFTMAX = frozenset({aten._safe_softmax.default})
+
+
+def safe_softmax_scratch(args, kwargs, out, gpu) -> list[TraceEvent]:
+    """The temporaries of `_safe_softmax` (the math attention path's softmax) on CUDA, in order, keyed by name; or [].
+
+    Its CUDA kernel is a composite (aten/src/ATen/native/transformers/attention.cpp, torch 2.11 and 2.14): after
+    `out = at::softmax(self, dim)` (the op's output) it makes `masked = self.isneginf()` (bool, self's shape),
+    `masked_rows = all(masked, dim, keepdim=true)` (bool, one per row; a reduction, with Reduce.cuh's staging
+    buffer and semaphores when it splits a row across blocks) and `zero = at::scalar_tensor(0.0)` (one element of
+    out's dtype, on the device), writes `where(masked_rows, zero, out)` into `out` itself, and frees the three as it
+    returns, in reverse order. Fake tensors run its meta function (the output only). Not modelled: a `dtype`
+    other than self's (softmax's converted copy of the input)."""
+    self = args[0] if args else None
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    dtype = args[2] if len(args) > 2 else kwargs.get("dtype")
+    if (not isinstance(self, torch.Tensor) or not isinstance(out, torch.Tensor) or self.numel() == 0
+            or (dtype is not None and dtype != self.dtype)):
+        return []
+    dim %= max(self.dim(), 1)
+    rows = self.numel() // self.shape[dim] if self.dim() else 1
+    alloc, free = TraceEvent.alloc, TraceEvent.free
+    events = [alloc("masked", self.numel()), alloc("masked_rows", rows)]
+    if self.dim():  # all(): bool in, bool accumulated (and_kernel_cuda's gpu_reduce_kernel<bool, bool>)
+        shape = list(self.shape)
+        strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]  # isneginf's output: contiguous
+        # masked_rows' strides (contiguous, keepdim): 0 at the reduced dim, 1 at other size-1 dims, as for sums
+        out_strides = [0 if d == dim else 1 if shape[d] == 1 else strides[d] // shape[dim] if d < dim else strides[d]
+                       for d in range(len(shape))]
+        config = set_reduce_config(*reduction_iterator(shape, strides, out_strides, 1), 1, 1, 4, gpu)
+        if config.input_mult[2]:
+            events += [alloc("buffer", config.global_memory_size()), alloc("semaphores", config.semaphore_size()),
+                       free("semaphores"), free("buffer")]
+    return events + [alloc("zero", out.element_size()), free("zero"), free("masked_rows"), free("masked")]
+
+
 # --- the hook -----------------------------------------------------------------------------------------------------
 
 
-CANDIDATES = SUMS | MEANS | INDEX_PUTS | FOREACH_NORMS  # the ops whose kernels may take scratch
+CANDIDATES = SUMS | MEANS | INDEX_PUTS | FOREACH_NORMS | SAFE_SOFTMAX  # the ops whose kernels may take scratch
 
 
 @dataclass(frozen=True)
@@ -417,6 +458,8 @@ class KernelScratch:
                     TraceEvent.free("semaphores"), TraceEvent.free("buffer")]
         if func in INDEX_PUTS:
             return index_put_scratch(func, args, kwargs or {}, self.gpu)
+        if func in SAFE_SOFTMAX:
+            return safe_softmax_scratch(args, kwargs or {}, out, self.gpu)
         if func in FOREACH_NORMS:  # predict/emulate/foreach_norm.py
             size = foreach_norm_scratch(func, args, kwargs or {})
             return [TraceEvent.alloc("output_per_tensor", size), TraceEvent.free("output_per_tensor")] if size else []

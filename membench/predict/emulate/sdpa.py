@@ -170,8 +170,31 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
             mask = _efficient_mask(mask, query, key)
         return aten._scaled_dot_product_efficient_attention(query, key, value, mask, requires_grad, dropout_p,
                                                             is_causal, scale=scale)[0]
-    return aten._scaled_dot_product_attention_math(query, key, value, mask, dropout_p, is_causal, None, scale=scale,
-                                                   enable_gqa=enable_gqa)[0]
+    _MATH_FORWARD[0] += 1
+    try:
+        return aten._scaled_dot_product_attention_math(query, key, value, mask, dropout_p, is_causal, None,
+                                                       scale=scale, enable_gqa=enable_gqa)[0]
+    finally:
+        _MATH_FORWARD[0] -= 1
+
+
+_MATH_FORWARD = [0]  # math-path calls running now (their forward's ops; checkpoint's recomputation included)
+
+
+def math_mask_add(func, args, kwargs):
+    """The op a plain CUDA run calls for `func` inside the math path: itself, or `add_` for the mask's add.
+
+    `_scaled_dot_product_attention_math` (attention.cpp) adds the mask (the caller's, or the causal one it makes) to
+    the scores in place, `attn.add_(*attn_mask)`, unless `at::areAnyTensorSubclassLike({attn, *attn_mask})`, when
+    it calls the out-of-place `attn.add(*attn_mask)`; every tensor is subclass-like while a dispatch mode is active
+    (fake tensors', the storage tracker's), so a prediction would hold a second B x H x L x S scores tensor, and
+    take a block of its own for the softmax's input, where a plain run does not. Its forward has no other
+    `add.Tensor` (torch 2.11, 2.14)."""
+    if (func is aten.add.Tensor and _MATH_FORWARD[0] and len(args) == 2 and not kwargs
+            and all(isinstance(a, torch.Tensor) for a in args)
+            and torch.broadcast_shapes(args[0].shape, args[1].shape) == args[0].shape):
+        return aten.add_.Tensor
+    return func
 
 
 @contextlib.contextmanager

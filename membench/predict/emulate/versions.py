@@ -33,6 +33,9 @@ RULES = (
          "database (benchmarks/cuda_dtypes.py)"),
     Rule("optimizers' host tensors (CPU step counts)", ("2.9", "2.14"), "torch/optim/adam.py and _adafactor.py "
          "(predict/emulate/host.py)"),
+    Rule("math attention's in-place mask add and _safe_softmax temporaries", ("2.11", "2.14"), "attention.cpp "
+         "(areAnyTensorSubclassLike, _safe_softmax); the 2.11 and 2.14 binaries' CPU runs (torch.profiler: add_, "
+         "isneginf, all, scalar_tensor, where); 2.11 on an NVIDIA H200 (the Llama shape's snapshot)"),
     Rule("attention backend choice", ("2.11", "2.12", "2.14"), "sdp_utils.cpp and sdp_utils_cpp.h: 2.14's source "
          "and binary, the 2.11 and 2.12 binaries' constraints and headers; 2.11 on an NVIDIA H200, 108 calls alike "
          "(predict/emulate/sdpa_choice.py, results/gpu-acceptance/)"),

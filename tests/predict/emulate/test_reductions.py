@@ -167,3 +167,33 @@ def test_every_gpu_has_the_threads_per_multiprocessor_of_its_compute_capability(
         assert gpu.max_threads_per_sm == threads[gpu.compute_capability], gpu.name
         assert gpu.sm_count > 0 and gpu.warp_size == 32
     assert (gpus.gpu("H100").sm_count, gpus.gpu("h100 pcie").sm_count) == (132, 114)
+
+
+def test_safe_softmax_makes_a_mask_a_row_mask_and_a_zero_after_its_output():
+    # _safe_softmax (attention.cpp): out = softmax(self) (the op's output), masked = self.isneginf() (bool, 1 B per
+    # element), masked_rows = all(masked, -1, keepdim) (1 B per row), zero = scalar_tensor(0) (one element of out's
+    # dtype), where(masked_rows, zero, out) written into out; the three freed as it returns, newest first.
+    # [4, 16, 1024, 1024] fp32 (the Llama shape's math attention on the H200): 67,108,864 B, 65,536 rows, 4 B.
+    # all() over 1024 bools per row for 65,536 rows does not split a row across blocks: no buffer. Then the input
+    # (a temporary here) goes.
+    kept = []
+    events = _trace(lambda: kept.append(torch._safe_softmax(torch.empty(4, 16, 1024, 1024), -1)), H100)
+    assert events == [("alloc", 268_435_456), ("alloc", 268_435_456), ("alloc", 67_108_864), ("alloc", 65_536),
+                      ("alloc", 4), ("free", 4), ("free", 65_536), ("free", 67_108_864), ("free", 268_435_456)]
+
+
+def test_safe_softmax_of_two_long_rows_splits_alls_reduction():
+    # all() over [2, 1048576] bools, on the last dim: 2 outputs of 1,048,576 inputs, read 4 at a time (dim0
+    # 262,144). Block: width 32, height min(2, 16) = 2, then width min(512, 256) = 256: 512 threads. Lanes split the
+    # inputs (step 256), 4096 values per thread >= min(32, 256): warps too (step 512), 2048 per thread. H100: 132 SMs
+    # x 2048 / 512 = 528 target blocks, grid 2: ctas_per_output = max(min(264, 2048 / 16), 2048 / 256) = 128.
+    # Buffer: 1 B (bool) x 2 outputs x 128 = 256 B; semaphores 4 B x 2 blocks = 8 B; after the row mask (2 B),
+    # before the zero (fp16 here: 2 B).
+    x = torch.empty(2, 1 << 20, dtype=torch.float16, device="meta")
+    events = KernelScratch(H100).events(aten._safe_softmax.default, (x, -1), {}, torch.empty_like(x))
+    assert [(e.kind, e.key, e.size) for e in events if e.kind == "alloc"] == [
+        ("alloc", "masked", 2 << 20), ("alloc", "masked_rows", 2), ("alloc", "buffer", 256),
+        ("alloc", "semaphores", 8), ("alloc", "zero", 2)]
+    assert [e.key for e in events if e.kind == "free"] == ["semaphores", "buffer", "zero", "masked_rows", "masked"]
+    # A dtype other than the input's (softmax's converted copy) is not modelled.
+    assert KernelScratch(H100).events(aten._safe_softmax.default, (x, -1, torch.float32), {}, x.float()) == []

@@ -182,3 +182,27 @@ def test_checkpointed_attention_with_dropout_is_recomputed_as_it_ran():
             assert q.grad.shape == q.shape
             return kept
     assert kept() == OUT
+
+
+def test_the_math_path_adds_the_mask_in_place_and_its_safe_softmax_takes_its_masks():
+    # fp64 on an H100: no fused kernel takes it, so attention.cpp's math path runs. Its scores (2 x 4 x 128 x 128
+    # fp64: 1 MiB) get the mask added in place (`attn.add_(mask)`: a plain run's tensors are not subclass-like, the
+    # fake ones are), so no second scores tensor; _safe_softmax then makes its output (1 MiB), its bool mask
+    # (131,072 B), row mask (1024 B) and zero (8 B), frees those three, and the scores go as attn is reassigned.
+    with cuda_policy(), fake.fake_tensors():
+        q, k, v = (torch.randn(B, H, L, D, dtype=torch.float64, requires_grad=True) for _ in range(3))
+        mask = torch.zeros(L, L, dtype=torch.float64)
+        tracker = StorageTracker(trace=True)
+        tracker.kernels = CudaKernels(gpus.gpu("H100"), workspace_bytes=0)
+        with tracker:
+            F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    sizes, events = {}, []
+    for event in map(TraceEvent.of, tracker.trace):
+        if event.kind == "alloc":
+            sizes[event.key] = event.size
+        events.append((event.kind, sizes[event.key]))
+    scores = B * H * L * L * 8
+    at = events.index(("alloc", scores))
+    assert events[at:at + 9] == [("alloc", scores), ("alloc", scores), ("alloc", B * H * L * L), ("alloc", B * H * L),
+                                 ("alloc", 8), ("free", 8), ("free", B * H * L), ("free", B * H * L * L),
+                                 ("free", scores)]
