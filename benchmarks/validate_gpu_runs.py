@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHIVES = ROOT / "results" / "gpu-runs"
-# The allocator settings benchmarks/gpu_acceptance.py ran these cases with (its run_checks): a record does not keep
-# PYTORCH_CUDA_ALLOC_CONF, and the allocator simulator follows it. cudaMallocAsync is not the caching allocator the
-# simulator follows, so that case is not predicted.
+# The allocator settings benchmarks/gpu_acceptance.py ran these cases with (its run_checks), for the runs recorded
+# before a record kept them (memory.allocator_settings); the allocator simulator follows them. cudaMallocAsync is
+# not the caching allocator the simulator follows, so that case is not predicted.
 ALLOC_CONF = {"cudaMallocAsync": "backend:cudaMallocAsync", "large_segment_size_mb64": "large_segment_size_mb:64"}
 
 
@@ -82,7 +82,8 @@ def predict_one(case: str, path: Path) -> Row:
     if isinstance(target, str):
         row.error = target
         return row
-    conf = ALLOC_CONF.get(case)
+    recorded = record.memory.allocator_settings  # runs recorded before membench kept it: the table above
+    conf = (recorded if recorded != "default" else None) if recorded is not None else ALLOC_CONF.get(case)
     if conf and "cudaMallocAsync" in conf:
         row.error = f"not predicted: ran with PYTORCH_CUDA_ALLOC_CONF={conf}"
         return row

@@ -124,7 +124,8 @@ class Memory:
     build_host_peak_bytes: int | None = None  # model construction in host memory (exact)
     # Predictions for CUDA: reserved memory from the caching-allocator simulator (membench.allocator).
     reserved_method: str | None = None
-    allocator_settings: str | None = None  # PYTORCH_CUDA_ALLOC_CONF the simulation ran with
+    # PYTORCH_CUDA_ALLOC_CONF the simulation ran with (a prediction) or the allocator (a CUDA run); "default"
+    allocator_settings: str | None = None
     allocator_peak_allocated_bytes: int | None = None  # what max_memory_allocated() would say (whole blocks)
     reserved_at_peak_allocated_bytes: int | None = None
     fragmentation_at_peak_bytes: int | None = None  # reserved minus allocated at the peak of reserved

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -363,7 +364,21 @@ class CudaMeter(_Categorised):
                       peak_reserved_bytes=self.peaks["reserved"], peak_active_bytes=self.peaks["active"],
                       alloc_retries=stats.get("num_alloc_retries", 0) - getattr(self, "retries_before", 0),
                       driver_used_bytes=total - free, device_total_bytes=total, peak_phase=self.peak_phase,
-                      peak_step=self.peak_step, current_bytes=torch.cuda.memory_allocated())
+                      peak_step=self.peak_step, current_bytes=torch.cuda.memory_allocated(),
+                      allocator_settings=allocator_label(os.environ))
+
+
+def allocator_label(env) -> str:
+    """The allocator settings a process with this environment runs with, as a record keeps them (so that its
+    prediction, now or later, can follow them): 'default', or PYTORCH_CUDA_ALLOC_CONF's text (as written where
+    membench cannot read it; torch itself refuses such a setting at its first allocation)."""
+    from membench.allocator import settings_from_env
+    from membench.common.errors import UserError
+
+    try:
+        return settings_from_env(env).label()
+    except UserError:
+        return env.get("PYTORCH_CUDA_ALLOC_CONF") or env.get("PYTORCH_ALLOC_CONF", "")
 
 
 def make_meter(device: str, budget: int | None = None) -> Meter:

@@ -127,3 +127,16 @@ def test_recomputation_in_backward_is_counted_as_recomputed_activations(techniqu
     recomputed, _ = _recomputed_high_water((technique,))
     assert recomputed > 0
     assert _recomputed_high_water(())[0] == 0  # nothing is recomputed without checkpointing
+
+
+@pytest.mark.parametrize("env, label", [
+    ({}, "default"),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "large_segment_size_mb:64"}, "large_segment_size_mb:64"),
+    ({"PYTORCH_ALLOC_CONF": "backend:cudaMallocAsync"}, "backend:cudaMallocAsync"),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:lots"}, "max_split_size_mb:lots"),  # kept as written
+])
+def test_a_cuda_record_keeps_the_allocator_settings_it_ran_with(env, label):
+    """validate_gpu_runs and a later prediction read them (the H200's records had none: the script's table stood in)."""
+    from membench.trackers.memory import allocator_label
+
+    assert allocator_label(env) == label
