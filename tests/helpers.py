@@ -140,3 +140,13 @@ def probe_in_process(monkeypatch):
 
     monkeypatch.setattr(api, "probe", probe)
     yield
+
+
+def sized_events(trace) -> list[tuple[str, int]]:
+    """A storage tracker's trace as (kind, bytes) in order, a free named by the bytes of what it frees."""
+    sizes, order = {}, []
+    for event in trace:
+        if event.kind == "alloc":
+            sizes[event.key] = event.size
+        order.append((event.kind, sizes[event.key]))
+    return order

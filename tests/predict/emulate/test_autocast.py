@@ -16,6 +16,7 @@ from membench.predict.emulate import fake
 from membench.predict.emulate.autocast import FP32, FP32_SET_OPT_DTYPE, LOWER_PRECISION_FP, PROMOTE, cuda_policy
 from membench.predict.emulate.kernels import CUBLAS_MODULE, CudaKernels
 from membench.trackers.storage import StorageTracker
+from tests.helpers import sized_events
 
 
 def _workspace_bytes(tracker) -> int:
@@ -158,24 +159,10 @@ def test_einsums_casts_are_freed_first_to_last_as_atens_vector_of_casts_is():
         tracker = StorageTracker(trace=True)
         with tracker, torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
             y = torch.einsum("bsd,dk->bsk", x, weight)
-    sizes = {}
-    order = []
-    for event in tracker.trace:
-        if event.kind == "alloc":
-            sizes[event.key] = event.size
-        order.append((event.kind, sizes[event.key]))
+    order = sized_events(tracker.trace)
     assert order[:2] == [("alloc", 4 * 16 * 64 * 2), ("alloc", 64 * 32 * 2)]
     assert [e for e in order if e[0] == "free"][:2] == [("free", 4 * 16 * 64 * 2), ("free", 64 * 32 * 2)]
     del y
-
-
-def _sizes_in_order(tracker):
-    sizes, order = {}, []
-    for event in tracker.trace:
-        if event.kind == "alloc":
-            sizes[event.key] = event.size
-        order.append((event.kind, sizes[event.key]))
-    return order
 
 
 @pytest.mark.parametrize("inference", [False, True])
@@ -194,7 +181,7 @@ def test_a_calls_arguments_are_cast_last_to_first_and_let_go_first_to_last(infer
         with tracker, mode, torch.autocast("cpu", dtype=torch.bfloat16):
             y = linear(inputs)
             within = len(tracker.trace)  # before the region's end lets go of the cached casts
-    order = _sizes_in_order(tracker)[:within]
+    order = sized_events(tracker.trace)[:within]
     assert order[:4] == [("alloc", bias), ("alloc", weight), ("alloc", x), ("alloc", out)]
     # under grad the weight's and bias's casts are cached and the input's is saved for backward: nothing is freed
     assert [e for e in order if e[0] == "free"] == ([("free", x), ("free", weight), ("free", bias)] if inference
@@ -209,6 +196,6 @@ def test_a_tensor_lists_elements_are_cast_first_to_last():
         tracker = StorageTracker(trace=True)
         with tracker, torch.autocast("cpu", dtype=torch.bfloat16):
             y = torch.einsum("ij,jk,kl->il", a, b, c)
-    assert [e for e in _sizes_in_order(tracker) if e[0] == "alloc"][:3] == [
+    assert [e for e in sized_events(tracker.trace) if e[0] == "alloc"][:3] == [
         ("alloc", 8 * 4 * 2), ("alloc", 4 * 16 * 2), ("alloc", 16 * 2 * 2)]
     del y

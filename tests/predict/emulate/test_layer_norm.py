@@ -11,6 +11,7 @@ from membench.predict.emulate import fake
 from membench.predict.emulate.kernels import CudaKernels
 from membench.predict.gpus import gpu
 from membench.trackers.storage import StorageTracker
+from tests.helpers import sized_events
 
 aten = torch.ops.aten
 X = 4 * 8 * 16 * 4  # an fp32 [4, 8, 16] input (or output, or gradient): 2,048 B
@@ -28,12 +29,7 @@ def _events(run):
         with tracker:
             out = op(*args)
         del out
-    sizes, order = {}, []
-    for event in tracker.trace:
-        if event.kind == "alloc":
-            sizes[event.key] = event.size
-        order.append((event.kind, sizes[event.key]))
-    return order
+    return sized_events(tracker.trace)
 
 
 def test_a_non_contiguous_input_is_copied_before_the_outputs_and_freed_after_them():
