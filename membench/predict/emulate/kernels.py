@@ -129,7 +129,9 @@ class CudaKernels:
         if func in CUBLAS_OPS:
             tracker.track_outputs(out)  # before the workspace, as a GPU allocates them
             copies = operand_copies(func, args, out, tracker)  # cuBLAS's operands, before it asks for a handle
-            self.workspaces.matmul_ran(tracker, takes_cublaslt(func, args, kwargs, out))
+            # whether cuBLASLt runs matters only where it has a workspace of its own (torch before 2.13)
+            cublaslt = bool(self.workspaces.lt_nbytes) and takes_cublaslt(func, args, kwargs, out)
+            self.workspaces.matmul_ran(tracker, cublaslt)
             del copies  # let go as the matmul returns
         self.attention.run(func, args, kwargs, out, tracker)
         self.scratch.run(func, args, kwargs, out, tracker)
