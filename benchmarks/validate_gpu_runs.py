@@ -162,7 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as work, ProcessPoolExecutor(args.jobs) as pool:
         for index, archive in enumerate(archives):
-            found = runs_in(archive, Path(work) / str(index), args.only)
+            try:
+                found = runs_in(archive, Path(work) / str(index), args.only)
+            except (OSError, tarfile.TarError) as exc:
+                parser.error(f"cannot read {archive} as an archive of GPU runs (a .tar.xz of results folders): "
+                             f"{type(exc).__name__}: {str(exc)[:120]}")
             rows += pool.map(predict_one, *zip(*found)) if found else []
     if not rows:
         print("validate_gpu_runs: no run that measured in one process" + (f" matching {args.only!r}" if args.only

@@ -31,3 +31,7 @@ def test_a_run_not_predicted_says_why_and_nothing_matching_is_an_error(tmp_path)
     done = _run(str(ARCHIVE), "--only", "no such run")
     assert done.returncode == 1 and "no run that measured in one process matching 'no such run'" in done.stdout
     assert _run("--jobs", "0").returncode == 2
+    (tmp_path / "junk.tar.xz").write_text("not an archive")
+    for bad in (tmp_path / "junk.tar.xz", tmp_path / "absent.tar.xz"):
+        done = _run(str(bad))
+        assert done.returncode == 2 and "cannot read" in done.stderr and "Traceback" not in done.stderr
