@@ -105,3 +105,12 @@ def test_examples_run_as_printed(page, tmp_path):
         proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, (
             f"{page.name} block {i} ({lang}) failed:\n{body}\n--- stderr:\n{proc.stderr[-3000:]}")
+
+
+def test_ci_runs_the_test_command_readme_gives():
+    """CI must run README's test command as printed, and stop when its install fails (a full disk once did)."""
+    readme = (ROOT / "README.md").read_text()
+    command = readme.split("Install and run the tests", 1)[1].split("```bash\n", 1)[1].split("\n", 1)[0]
+    ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert any(line.startswith(command) for line in ci_lines), command
+    assert f"{command} || exit $?" in ci_lines
