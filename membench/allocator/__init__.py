@@ -59,7 +59,8 @@ class SimulationResult:
 
 
 def simulate(events: Iterable[TraceEvent | tuple], settings: AllocatorSettings | str | None = None,
-             capacity: int | None = None, memory_fraction: float | None = None) -> SimulationResult:
+             capacity: int | None = None, memory_fraction: float | None = None,
+             placement: str = "ascending") -> SimulationResult:
     """Run an allocation trace through the caching allocator simulator.
 
     events: in program order, TraceEvents (membench.allocator.events), or tuples, each one of
@@ -80,12 +81,15 @@ def simulate(events: Iterable[TraceEvent | tuple], settings: AllocatorSettings |
     memory_fraction: torch.cuda.set_per_process_memory_fraction's value (needs a capacity): the allocator keeps
               reserved memory within fraction x capacity; garbage_collection_threshold acts only with it, as in
               PyTorch.
+    placement: where the driver puts a new segment, "ascending" (after the earlier ones) or "top-down" (below
+              them): it decides which of several equal-size free blocks a request takes (CachingAllocator).
 
     Raises ValueError for a malformed event, a free of an unknown key or an alloc of a key in use.
     """
     if not isinstance(settings, AllocatorSettings):
         settings = parse_alloc_conf(settings)
-    return run_events(CachingAllocator(settings, capacity, memory_fraction=memory_fraction), events)
+    return run_events(CachingAllocator(settings, capacity, memory_fraction=memory_fraction, placement=placement),
+                      events)
 
 
 def run_events(alloc: CachingAllocator, events: Iterable[TraceEvent | tuple],
@@ -160,7 +164,8 @@ class ReservedSummary:
 
 
 def reserved_summary(events: Iterable[TraceEvent | tuple], settings: AllocatorSettings | str | None = None,
-                     capacity: int | None = None, memory_fraction: float | None = None) -> ReservedSummary:
+                     capacity: int | None = None, memory_fraction: float | None = None,
+                     placement: str = "ascending") -> ReservedSummary:
     """simulate(), as the fields a (predicted) memory result carries. Bytes throughout.
 
     `allocator_peak_allocated_bytes` is what torch.cuda.max_memory_allocated() would report: block sizes, which
@@ -169,7 +174,7 @@ def reserved_summary(events: Iterable[TraceEvent | tuple], settings: AllocatorSe
     """
     if not isinstance(settings, AllocatorSettings):
         settings = parse_alloc_conf(settings)
-    r = simulate(events, settings, capacity, memory_fraction)
+    r = simulate(events, settings, capacity, memory_fraction, placement)
     return ReservedSummary(
         peak_reserved_bytes=r.peak_reserved_bytes, allocator_peak_allocated_bytes=r.peak_allocated_bytes,
         reserved_at_peak_allocated_bytes=r.reserved_at_peak_allocated,

@@ -29,6 +29,7 @@ SMALL_BUFFER = 2 * 2**20  # ... which is made of 2 MiB segments (kSmallBuffer)
 MIN_LARGE_ALLOC = 10 * 2**20  # requests from 1 to 10 MiB share a 20 MiB segment (kMinLargeAlloc; large_segment_size_mb)
 ROUND_LARGE = 2 * 2**20  # larger requests get a segment of their size rounded up to 2 MiB (kRoundLarge)
 _DEFAULT_ADDRESS_SPACE = 2**44  # an expandable segment's virtual size when no capacity is given (never reached)
+PLACEMENTS = ("ascending", "top-down")  # where a new segment goes when no released range holds it
 
 
 class OutOfMemory(Exception):
@@ -158,11 +159,18 @@ class CachingAllocator:
     the simulator places it as the traces' driver did: address-ordered first fit, at the lowest address range that
     this allocator released (cudaFree of a segment) and that is big enough, else after everything handed out so far
     (so, without releases, one after another, ascending). See docs/predict.md, "Where the driver puts segments".
+    `placement` "top-down" puts a new segment that no released range holds below everything handed out so far
+    instead: the driver of the H200 runs in results/gpu-runs/ (and of the six public snapshots) placed new segments
+    below the earlier ones, so among equal-size free blocks the allocator's best fit takes the newest segment's.
     """
 
     def __init__(self, settings: AllocatorSettings | None = None, capacity: int | None = None,
-                 segment_address: Callable[[int], int | None] | None = None, memory_fraction: float | None = None):
+                 segment_address: Callable[[int], int | None] | None = None, memory_fraction: float | None = None,
+                 placement: str = "ascending"):
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement is one of {', '.join(PLACEMENTS)}, got {placement!r}")
         self.settings = settings or AllocatorSettings()
+        self.placement = placement
         self.capacity = capacity
         if memory_fraction is not None and (capacity is None or not 0 < memory_fraction <= 1):
             raise ValueError(f"a memory fraction needs a capacity and lies in (0, 1], got {memory_fraction}")
@@ -170,6 +178,7 @@ class CachingAllocator:
         self.allowed = int(memory_fraction * capacity) if memory_fraction is not None else None
         self.small, self.large = Pool(True), Pool(False)
         self._next_address = 2**40
+        self._lowest_address = 2**60  # top-down: the lowest address handed out so far
         self._released: list[tuple[int, int]] = []  # sorted, coalesced (address, size) ranges cudaFree gave back
         self._chooser = segment_address
         self.reserved = self.allocated = 0
@@ -187,6 +196,9 @@ class CachingAllocator:
 
     # --- addresses -------------------------------------------------------------------------------------------
     def _bump_address(self, size: int) -> int:
+        if self.placement == "top-down":
+            self._lowest_address -= -(-size // ROUND_LARGE) * ROUND_LARGE
+            return self._lowest_address
         address = self._next_address
         self._next_address += -(-size // ROUND_LARGE) * ROUND_LARGE
         return address
@@ -196,12 +208,14 @@ class CachingAllocator:
         if address is None or any(a < address + size and address < a + s for a, s in self.live_segments.items()):
             return self._first_fit(size)
         self._next_address = max(self._next_address, -(-(address + size) // ROUND_LARGE) * ROUND_LARGE)
+        self._lowest_address = min(self._lowest_address, address)
         self._take_released(address, address + size)
         return address
 
     def _first_fit(self, size: int) -> int:
         """The driver's placement seen in the traces: the lowest released range that holds the segment (2 MiB
-        granules), else the end of the address space used so far."""
+        granules), else the end of the address space used so far (top-down: below its start; where a top-down
+        driver reuses released ranges no run here shows, as none released a segment)."""
         span = -(-size // ROUND_LARGE) * ROUND_LARGE
         for address, free in self._released:
             if free >= span:
@@ -310,6 +324,7 @@ class CachingAllocator:
         self._reserve(stream, size)
         self.live_segments[address] = size
         self._next_address = max(self._next_address, -(-(address + size) // ROUND_LARGE) * ROUND_LARGE)
+        self._lowest_address = min(self._lowest_address, address)
         if self.reserved > self.peak_reserved:
             self.peak_reserved, self.allocated_at_peak_reserved = self.reserved, self.allocated
             self.reserved_by_stream_at_peak = dict(self.reserved_by_stream)

@@ -17,6 +17,14 @@ from membench.techniques.mesh import Mesh
 
 How = Literal["simulated", "estimated", "measured"]
 
+# Where a prediction's simulated driver puts each new segment (membench.allocator.simulator.CachingAllocator):
+# below the earlier ones, as the driver of the H200 runs did (results/gpu-runs/: driver 580.159.04, segments near
+# the top of the process's address space, each new one below the last; so did the six public snapshots' drivers).
+# The allocator's best fit takes the lowest address among equal-size free blocks, so this decides which of them a
+# request splits: "ascending" (the gpu-truth traces' older layout) left gpt-small under amp-bf16 + ckpt one
+# 1.65 GB segment short there. docs/predict.md, "Where the driver puts segments", has the figures.
+SEGMENT_PLACEMENT = "top-down"
+
 # What a training process holds outside the caching allocator (the CUDA context, cuBLAS's and cuDNN's handles, the
 # kernels loaded lazily, torch's default since 1.13), measured on an NVIDIA H200 with torch 2.11.0+cu130 (CUDA 13.0,
 # driver 580.159.04) after a matmul, cuDNN attention and a convolution ran forward and backward: 804,061,184 B
@@ -128,7 +136,7 @@ def on_card(events: list, settings, peak_reserved_bytes: int, memory_gb: int, me
     capacity = card_capacity(memory_gb, mesh)
     if peak_reserved_bytes <= capacity:
         return None
-    r = reserved_summary(events, settings, capacity=capacity)
+    r = reserved_summary(events, settings, capacity=capacity, placement=SEGMENT_PLACEMENT)
     return OnCard(capacity_bytes=capacity, peak_reserved_bytes=r.peak_reserved_bytes, oom=r.reserved_oom)
 
 

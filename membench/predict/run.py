@@ -343,7 +343,8 @@ def _add_reserved(memory: Memory, trace: list[TraceEvent], stack: Stack, budget:
     e.g. expandable-segments). A budget acts as a memory fraction, as it does on a real GPU."""
     from membench.allocator import reserved_summary
 
-    r = reserved_summary(trace, allocator_settings(stack), capacity=budget, memory_fraction=1.0 if budget else None)
+    r = reserved_summary(trace, allocator_settings(stack), capacity=budget, memory_fraction=1.0 if budget else None,
+                         placement=device.SEGMENT_PLACEMENT)
     memory.peak_reserved_bytes = r.peak_reserved_bytes
     memory.allocator_peak_allocated_bytes = r.allocator_peak_allocated_bytes
     memory.reserved_at_peak_allocated_bytes = r.reserved_at_peak_allocated_bytes

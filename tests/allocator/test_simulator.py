@@ -304,6 +304,32 @@ def test_released_range_reused_first_decides_which_equal_block_is_taken():
     assert alloc.reserved == 32 * MiB and sorted(alloc.live_segments) == [base, base + 20 * MiB]
 
 
+def test_top_down_placement_takes_the_newest_of_equal_free_blocks():
+    """Where the driver puts new segments decides which of two equal free blocks best fit takes, and so whether a
+    later request finds a whole block (gpt-small's missing 1.65 GB segment on the H200, in miniature)."""
+    trace = [("alloc", "a", 40 * MiB),  # S1, a 40 MiB segment of its own (>= 10 MiB, a multiple of 2 MiB)
+             ("alloc", "b", 60 * MiB),  # S2, 60 MiB
+             ("free", "b"),
+             ("alloc", "d", 20 * MiB),  # the only free block is S2's 60: split, d at its start, 40 MiB left after
+             ("free", "a"),             # two free 40 MiB blocks: S1 whole, and S2's remainder at S2 + 20 MiB
+             ("alloc", "e", 40 * MiB),  # equal sizes: the lower address wins (exact fit: no split)
+             ("free", "d"),
+             ("alloc", "f", 60 * MiB)]
+    # Ascending: S1 lies below S2, so e takes S1; freeing d merges it with S2's free remainder into 60 MiB, which f
+    # takes: 40 + 60 = 100 MiB reserved.
+    # Top-down: S2 lies below S1 (S2 = S1 - 60 MiB, its remainder at S1 - 40 MiB), so e takes S2's remainder; d
+    # freed is a 20 MiB block before e, S1's 40 MiB is free, and no block holds 60 MiB: a third segment,
+    # 40 + 60 + 60 = 160 MiB.
+    assert simulate(trace).peak_reserved_bytes == 100 * MiB
+    assert simulate(trace, placement="top-down").peak_reserved_bytes == 160 * MiB
+    alloc = CachingAllocator(placement="top-down")
+    first, second, third = alloc.malloc(40 * MiB), alloc.malloc(60 * MiB), alloc.malloc(12 * MiB)
+    # each below the one before, by its size in 2 MiB granules
+    assert (first.ptr - second.ptr, second.ptr - third.ptr) == (60 * MiB, 12 * MiB)
+    with pytest.raises(ValueError, match="placement"):
+        CachingAllocator(placement="sideways")
+
+
 def test_reserved_summary_for_a_predicted_result():
     from membench.allocator import reserved_summary, settings_from_env
 

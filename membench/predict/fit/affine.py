@@ -6,6 +6,7 @@ from typing import NamedTuple
 
 from membench.allocator import simulate
 from membench.allocator.events import TraceEvent
+from membench.predict.device import SEGMENT_PLACEMENT
 from membench.predict.emulate.reductions import KernelCall
 from membench.predict.run import Traced
 
@@ -127,7 +128,7 @@ class AffineTrace:
         return peak
 
     def peak_reserved(self, batch: int) -> int:
-        return simulate(self.events(batch)[0], self.settings).peak_reserved_bytes
+        return simulate(self.events(batch)[0], self.settings, placement=SEGMENT_PLACEMENT).peak_reserved_bytes
 
 
 def _affine_size(i: int, x: TraceEvent, y: TraceEvent, batch_a: int, batch_b: int) -> Affine | None:
