@@ -52,7 +52,8 @@ CANNOT_SEE = (
     "GPU can differ (kernel choice, streams); CUDA graphs and cudaMallocAsync are not modelled; which of several "
     "equal cached blocks a request reuses depends on the addresses the CUDA driver gives segments, which a CPU "
     "cannot know: it can move peak allocated by unsplit remainders (under 1 MiB each; 491,520 B on one of eight "
-    "real traces) and peak reserved by a segment (40 MiB on another)",
+    "real traces) and peak reserved by a segment (40 MiB on another); a prediction places each new segment below "
+    "the earlier ones, as the H200 runs' driver did, where other drivers lay them out ascending",
     "kernel choice: CUDA kernels may save other tensors than the CPU ones (cuDNN convolutions); attention runs "
     "the kernel torch's rules choose for the GPU (the installed release's where they were read: 2.11, 2.12, "
     "2.14; else 2.14's; printed), but cuDNN attention's engine workspace beyond its frontend's is not known (0 "
