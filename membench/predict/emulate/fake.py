@@ -134,12 +134,16 @@ class _Outputs:
     hashed, in Python) took half of a prediction's time; this key is a tuple of what decides an output's layout.
     Only ops whose outputs follow from that alone (private.cacheable_op), whose arguments are fake tensors and
     plain values, and whose outputs are new tensors or views of an input, are kept; anything else goes to
-    FakeTensorMode every time."""
+    FakeTensorMode every time.
+
+    What is kept is shared by every prediction in the process (_KEPT): a layout names no tensor and no mode, only
+    shapes, strides, dtypes and devices, so a process's later predictions (a worker's second technique, fit's
+    batch sizes) make outputs again from its first one's instead of asking FakeTensorMode once per key again."""
 
     def __init__(self, mode):
         self.mode = mode
         self.fake = private.fake_tensor_type()
-        self.kept: dict[tuple, tuple | None] = {}
+        self.kept = _KEPT
 
     def call(self, func, args, kwargs):
         if func is private.LIFT_FRESH and type(args[0]) is torch.Tensor and _fresh(args[0]) and not (
@@ -215,6 +219,10 @@ class _Outputs:
         shape, stride, offset, dtype, device, view_of = spec
         storage = args[view_of].untyped_storage() if view_of is not None else None
         return private.new_fake_tensor(self.mode, shape, stride, dtype, device, storage, offset)
+
+
+# (op, what decides its outputs' layout) -> how to make them again, or None where they are not made again: _Outputs.
+_KEPT: dict[tuple, tuple | None] = {}
 
 
 # Ops whose output shares its input's storage, as a view does, though autograd does not record it as one (a matmul
