@@ -153,6 +153,13 @@ def fsdp_storage_modules() -> list:
     return [sys.modules[n] for n in names if n in sys.modules]
 
 
+def dtensor_type():
+    """torch's DTensor class where torch.distributed.tensor is imported (FSDP2 imports it), else None: a prediction
+    that shards nothing does not import it (a second). checked: 2.14.1"""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
+
+
 def fsdp_comm_streams(model) -> dict[str, object]:
     """The streams FSDP2 shares across a model's states (FSDPCommContext, made at the root's lazy init), by their
     attribute names; empty before the first forward or for a model without FSDP. checked: 2.14.1"""

@@ -122,6 +122,36 @@ def test_a_foreach_op_over_dtensors_called_in_parts_makes_the_trace_one_call_mak
     assert parts.events == whole.events
 
 
+DTENSOR_CASES = [("gpt-tiny", {"nproc_per_node": 2}), ("gpt-tiny", {"nproc_per_node": 3, "param_dtype": "bf16"}),
+                 (LLAMA, {"nproc_per_node": 4, "seq_len": 32, "reduce_dtype": "fp32", "param_dtype": "bf16"})]
+
+
+@pytest.mark.parametrize("workload, options", DTENSOR_CASES, ids=[str(o) for _, o in DTENSOR_CASES])
+def test_dtensor_ops_run_with_this_mode_on_the_stack_make_the_trace_fake_tensor_mode_makes(workload, options,
+                                                                                          monkeypatch):
+    """A DTensor op (FSDP2's parameters, gradients, optimizer state) is passed on to DTensor's dispatch with the
+    fake-scalars mode on the stack again, so that the ops on local shards come through it (fake._through_dtensor):
+    the memory and every allocation must be those of the ops going from DTensor's dispatch to FakeTensorMode."""
+    from membench.predict.emulate import fake
+
+    job = next(j for j in plan(workload=workload, techniques="fsdp", batch_size=4, target_device="cuda",
+                               in_process=True, **options) if j.name == "fsdp")
+    passed = []
+    through = fake._AnswerScalars._through_dtensor
+
+    def counted(self, func, args, kwargs):
+        passed.append(func)
+        return through(self, func, args, kwargs)
+
+    monkeypatch.setattr(fake._AnswerScalars, "_through_dtensor", counted)
+    fast = predict_traced(job)
+    assert passed  # Adam's state, at least
+    monkeypatch.setattr(fake._AnswerScalars, "_of_dtensors", lambda self, args: False)
+    slow = predict_traced(job)
+    assert dataclasses.asdict(fast.memory) == dataclasses.asdict(slow.memory)
+    assert fast.events == slow.events
+
+
 FSDP_CASES = [{"nproc_per_node": 2}, {"nproc_per_node": 4, "param_dtype": "bf16", "reduce_dtype": "fp32"},
               {"mesh": "dp_replicate=2,dp_shard=2", "nproc_per_node": 4, "reshard_after_forward": False},
               {"nproc_per_node": 3}]
