@@ -173,11 +173,11 @@ def fsdp_comm_streams(model) -> dict[str, object]:
 
 
 def fsdp_copy_ops() -> dict[str, object]:
-    """FSDP2's all-gather copy-in and copy-out custom ops (_fsdp_collectives.py registers them in the `fsdp`
-    namespace), by name: those registered (none before FSDP2 is imported). checked: 2.14.1"""
+    """FSDP2's all-gather copy-in and copy-out and reduce-scatter copy-in custom ops (_fsdp_collectives.py registers
+    them in the `fsdp` namespace), by name: those registered (none before FSDP2 is imported). checked: 2.14.1"""
     ops = getattr(torch.ops, "fsdp", None)
     found = {}
-    for name in ("all_gather_copy_in", "split_with_sizes_copy"):
+    for name in ("all_gather_copy_in", "split_with_sizes_copy", "chunk_cat"):
         op = getattr(getattr(ops, name, None), "default", None) if ops is not None else None
         if op is not None:
             found[name] = op

@@ -36,6 +36,8 @@ class _AnswerScalars(private.TorchDispatchMode):
         if passing is not None and func is passing[0] and _same(args, passing[1]):
             self._passing = None
             return NotImplemented  # the op itself, come back through this mode: DTensor's dispatch runs it
+        if func is private.PRIM_DEVICE and (device := private.fake_device(args[0])) is not None:
+            return device  # as FakeTensorMode answers it (DTensor's dispatch asks it of the local shards)
         if func in private.SCALAR_OPS:
             return self.values.read(args[0])
         if private.writes_values_only(func):
@@ -163,14 +165,42 @@ def _split_with_sizes_copy(outputs, args, kwargs):
     return None
 
 
-# FSDP2's all-gather copy-in and copy-out (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py: custom ops)
-# allocate nothing: the copy-in returns a view of the all-gather buffer its caller made, and the buffer; the copy-out
-# writes each parameter's part into a buffer its caller made to that size. On fake tensors they copy no values, and
-# FakeTensorMode's path for custom ops (its cache key over every argument, then the Meta kernel in Python) took about
-# 1 ms a call, 0.7 s of a 70B-shaped prediction's 80 layers: answered here where the arguments are as FSDP2 makes
-# them, sent on to FakeTensorMode otherwise. tests/predict/emulate/test_fake_outputs.py compares both ways.
+def _chunk_cat(outputs, args, kwargs):
+    """fsdp::chunk_cat (the reduce-scatter's copy-in): nothing, where `out` already has the shape its Meta kernel,
+    torch._chunk_cat along dim 0, gives it: [num_chunks, the sum over the tensors of their first dimension padded
+    to a multiple of num_chunks, over num_chunks, times their other dimensions] (torch/_decomp/decompositions.py,
+    _pad_chunk); then it resizes nothing, its padded temporaries (and the cast into out's dtype) are the Meta
+    kernel's own, not fake tensors, and it copies only values."""
+    named = dict(zip(("tensors", "dim", "num_chunks"), args), **kwargs)
+    if len(args) > 3 or set(named) != {"tensors", "dim", "num_chunks", "out"}:
+        return _UNLIKE_FSDP
+    tensors, dim, chunks, out = named["tensors"], named["dim"], named["num_chunks"], named["out"]
+    if (dim != 0 or type(chunks) is not int or chunks < 1 or not isinstance(tensors, (list, tuple)) or not tensors
+            or type(out) is not outputs.fake):
+        return _UNLIKE_FSDP
+    dtype = tensors[0].dtype  # one for all (bf16 gradients under mixed precision), cast into out's (fp32 reduction)
+    if not torch.can_cast(dtype, out.dtype):
+        return _UNLIKE_FSDP
+    width = 0
+    for t in tensors:
+        if (type(t) is not outputs.fake or t.dtype != dtype or t.fake_device != out.fake_device or t.dim() < 1
+                or t.numel() == 0):
+            return _UNLIKE_FSDP
+        rows = -(-t.shape[0] // chunks)  # its first dimension padded to a multiple of num_chunks, per chunk
+        width += rows * (t.numel() // t.shape[0])
+    return None if tuple(out.shape) == (chunks, width) else _UNLIKE_FSDP
+
+
+# FSDP2's all-gather copy-in and copy-out and its reduce-scatter copy-in (torch/distributed/fsdp/_fully_shard/
+# _fsdp_collectives.py: custom ops) allocate nothing: the copy-in returns a view of the all-gather buffer its caller
+# made, and the buffer; the copy-out and chunk_cat write into buffers their callers made to size. On fake tensors
+# they copy no values, and FakeTensorMode's path for custom ops (its cache key over every argument, then the Meta
+# kernel in Python) took about 1 ms a call, 0.9 s of a 70B-shaped prediction's 80 layers: answered here where the
+# arguments are as FSDP2 makes them, sent on to FakeTensorMode otherwise. tests/predict/emulate/test_fake_outputs.py
+# compares both ways.
 def _fsdp_copies() -> dict:
-    answers = {"all_gather_copy_in": _all_gather_copy_in, "split_with_sizes_copy": _split_with_sizes_copy}
+    answers = {"all_gather_copy_in": _all_gather_copy_in, "split_with_sizes_copy": _split_with_sizes_copy,
+               "chunk_cat": _chunk_cat}
     return {op: answers[name] for name, op in private.fsdp_copy_ops().items()}
 
 
