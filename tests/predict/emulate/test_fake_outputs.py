@@ -122,6 +122,30 @@ def test_a_foreach_op_over_dtensors_called_in_parts_makes_the_trace_one_call_mak
     assert parts.events == whole.events
 
 
+@pytest.mark.parametrize("workload", ["gpt-tiny", "vit-tiny"])
+def test_a_foreach_op_over_fake_tensors_called_one_tensor_at_a_time_makes_the_trace_one_call_makes(workload,
+                                                                                                   monkeypatch):
+    """Adam's _foreach_sqrt over fake tensors is called one tensor at a time, each made again by _Outputs: the memory
+    and every allocation must be one call's, through FakeTensorMode."""
+    from membench.predict.emulate import fake
+
+    job = next(j for j in plan(workload=workload, techniques="baseline", batch_size=4, target_device="cuda",
+                               in_process=True) if j.name == "baseline")
+    calls, call = [], fake._Outputs.call
+
+    def counted(self, func, args, kwargs):
+        calls.append(func in fake.SPLIT_FOREACH and len(args[0]) == 1)
+        return call(self, func, args, kwargs)
+
+    monkeypatch.setattr(fake._Outputs, "call", counted)
+    parts = predict_traced(job, derive_warmup=False)  # the warm-up step's optimizer runs too
+    assert any(calls)
+    monkeypatch.setattr(fake, "SPLIT_FOREACH", frozenset())
+    whole = predict_traced(job, derive_warmup=False)
+    assert dataclasses.asdict(parts.memory) == dataclasses.asdict(whole.memory)
+    assert parts.events == whole.events
+
+
 DTENSOR_CASES = [("gpt-tiny", {"nproc_per_node": 2}), ("gpt-tiny", {"nproc_per_node": 3, "param_dtype": "bf16"}),
                  (LLAMA, {"nproc_per_node": 4, "seq_len": 32, "reduce_dtype": "fp32", "param_dtype": "bf16"})]
 
