@@ -260,7 +260,12 @@ class _Outputs:
         return tuple(parts)
 
     def _part(self, value):
-        if type(value) is self.fake:
+        kind = type(value)
+        if kind in _PLAIN:  # the most common arguments first (sizes, dims, dtypes): as the isinstance test below
+            return (kind, value)
+        if (kind is list or kind is tuple) and all(type(v) is int for v in value):
+            return (kind, tuple(value))  # a shape: its ints as they are (any other list's parts are tuples)
+        if kind is self.fake:
             if value.layout is not torch.strided or value.constant is not None:
                 return None
             return (value.shape, value.stride(), value.storage_offset(), value.dtype, value.fake_device,
@@ -306,6 +311,8 @@ class _Outputs:
         storage = args[view_of].untyped_storage() if view_of is not None else None
         return private.new_fake_tensor(self.mode, shape, stride, dtype, device, storage, offset)
 
+
+_PLAIN = frozenset({bool, int, float, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format})
 
 # (op, what decides its outputs' layout) -> how to make them again, or None where they are not made again: _Outputs.
 _KEPT: dict[tuple, tuple | None] = {}
