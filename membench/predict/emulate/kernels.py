@@ -33,7 +33,7 @@ import os
 import torch
 
 from membench.common.vocab import OTHER
-from membench.predict.emulate import attention_kernels, reductions
+from membench.predict.emulate import attention_kernels, dtypes, reductions
 from membench.predict.emulate.attention_kernels import AttentionKernels
 from membench.predict.emulate.cublas_operands import operand_copies
 from membench.predict.emulate.dropout import count_mask_first
@@ -120,8 +120,13 @@ class CudaKernels:
     def rewrite(self, func, args, kwargs):
         """The op to run instead (in-place where a plain run is; CUDA's outputs for fused attention; with CUDA's
         output dtypes)."""
-        func = math_mask_add(func, args, kwargs)  # the math attention path's in-place mask add
-        return self.attention.rewrite(func) or self.dtypes.rewrite(self.paths.rewrite(func, args, kwargs), args)
+        if func in _REWRITTEN:
+            func = math_mask_add(func, args, kwargs)  # the math attention path's in-place mask add
+            replaced = self.attention.rewrite(func)
+            if replaced is not None:
+                return replaced
+            return self.dtypes.rewrite(self.paths.rewrite(func, args, kwargs), args)
+        return self.paths.rewrite(func, args, kwargs)  # the only one that may rewrite any op (to its in-place form)
 
     def after(self, func, args, kwargs, out, tracker) -> None:
         self.paths.made(func, out)
@@ -142,6 +147,10 @@ class CudaKernels:
         self.attention.run(func, args, kwargs, out, tracker)
         self.scratch.run(func, args, kwargs, out, tracker)
 
+
+# The ops CudaKernels.rewrite's hooks other than the backward's in-place paths rewrite (each checks again): the math
+# attention path's mask add, the fused attention kernels, the ops whose statistics CUDA keeps in fp32.
+_REWRITTEN = frozenset({torch.ops.aten.add.Tensor, *attention_kernels.IMPLEMENTATIONS, *dtypes.FP32_OPS})
 
 # The ops CudaKernels._special's hooks act on (each hook checks again): dropout's, LayerNorm's, the cuBLAS matmuls, the
 # fused attention kernels (and the replacements the tracker runs for them), those that take kernel scratch. Asking
