@@ -147,7 +147,9 @@ def test_a_foreach_op_over_fake_tensors_called_one_tensor_at_a_time_makes_the_tr
 
 
 DTENSOR_CASES = [("gpt-tiny", {"nproc_per_node": 2}), ("gpt-tiny", {"nproc_per_node": 3, "param_dtype": "bf16"}),
-                 (LLAMA, {"nproc_per_node": 4, "seq_len": 32, "reduce_dtype": "fp32", "param_dtype": "bf16"})]
+                 (LLAMA, {"nproc_per_node": 4, "seq_len": 32, "reduce_dtype": "fp32", "param_dtype": "bf16"}),
+                 # for the CPU: Adam tensor by tensor (DTensor ops with a float argument), clipping the norm
+                 ("gpt-tiny", {"nproc_per_node": 2, "target_device": "cpu", "clip_grad_norm": 1.0})]
 
 
 @pytest.mark.parametrize("workload, options", DTENSOR_CASES, ids=[str(o) for _, o in DTENSOR_CASES])
@@ -158,8 +160,9 @@ def test_dtensor_ops_run_with_this_mode_on_the_stack_make_the_trace_fake_tensor_
     the memory and every allocation must be those of the ops going from DTensor's dispatch to FakeTensorMode."""
     from membench.predict.emulate import fake
 
-    job = next(j for j in plan(workload=workload, techniques="fsdp", batch_size=4, target_device="cuda",
-                               in_process=True, **options) if j.name == "fsdp")
+    options = {"target_device": "cuda", **options}
+    job = next(j for j in plan(workload=workload, techniques="fsdp", batch_size=4, in_process=True, **options)
+               if j.name == "fsdp")
     passed = []
     through = fake._AnswerScalars._through_dtensor
 
