@@ -153,6 +153,13 @@ def fsdp_storage_modules() -> list:
     return [sys.modules[n] for n in names if n in sys.modules]
 
 
+def dtensor_type():
+    """torch's DTensor class where torch.distributed.tensor is imported (FSDP2 imports it), else None: a prediction
+    that shards nothing does not import it (a second). checked: 2.14.1"""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
+
+
 def fsdp_comm_streams(model) -> dict[str, object]:
     """The streams FSDP2 shares across a model's states (FSDPCommContext, made at the root's lazy init), by their
     attribute names; empty before the first forward or for a model without FSDP. checked: 2.14.1"""
@@ -166,11 +173,11 @@ def fsdp_comm_streams(model) -> dict[str, object]:
 
 
 def fsdp_copy_ops() -> dict[str, object]:
-    """FSDP2's all-gather copy-in and copy-out custom ops (_fsdp_collectives.py registers them in the `fsdp`
-    namespace), by name: those registered (none before FSDP2 is imported). checked: 2.14.1"""
+    """FSDP2's all-gather copy-in and copy-out and reduce-scatter copy-in custom ops (_fsdp_collectives.py registers
+    them in the `fsdp` namespace), by name: those registered (none before FSDP2 is imported). checked: 2.14.1"""
     ops = getattr(torch.ops, "fsdp", None)
     found = {}
-    for name in ("all_gather_copy_in", "split_with_sizes_copy"):
+    for name in ("all_gather_copy_in", "split_with_sizes_copy", "chunk_cat"):
         op = getattr(getattr(ops, name, None), "default", None) if ops is not None else None
         if op is not None:
             found[name] = op
@@ -307,18 +314,16 @@ def new_fake_tensor(mode, shape, stride, dtype, device, storage=None, storage_of
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConfig
 
     with torch._C._DisableTorchDispatch():  # explicitly on meta: no mode, no kernel-invocation state needed
-        empty = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+        empty = torch.empty_strided(shape, stride, dtype=dtype, device=_META)
         if storage is not None:
             empty.set_(storage, storage_offset, shape, stride)
     known = _FAKE_ATTRIBUTES.get(device)
     if known is None or known[0]() is not mode or FakeTensorConfig.debug:
         made = FakeTensor(mode, empty, device)
-        # The mode by weak reference: a finished prediction's mode is not kept alive by the next one's cache. The
-        # attributes before and after it, so that the order of a tensor's __dict__ is FakeTensor's too.
-        names = list(made.__dict__)
-        at = names.index("fake_mode")
-        _FAKE_ATTRIBUTES[device] = (weakref.ref(mode), {k: made.__dict__[k] for k in names[:at]},
-                                    {k: made.__dict__[k] for k in names[at + 1:]})
+        # The mode by weak reference: a finished prediction's mode is not kept alive by the next one's cache. All
+        # the attributes in their order, fake_mode's value set for each tensor, so that the order of a tensor's
+        # __dict__ is FakeTensor's too.
+        _FAKE_ATTRIBUTES[device] = (weakref.ref(mode), {**made.__dict__, "fake_mode": None})
         return made
     made = torch.Tensor._make_subclass(FakeTensor, empty, False, dispatch_device=True,
                                        device_for_backend_keys=device)
@@ -327,14 +332,14 @@ def new_fake_tensor(mode, shape, stride, dtype, device, storage=None, storage_of
     else:
         torch._C._set_throw_on_mutable_data_ptr(made)
     attributes = made.__dict__
-    attributes.update(known[1])
+    attributes.update(known[1])  # in FakeTensor's order, fake_mode among them (None there: the mode is weakly held)
     attributes["fake_mode"] = mode
-    attributes.update(known[2])
     return made
 
 
-# device -> (the mode, weakly; the attributes FakeTensor.__new__ set before fake_mode, and after it, for that mode)
-_FAKE_ATTRIBUTES: dict[object, tuple[weakref.ref, dict, dict]] = {}
+# device -> (the mode, weakly; the attributes FakeTensor.__new__ set, in its order, fake_mode None)
+_FAKE_ATTRIBUTES: dict[object, tuple[weakref.ref, dict]] = {}
+_META = torch.device("meta")
 
 
 def no_dispatch_modes():

@@ -39,6 +39,7 @@ def _op(name: str):
 
 
 _BY_OP = {op: positions for name, positions in FP32_STATS.items() if (op := _op(name)) is not None}
+FP32_OPS = frozenset(_BY_OP)  # the ops CudaDtypes.rewrite may replace
 
 
 @per_op

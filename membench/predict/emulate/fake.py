@@ -28,8 +28,16 @@ class _AnswerScalars(private.TorchDispatchMode):
         self.values = Values()
         self.outputs = _Outputs(mode)
         self.fsdp_copies = _fsdp_copies()  # registered when FSDP2 is imported, which a distributed run does first
+        self.dtensor = private.dtensor_type()  # DTensor where torch.distributed.tensor is imported, else None
+        self._passing = None  # (op, args) of a DTensor op this mode passes on to DTensor's dispatch: _through_dtensor
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        passing = self._passing
+        if passing is not None and func is passing[0] and _same(args, passing[1]):
+            self._passing = None
+            return NotImplemented  # the op itself, come back through this mode: DTensor's dispatch runs it
+        if func is private.PRIM_DEVICE and (device := private.fake_device(args[0])) is not None:
+            return device  # as FakeTensorMode answers it (DTensor's dispatch asks it of the local shards)
         if func in private.SCALAR_OPS:
             return self.values.read(args[0])
         if private.writes_values_only(func):
@@ -54,18 +62,68 @@ class _AnswerScalars(private.TorchDispatchMode):
                 return out
         if func in SPLIT_FOREACH and len(args[0]) > SPLIT_FOREACH_AT and not all(
                 type(t) is self.outputs.fake for t in args[0]):
-            return _split_foreach(func, args[0])
+            run = (lambda part: self._through_dtensor(func, (part,), {})) if self._of_dtensors(args) else func
+            return _split_foreach(run, args[0])
+        if func in SPLIT_FOREACH and len(args[0]) > 1 and not kwargs and all(
+                type(t) is self.outputs.fake for t in args[0]):
+            # Over fake tensors, one call per tensor, each made again by _Outputs where a tensor of its layout was
+            # seen before: FakeTensorMode runs a list's op tensor by tensor in Python (50 ms for vit_l_16's 296
+            # parameters), and a list is seldom seen twice, where a model has few parameter shapes.
+            return [out for t in args[0] for out in self.outputs.call(func, ([t],), {})]
         try:
-            out = self.outputs.call(func, args, kwargs)
+            if self._of_dtensors(args):
+                out = self._through_dtensor(func, args, kwargs)
+            else:
+                out = self.outputs.call(func, args, kwargs)
         except private.value_dependent_shape_errors() as exc:
             raise NeedsValues(f"{func} at {caller()} makes a tensor whose shape depends on values, which a "
                               f"prediction does not have ({type(exc).__name__})") from None
         self.values.made(func, args, kwargs, out)
         return out
 
+    def _of_dtensors(self, args) -> bool:
+        """Whether the op's first argument is a DTensor or a list of them (FSDP2's parameters, their gradients and
+        optimizer state)."""
+        if self.dtensor is None or not args:
+            return False
+        first = args[0]
+        if type(first) in (list, tuple):
+            first = first[0] if first else None
+        return type(first) is self.dtensor
+
+    def _through_dtensor(self, func, args, kwargs):
+        """A DTensor op run by DTensor's dispatch with this mode on the stack again, so that the ops it runs on the
+        local shards come through it too: their outputs made again by _Outputs, in-place updates answered at once.
+        Without it they went from DTensor's dispatch straight to FakeTensorMode (this mode and the storage tracker
+        are off the stack while their own dispatch runs), each through its slow path: Adam's state (zeros_like)
+        and arithmetic (its foreach ops) for every parameter, a seventh of a 70B-shaped FSDP2 prediction. The op
+        comes back to this mode first, which passes it on (NotImplemented) to DTensor's dispatch; the tracker
+        still sees the op once, above, with the DTensors it returns. tests/predict/emulate/test_fake_outputs.py
+        compares a prediction with and without this path."""
+        outer, self._passing = self._passing, (func, args)
+        try:
+            with self:
+                return func(*args, **kwargs)
+        finally:
+            self._passing = outer
+
+
+def _same(args, passed) -> bool:
+    """Whether these are the arguments of the op _through_dtensor passed on, come back: the op's own dispatch is the
+    first to reach the mode it pushed (a device asked on the way is another op). Its tensors are the same objects;
+    lists are rebuilt and numbers made again (a float may come back as a wrapped scalar), so those are not compared
+    by identity."""
+    if len(args) != len(passed):
+        return False
+    for a, b in zip(args, passed):
+        if type(a) is type(b) and isinstance(a, torch.Tensor) and a is not b:
+            return False
+    return True
+
 
 # Out-of-place foreach ops of one list whose every output is its own input's alone, and allocates nothing else:
-# called on part of the list at a time, they make the same outputs in the same order. Over DTensors (FSDP2's
+# called on part of the list at a time (over fake tensors, one tensor at a time), they make the same outputs in the
+# same order. Over DTensors (FSDP2's
 # parameters: Adam's square root of its second moments) DTensor's sharding propagation of one call takes time
 # quadratic in the list's length (each tensor's strided-shard check walks every argument: 1.6 s of a 70B-shaped
 # prediction's 80 layers, for 723 parameters); in parts of SPLIT_FOREACH_AT it is linear.
@@ -114,14 +172,42 @@ def _split_with_sizes_copy(outputs, args, kwargs):
     return None
 
 
-# FSDP2's all-gather copy-in and copy-out (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py: custom ops)
-# allocate nothing: the copy-in returns a view of the all-gather buffer its caller made, and the buffer; the copy-out
-# writes each parameter's part into a buffer its caller made to that size. On fake tensors they copy no values, and
-# FakeTensorMode's path for custom ops (its cache key over every argument, then the Meta kernel in Python) took about
-# 1 ms a call, 0.7 s of a 70B-shaped prediction's 80 layers: answered here where the arguments are as FSDP2 makes
-# them, sent on to FakeTensorMode otherwise. tests/predict/emulate/test_fake_outputs.py compares both ways.
+def _chunk_cat(outputs, args, kwargs):
+    """fsdp::chunk_cat (the reduce-scatter's copy-in): nothing, where `out` already has the shape its Meta kernel,
+    torch._chunk_cat along dim 0, gives it: [num_chunks, the sum over the tensors of their first dimension padded
+    to a multiple of num_chunks, over num_chunks, times their other dimensions] (torch/_decomp/decompositions.py,
+    _pad_chunk); then it resizes nothing, its padded temporaries (and the cast into out's dtype) are the Meta
+    kernel's own, not fake tensors, and it copies only values."""
+    named = dict(zip(("tensors", "dim", "num_chunks"), args), **kwargs)
+    if len(args) > 3 or set(named) != {"tensors", "dim", "num_chunks", "out"}:
+        return _UNLIKE_FSDP
+    tensors, dim, chunks, out = named["tensors"], named["dim"], named["num_chunks"], named["out"]
+    if (dim != 0 or type(chunks) is not int or chunks < 1 or not isinstance(tensors, (list, tuple)) or not tensors
+            or type(out) is not outputs.fake):
+        return _UNLIKE_FSDP
+    dtype = tensors[0].dtype  # one for all (bf16 gradients under mixed precision), cast into out's (fp32 reduction)
+    if not torch.can_cast(dtype, out.dtype):
+        return _UNLIKE_FSDP
+    width = 0
+    for t in tensors:
+        if (type(t) is not outputs.fake or t.dtype != dtype or t.fake_device != out.fake_device or t.dim() < 1
+                or t.numel() == 0):
+            return _UNLIKE_FSDP
+        rows = -(-t.shape[0] // chunks)  # its first dimension padded to a multiple of num_chunks, per chunk
+        width += rows * (t.numel() // t.shape[0])
+    return None if tuple(out.shape) == (chunks, width) else _UNLIKE_FSDP
+
+
+# FSDP2's all-gather copy-in and copy-out and its reduce-scatter copy-in (torch/distributed/fsdp/_fully_shard/
+# _fsdp_collectives.py: custom ops) allocate nothing: the copy-in returns a view of the all-gather buffer its caller
+# made, and the buffer; the copy-out and chunk_cat write into buffers their callers made to size. On fake tensors
+# they copy no values, and FakeTensorMode's path for custom ops (its cache key over every argument, then the Meta
+# kernel in Python) took about 1 ms a call, 0.9 s of a 70B-shaped prediction's 80 layers: answered here where the
+# arguments are as FSDP2 makes them, sent on to FakeTensorMode otherwise. tests/predict/emulate/test_fake_outputs.py
+# compares both ways.
 def _fsdp_copies() -> dict:
-    answers = {"all_gather_copy_in": _all_gather_copy_in, "split_with_sizes_copy": _split_with_sizes_copy}
+    answers = {"all_gather_copy_in": _all_gather_copy_in, "split_with_sizes_copy": _split_with_sizes_copy,
+               "chunk_cat": _chunk_cat}
     return {op: answers[name] for name, op in private.fsdp_copy_ops().items()}
 
 
@@ -134,12 +220,16 @@ class _Outputs:
     hashed, in Python) took half of a prediction's time; this key is a tuple of what decides an output's layout.
     Only ops whose outputs follow from that alone (private.cacheable_op), whose arguments are fake tensors and
     plain values, and whose outputs are new tensors or views of an input, are kept; anything else goes to
-    FakeTensorMode every time."""
+    FakeTensorMode every time.
+
+    What is kept is shared by every prediction in the process (_KEPT): a layout names no tensor and no mode, only
+    shapes, strides, dtypes and devices, so a process's later predictions (a worker's second technique, fit's
+    batch sizes) make outputs again from its first one's instead of asking FakeTensorMode once per key again."""
 
     def __init__(self, mode):
         self.mode = mode
         self.fake = private.fake_tensor_type()
-        self.kept: dict[tuple, tuple | None] = {}
+        self.kept = _KEPT
 
     def call(self, func, args, kwargs):
         if func is private.LIFT_FRESH and type(args[0]) is torch.Tensor and _fresh(args[0]) and not (
@@ -170,7 +260,12 @@ class _Outputs:
         return tuple(parts)
 
     def _part(self, value):
-        if type(value) is self.fake:
+        kind = type(value)
+        if kind in _PLAIN:  # the most common arguments first (sizes, dims, dtypes): as the isinstance test below
+            return (kind, value)
+        if (kind is list or kind is tuple) and all(type(v) is int for v in value):
+            return (kind, tuple(value))  # a shape: its ints as they are (any other list's parts are tuples)
+        if kind is self.fake:
             if value.layout is not torch.strided or value.constant is not None:
                 return None
             return (value.shape, value.stride(), value.storage_offset(), value.dtype, value.fake_device,
@@ -215,6 +310,12 @@ class _Outputs:
         shape, stride, offset, dtype, device, view_of = spec
         storage = args[view_of].untyped_storage() if view_of is not None else None
         return private.new_fake_tensor(self.mode, shape, stride, dtype, device, storage, offset)
+
+
+_PLAIN = frozenset({bool, int, float, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format})
+
+# (op, what decides its outputs' layout) -> how to make them again, or None where they are not made again: _Outputs.
+_KEPT: dict[tuple, tuple | None] = {}
 
 
 # Ops whose output shares its input's storage, as a view does, though autograd does not record it as one (a matmul

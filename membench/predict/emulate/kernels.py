@@ -33,6 +33,7 @@ import os
 import torch
 
 from membench.common.vocab import OTHER
+from membench.predict.emulate import attention_kernels, dtypes, reductions
 from membench.predict.emulate.attention_kernels import AttentionKernels
 from membench.predict.emulate.cublas_operands import operand_copies
 from membench.predict.emulate.dropout import count_mask_first
@@ -119,11 +120,21 @@ class CudaKernels:
     def rewrite(self, func, args, kwargs):
         """The op to run instead (in-place where a plain run is; CUDA's outputs for fused attention; with CUDA's
         output dtypes)."""
-        func = math_mask_add(func, args, kwargs)  # the math attention path's in-place mask add
-        return self.attention.rewrite(func) or self.dtypes.rewrite(self.paths.rewrite(func, args, kwargs), args)
+        if func in _REWRITTEN:
+            func = math_mask_add(func, args, kwargs)  # the math attention path's in-place mask add
+            replaced = self.attention.rewrite(func)
+            if replaced is not None:
+                return replaced
+            return self.dtypes.rewrite(self.paths.rewrite(func, args, kwargs), args)
+        return self.paths.rewrite(func, args, kwargs)  # the only one that may rewrite any op (to its in-place form)
 
     def after(self, func, args, kwargs, out, tracker) -> None:
         self.paths.made(func, out)
+        if func in _SPECIAL:  # the hooks below act on these ops only; most ops of a step are none of them
+            self._special(func, args, kwargs, out, tracker)
+        self.host.made(func, args, out, tracker)
+
+    def _special(self, func, args, kwargs, out, tracker) -> None:
         count_mask_first(func, args, out, tracker)
         layer_norm_copies(func, args, kwargs, out, tracker)
         if func in CUBLAS_OPS:
@@ -135,4 +146,15 @@ class CudaKernels:
             del copies  # let go as the matmul returns
         self.attention.run(func, args, kwargs, out, tracker)
         self.scratch.run(func, args, kwargs, out, tracker)
-        self.host.made(func, args, out, tracker)
+
+
+# The ops CudaKernels.rewrite's hooks other than the backward's in-place paths rewrite (each checks again): the math
+# attention path's mask add, the fused attention kernels, the ops whose statistics CUDA keeps in fp32.
+_REWRITTEN = frozenset({torch.ops.aten.add.Tensor, *attention_kernels.IMPLEMENTATIONS, *dtypes.FP32_OPS})
+
+# The ops CudaKernels._special's hooks act on (each hook checks again): dropout's, LayerNorm's, the cuBLAS matmuls, the
+# fused attention kernels (and the replacements the tracker runs for them), those that take kernel scratch. Asking
+# each hook about every op was a tenth of the tracker's own time.
+_SPECIAL = frozenset({torch.ops.aten.native_dropout.default, torch.ops.aten.native_layer_norm.default,
+                      torch.ops.aten.native_layer_norm_backward.default, *CUBLAS_OPS, *attention_kernels.EVENTS,
+                      *attention_kernels.OP_OF, *reductions.CANDIDATES})

@@ -122,6 +122,63 @@ def test_a_foreach_op_over_dtensors_called_in_parts_makes_the_trace_one_call_mak
     assert parts.events == whole.events
 
 
+@pytest.mark.parametrize("workload", ["gpt-tiny", "vit-tiny"])
+def test_a_foreach_op_over_fake_tensors_called_one_tensor_at_a_time_makes_the_trace_one_call_makes(workload,
+                                                                                                   monkeypatch):
+    """Adam's _foreach_sqrt over fake tensors is called one tensor at a time, each made again by _Outputs: the memory
+    and every allocation must be one call's, through FakeTensorMode."""
+    from membench.predict.emulate import fake
+
+    job = next(j for j in plan(workload=workload, techniques="baseline", batch_size=4, target_device="cuda",
+                               in_process=True) if j.name == "baseline")
+    calls, call = [], fake._Outputs.call
+
+    def counted(self, func, args, kwargs):
+        calls.append(func in fake.SPLIT_FOREACH and len(args[0]) == 1)
+        return call(self, func, args, kwargs)
+
+    monkeypatch.setattr(fake._Outputs, "call", counted)
+    parts = predict_traced(job, derive_warmup=False)  # the warm-up step's optimizer runs too
+    assert any(calls)
+    monkeypatch.setattr(fake, "SPLIT_FOREACH", frozenset())
+    whole = predict_traced(job, derive_warmup=False)
+    assert dataclasses.asdict(parts.memory) == dataclasses.asdict(whole.memory)
+    assert parts.events == whole.events
+
+
+DTENSOR_CASES = [("gpt-tiny", {"nproc_per_node": 2}), ("gpt-tiny", {"nproc_per_node": 3, "param_dtype": "bf16"}),
+                 (LLAMA, {"nproc_per_node": 4, "seq_len": 32, "reduce_dtype": "fp32", "param_dtype": "bf16"}),
+                 # for the CPU: Adam tensor by tensor (DTensor ops with a float argument), clipping the norm
+                 ("gpt-tiny", {"nproc_per_node": 2, "target_device": "cpu", "clip_grad_norm": 1.0})]
+
+
+@pytest.mark.parametrize("workload, options", DTENSOR_CASES, ids=[str(o) for _, o in DTENSOR_CASES])
+def test_dtensor_ops_run_with_this_mode_on_the_stack_make_the_trace_fake_tensor_mode_makes(workload, options,
+                                                                                          monkeypatch):
+    """A DTensor op (FSDP2's parameters, gradients, optimizer state) is passed on to DTensor's dispatch with the
+    fake-scalars mode on the stack again, so that the ops on local shards come through it (fake._through_dtensor):
+    the memory and every allocation must be those of the ops going from DTensor's dispatch to FakeTensorMode."""
+    from membench.predict.emulate import fake
+
+    options = {"target_device": "cuda", **options}
+    job = next(j for j in plan(workload=workload, techniques="fsdp", batch_size=4, in_process=True, **options)
+               if j.name == "fsdp")
+    passed = []
+    through = fake._AnswerScalars._through_dtensor
+
+    def counted(self, func, args, kwargs):
+        passed.append(func)
+        return through(self, func, args, kwargs)
+
+    monkeypatch.setattr(fake._AnswerScalars, "_through_dtensor", counted)
+    fast = predict_traced(job)
+    assert passed  # Adam's state, at least
+    monkeypatch.setattr(fake._AnswerScalars, "_of_dtensors", lambda self, args: False)
+    slow = predict_traced(job)
+    assert dataclasses.asdict(fast.memory) == dataclasses.asdict(slow.memory)
+    assert fast.events == slow.events
+
+
 FSDP_CASES = [{"nproc_per_node": 2}, {"nproc_per_node": 4, "param_dtype": "bf16", "reduce_dtype": "fp32"},
               {"mesh": "dp_replicate=2,dp_shard=2", "nproc_per_node": 4, "reshard_after_forward": False},
               {"nproc_per_node": 3}]
