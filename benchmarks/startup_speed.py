@@ -6,6 +6,8 @@ Each round runs every command once, one after another (rounds interleave them, s
 touches all of them alike); the table gives each command's median and range over the rounds, and its median against
 `python -c "import torch"` measured in the same rounds. The load average (1, 5, 15 minutes) is printed before and
 after: CPU timings on a shared machine swing several-fold with it, so compare ratios, not seconds.
+membench's own modules are byte-compiled first (as a wheel's install or a first run leaves them), so that no
+process timed compiles them.
 
 The commands: `python -c pass`; `python -c "import torch"`; `membench --version`; `membench replay --help`;
 `membench techniques`; and three vit_l_16 predictions for an H100 (`membench predict --workload vit_l_16
@@ -19,6 +21,8 @@ prediction's own seconds as the last round's records give them (`wall_s`: two ru
 from __future__ import annotations
 
 import argparse
+import compileall
+import importlib.util
 import json
 import os
 import platform
@@ -92,6 +96,16 @@ def breakdown(split: list[tuple[float, float]], out: Path) -> list[str]:
                                                                     for name, wall in walls.items())]
 
 
+def byte_compiled() -> str:
+    """membench's modules compiled to bytecode first, as pip does when it installs a wheel and as Python does at a
+    first run: an editable install under PYTHONDONTWRITEBYTECODE=1 (this machine's environment) would otherwise
+    compile them again in every process (0.15-0.2 s of the prediction command on the 2-core x86_64 machine)."""
+    folder = importlib.util.find_spec("membench").submodule_search_locations[0]
+    compileall.compile_dir(folder, quiet=1)
+    return (f"membench's modules byte-compiled before timing (PYTHONDONTWRITEBYTECODE="
+            f"{os.environ.get('PYTHONDONTWRITEBYTECODE', 'unset')} here)")
+
+
 def load() -> str:
     return " / ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -105,6 +119,7 @@ def main() -> int:
 
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; Python "
           f"{platform.python_version()}, torch {torch.__version__}")
+    print(byte_compiled())
     print(f"load average before (1/5/15 min): {load()}")
     with tempfile.TemporaryDirectory(prefix="membench-startup-") as tmp:
         table = commands(Path(tmp), not args.skip_predict)
