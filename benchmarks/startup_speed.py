@@ -1,6 +1,6 @@
 """How long whole commands take, wall clock, side by side with starting Python and importing torch.
 
-    python benchmarks/startup_speed.py [--rounds 10] [--skip-predict]
+    python benchmarks/startup_speed.py [--rounds 10] [--skip-predict] [--with-70b]
 
 Each round runs every command once, one after another (rounds interleave them, so a change of load in the machine
 touches all of them alike); the table gives each command's median and range over the rounds, and its median against
@@ -11,7 +11,8 @@ process timed compiles them.
 
 The commands: `python -c pass`; `python -c "import torch"`; `membench --version`; `membench replay --help`;
 `membench techniques`; and three vit_l_16 predictions for an H100 (`membench predict --workload vit_l_16
---batch-size 1 --techniques opt-in-bwd,foreach-off`), into a temporary folder.
+--batch-size 1 --techniques opt-in-bwd,foreach-off`), into a temporary folder; with --with-70b, also the two
+predictions (baseline, fsdp) of a Llama-2-70B shape at 64 ranks that docs/predict.md describes.
 
 Then, unless --skip-predict, where the prediction command's seconds go: the imports as its child makes them
 (torch, then torch._dynamo and torchvision, with the cycle collector off), median over the rounds, and each
@@ -43,7 +44,12 @@ def membench_script() -> str:
     return str(script) if script.exists() else shutil.which("membench") or ""
 
 
-def commands(out: Path, predict: bool) -> dict[str, list[str]]:
+# Llama-2-70B's shape (benchmarks/predict_70b.py), 80 layers, FSDP2 over 64 ranks: issue 31's goal of 15 s wall.
+SHAPE_70B = ("hf:llama,hidden_size=8192,intermediate_size=28672,num_attention_heads=64,num_key_value_heads=8,"
+             "vocab_size=32000,max_position_embeddings=4096,head=causal-lm,num_hidden_layers=80")
+
+
+def commands(out: Path, predict: bool, shape_70b: bool = False) -> dict[str, list[str]]:
     mb = [membench_script()] if membench_script() else [sys.executable, "-m", "membench"]
     table = {
         "python -c pass": [sys.executable, "-c", "pass"],
@@ -56,6 +62,11 @@ def commands(out: Path, predict: bool) -> dict[str, list[str]]:
         table["membench predict vit_l_16 (3 predictions)"] = [
             *mb, "predict", "--workload", "vit_l_16", "--batch-size", "1", "--techniques", "opt-in-bwd,foreach-off",
             "--out", str(out / "vit_l_16")]
+    if shape_70b:
+        table["membench predict 70B shape, 64 ranks (2 predictions)"] = [
+            *mb, "predict", "--workload", SHAPE_70B, "--batch-size", "1", "--seq-len", "4096", "--techniques", "fsdp",
+            "--world-size", "64", "--param-dtype", "bf16", "--reduce-dtype", "fp32", "--gpu", "H100",
+            "--out", str(out / "70b")]
     return table
 
 
@@ -114,6 +125,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--skip-predict", action="store_true", help="leave out the vit_l_16 predictions")
+    parser.add_argument("--with-70b", action="store_true",
+                        help="add the 70B shape's baseline and fsdp at 64 ranks (about 15 s a round)")
     args = parser.parse_args()
     import torch  # for the versions line only, after the parent's own start-up no longer matters
 
@@ -122,7 +135,7 @@ def main() -> int:
     print(byte_compiled())
     print(f"load average before (1/5/15 min): {load()}")
     with tempfile.TemporaryDirectory(prefix="membench-startup-") as tmp:
-        table = commands(Path(tmp), not args.skip_predict)
+        table = commands(Path(tmp), not args.skip_predict, args.with_70b)
         times: dict[str, list[float]] = {name: [] for name in table}
         split = []
         for _ in range(args.rounds):
