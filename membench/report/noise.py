@@ -74,11 +74,20 @@ def beats(a: Speed, b: Speed) -> bool:
     return ia is not None and ib is not None and ia[0] > ib[1]
 
 
+def step_interval(timing: Timing | None) -> tuple[float, float] | None:
+    """The median step time's interval (low, high) in seconds; None where the result has none (recorded before
+    intervals were, one step) or only half of one (a hand-edited file): every use below asks here."""
+    if timing is None or timing.ci_low_s is None or timing.ci_high_s is None:
+        return None
+    return timing.ci_low_s, timing.ci_high_s
+
+
 def spread(timing: Timing | None) -> float | None:
     """The interval's half-width as a share of the median (the '±' of a step time); None without an interval."""
-    if timing is None or timing.ci_low_s is None or timing.ci_high_s is None or not timing.median_s:
+    ci = step_interval(timing)
+    if ci is None or not timing.median_s:
         return None
-    return (timing.ci_high_s - timing.ci_low_s) / 2 / timing.median_s
+    return (ci[1] - ci[0]) / 2 / timing.median_s
 
 
 def step_ms(timing: Timing | None) -> str:
@@ -93,18 +102,20 @@ def step_ms(timing: Timing | None) -> str:
 
 def throughput_interval(timing: Timing) -> tuple[float, float] | None:
     """The throughput's interval, from the step time's (a slower step is a lower throughput)."""
-    if timing.ci_low_s is None or not timing.throughput or not timing.ci_low_s:
+    ci = step_interval(timing)
+    if ci is None or not timing.throughput or not ci[0] or not ci[1]:
         return None
     per_step = timing.throughput * timing.median_s  # items per step
-    return per_step / timing.ci_high_s, per_step / timing.ci_low_s
+    return per_step / ci[1], per_step / ci[0]
 
 
 def overlap(a: Timing | None, b: Timing | None) -> bool | None:
     """Whether two runs' median step times are within noise of each other (their intervals overlap). None when
     either has no interval (older results)."""
-    if a is None or b is None or a.ci_low_s is None or b.ci_low_s is None:
+    ia, ib = step_interval(a), step_interval(b)
+    if ia is None or ib is None:
         return None
-    return a.ci_low_s <= b.ci_high_s and b.ci_low_s <= a.ci_high_s
+    return ia[0] <= ib[1] and ib[0] <= ia[1]
 
 
 def separate_runs_delta(timing: Timing | None, reference: Timing | None) -> str:

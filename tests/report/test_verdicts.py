@@ -72,6 +72,19 @@ def test_median_interval_from_order_statistics():
     assert one.ci_low_s is None and noise.step_ms(one) == "250.0 (1 step)"
 
 
+def test_half_an_interval_is_no_interval():
+    """A result file with only one end of the interval (hand-edited; found by the fuzz test) compares as one with
+    none, instead of comparing a number with None."""
+    whole = timing.summarize([1.0, 2.0, 3.0, 4.0, 5.0])
+    whole.throughput = 10.0
+    half = dataclasses.replace(whole, ci_high_s=None)
+    assert noise.overlap(whole, whole) is True and noise.spread(whole) == pytest.approx(2 / 3)
+    assert noise.step_interval(half) is None
+    assert noise.overlap(whole, half) is None and noise.overlap(half, whole) is None
+    assert noise.spread(half) is None and noise.throughput_interval(half) is None
+    assert noise.throughput_interval(dataclasses.replace(whole, ci_low_s=0.0)) is None
+
+
 def test_timing_is_calibrated_to_a_time_budget_within_a_cap():
     calls = []
     times, losses = timing.time_steps(lambda i: calls.append(i) or 0.0, range(3))
