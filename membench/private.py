@@ -96,6 +96,46 @@ def compiled_modules(model: nn.Module) -> list[str]:
     return found
 
 
+@functools.cache
+def dynamo_compiles_under_dispatch_modes() -> bool:
+    """Whether Dynamo compiles code called under a dispatch mode (torch 2.4 does) instead of running it eager
+    (2.14 does: convert_frame.py skips the frame, for that call only), found by trying it once: a one-op function
+    compiled with a backend that only counts. checked: 2.14.1 (False), 2.4.1 (True)"""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Passing(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    graphs = []
+
+    def counting(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    def double(x):
+        return x * 2
+
+    with _Passing():
+        torch.compile(double, backend=counting)(torch.ones(1))
+    return bool(graphs)
+
+
+@contextlib.contextmanager
+def dynamo_eager():
+    """Compiled code runs eager inside, as a prediction says it does. Where Dynamo would compile under the
+    prediction's dispatch modes (torch 2.4), its own fake tensors clash with the prediction's, so it is turned off
+    (torch._dynamo.config.disable, which also marks the code it meets as skipped for the rest of the process:
+    a prediction's process is its own). Elsewhere nothing is changed."""
+    if not dynamo_compiles_under_dispatch_modes():
+        yield
+        return
+    import torch._dynamo
+
+    with torch._dynamo.config.patch(disable=True):
+        yield
+
+
 # --- dropout's base class, to switch dropout off for the equivalence check only ---------------------------------
 # checked: 2.14.1 (nn.modules.dropout._DropoutNd, a base of Dropout, Dropout1d/2d/3d, AlphaDropout and friends)
 DROPOUT_BASE = nn.modules.dropout._DropoutNd
@@ -129,20 +169,16 @@ def attention_and_matmul_ops() -> set:
 
 # --- FSDP2 (techniques/fsdp.py, the storage tracker) -------------------------------------------------------------
 def fsdp_api():
-    """(CPUOffloadPolicy, OffloadPolicy, fully_shard). Public since torch 2.6; before, under a private name."""
-    try:
-        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
-    except ImportError:  # torch < 2.6
-        from torch.distributed._composable.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+    """(CPUOffloadPolicy, OffloadPolicy, fully_shard): public since torch 2.6, the fsdp technique's min_torch."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
     return CPUOffloadPolicy, OffloadPolicy, fully_shard
 
 
 def fsdp_mixed_precision(param_dtype, reduce_dtype):
-    """FSDP2's MixedPrecisionPolicy (public since torch 2.6, before under the private name). checked: 2.14.1"""
-    try:
-        from torch.distributed.fsdp import MixedPrecisionPolicy
-    except ImportError:  # torch < 2.6
-        from torch.distributed._composable.fsdp import MixedPrecisionPolicy
+    """FSDP2's MixedPrecisionPolicy (public since torch 2.6). checked: 2.14.1"""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
     return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
 
 
@@ -489,3 +525,10 @@ def sdpa_backend(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_c
 
     choice = torch._fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal)
     return next((name for name, b in SDPBackend.__members__.items() if int(b.value) == choice), str(choice))
+
+
+# checked: 2.14.1, 2.11.0 (at::SDPBackend values, highest priority first); torch 2.4 has no such query: None
+def sdp_priority_order() -> list[int] | None:
+    """torch's SDPA backend priority order as the process has it (sdpa_kernel(..., set_priority=True) changes it)."""
+    query = getattr(torch._C, "_get_sdp_priority_order", None)
+    return list(query()) if query is not None else None

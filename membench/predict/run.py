@@ -149,7 +149,9 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
         gpu is not None and gpus.cublaslt_workspace_bytes(versions.release()))
     tags = streams.StreamTags() if ranks and gpu is not None else None  # FSDP2's streams: the allocator's pools
     on_streams = None
-    with _fake_world(ranks, gpu, rank) as (values, attention):
+    compiled_note = compiled.note(meta_model)
+    eager = private.dynamo_eager() if compiled_note else contextlib.nullcontext()
+    with eager, _fake_world(ranks, gpu, rank) as (values, attention):
         session = _fake_session(run, stack, workload, meta_model, gpu, round_to,
                                 trace=trace or cuda or derive_warmup, tags=tags)
         with _no_collector_within_steps():
@@ -163,7 +165,7 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     if traced is None:  # a check refused the written warm-up step: run it instead
         return predict_traced(job, round_to, trace=trace, derive_warmup=False, rank=rank)
     _label(traced, spec, stack, on_streams)
-    traced.assumed = [*values.answered(), *filter(None, [compiled.note(meta_model)])]
+    traced.assumed = [*values.answered(), *filter(None, [compiled_note])]
     if attention is not None:
         traced.memory.attention = attention.summary()
     return traced

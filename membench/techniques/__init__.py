@@ -7,6 +7,7 @@ torch inside the hooks that run a step, never at its top (tests/test_startup.py 
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 from dataclasses import dataclass
 
 from membench.common.errors import UserError
@@ -77,6 +78,24 @@ def check_stack(stack: tuple[str, ...], device: str) -> None:
                 raise UserError(f"{name} needs {needed} in the same run: use {label}+{needed}")
         if device not in cls.devices:
             raise UserError(f"technique {name} cannot run on {device}; it runs on: {', '.join(cls.devices)}")
+        installed = _installed_torch()
+        if cls.min_torch is not None and installed and _release(installed) < _release(cls.min_torch):
+            raise UserError(f"technique {name} needs torch >= {cls.min_torch} ({cls.min_torch_for}); this is torch "
+                            f"{installed}")
+
+
+def _installed_torch() -> str | None:
+    """The installed torch's version, read from its metadata (importing torch takes a second); None if unknown."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _release(version: str) -> tuple[int, int]:
+    """(2, 14) of '2.14.1+cu130'."""
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
 
 
 # What --inference can stack: the techniques that change the forward. The others act on backward or the step.

@@ -27,6 +27,8 @@ class Fsdp(Technique):
     name = "fsdp"
     summary = "FSDP2 fully_shard over torchrun ranks: 1/N of params, grads and optimizer state per rank"
     cost = "low"
+    min_torch = "2.6"
+    min_torch_for = "FSDP2 public as torch.distributed.fsdp.fully_shard, which membench follows"
     distributed = True
     conflicts = ("fsdp-offload",)
     conflict_reason = "fsdp-offload is fsdp with CPU offload: choose one"

@@ -19,6 +19,8 @@ class SelectiveCheckpointing(ActivationCheckpointing):
     name = "sac"
     summary = "selective checkpointing: keep matmul/attention outputs, recompute the cheap ops in backward"
     cost = "low"
+    min_torch = "2.5"
+    min_torch_for = "torch.utils.checkpoint.create_selective_checkpoint_contexts"
     conflicts = ("ckpt",)
     conflict_reason = "both checkpoint the same blocks: choose one"
     order = 30

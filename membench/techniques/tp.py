@@ -71,6 +71,8 @@ class TensorParallel(Technique):
     name = "tp"
     summary = "tensor + sequence parallel (torchtitan's Llama plan): 1/tp of each block's weights and activations"
     cost = "low"
+    min_torch = "2.6"  # its predictions go through FSDP2's modules (private.py), public from 2.6
+    min_torch_for = "DTensor and FSDP2 as torch.distributed.tensor and torch.distributed.fsdp"
     distributed = True
     conflicts = ("fsdp-offload", "opt-offload", "amp-fp16")
     conflict_reason = ("host-memory offload (fsdp-offload, opt-offload) is not combined with tensor parallelism here "

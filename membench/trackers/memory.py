@@ -251,7 +251,9 @@ class CudaMeter(_Categorised):
         if budget is not None:
             device = torch.cuda.current_device()  # a torchrun rank's own GPU (distributed.process_group set it)
             total = torch.cuda.get_device_properties(device).total_memory
-            self.callers_fraction = torch.cuda.get_per_process_memory_fraction(device)
+            # an older torch (2.4) cannot read the fraction back: restored to 1.0, the one a process starts with
+            read = getattr(torch.cuda, "get_per_process_memory_fraction", lambda device: 1.0)
+            self.callers_fraction = read(device)
             self.fraction_device = device
             torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
         self.peaks = {"allocated": 0, "reserved": 0, "active": 0}

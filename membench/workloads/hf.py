@@ -53,6 +53,13 @@ def _transformers():
     return transformers
 
 
+def _fp32() -> dict:
+    """from_config's keyword for an fp32 model: `dtype` from transformers 4.56, `torch_dtype` before (4.56 renamed
+    it; older releases pass an unknown keyword on to the model's __init__, which refuses it)."""
+    major, minor = (int(p) for p in _transformers().__version__.split(".")[:2])
+    return {"dtype": torch.float32} if (major, minor) >= (4, 56) else {"torch_dtype": torch.float32}
+
+
 def _auto_classes() -> dict[str, tuple]:
     t = _transformers()
     from transformers.models.auto import modeling_auto as m
@@ -250,7 +257,7 @@ def parameter_count(spec: str, head: str) -> int:
                 small.layer_types = small.layer_types[:n]
         try:
             with torch.device("meta"):
-                model = model_class.from_config(small, dtype=torch.float32)
+                model = model_class.from_config(small, **_fp32())
         except Exception as exc:  # noqa: BLE001 - the model's own consistency checks
             raise UserError(f"workload 'hf:{spec}': transformers cannot build the model from this config: "
                             f"{_first_line(exc)}") from None
@@ -311,7 +318,7 @@ def _build(spec: str, head: str) -> nn.Module:
                 f"membench: hf:{spec} has {params:,} parameters, {params * 4} bytes in fp32: more than this "
                 f"machine's {host} bytes of memory (parameters alone, before gradients and optimizer state)")
     # fp32 like every membench workload (bf16 is a technique), whatever dtype the checkpoint was saved in.
-    model = model_class.from_config(config, dtype=torch.float32)
+    model = model_class.from_config(config, **_fp32())
     if head == "causal-lm" and getattr(model, "loss_type", "") is None:
         # GPT2LMHeadModel's class name maps to no loss type: transformers warns "`loss_type=None` ... unrecognized"
         # and falls back to ForCausalLM. Naming that same loss keeps the numbers and drops the stray warning.

@@ -11,6 +11,7 @@ from torch import nn
 
 from membench import api, private
 from membench.predict import compiled, verdict
+from membench.predict.emulate import versions
 from membench.predict.run import predict
 from tests.helpers import session_for, spec
 
@@ -86,3 +87,27 @@ def test_the_recording_pass_says_it_ran_a_compiled_model_eager(tmp_path):
     plain.build()
     assert plain.record_timeline(tmp_path / "plain").ran_eager is None
     plain.detach()
+
+
+def test_this_torchs_dynamo_runs_compiled_code_eager_under_a_dispatch_mode():
+    """torch 2.14's Dynamo skips a frame called under a dispatch mode (torch 2.4's compiles it): nothing to turn
+    off here, so a prediction leaves Dynamo as it is."""
+    assert private.dynamo_compiles_under_dispatch_modes() is (versions.release() == "2.4")
+
+
+def test_where_dynamo_would_compile_a_prediction_turns_it_off(monkeypatch):
+    compiled_calls = []
+
+    def backend(graph, example_inputs):
+        compiled_calls.append(graph)
+        return graph.forward
+
+    monkeypatch.setattr(private, "dynamo_compiles_under_dispatch_modes", lambda: True)  # as on torch 2.4
+    torch._dynamo.reset()
+    try:
+        double = torch.compile(lambda x: x * 2, backend=backend)
+        with private.dynamo_eager():
+            assert torch.equal(double(torch.ones(3)), torch.full((3,), 2.0))
+        assert compiled_calls == []
+    finally:
+        torch._dynamo.reset()  # config.disable marked the code it met as skipped: forget it

@@ -122,3 +122,14 @@ def test_what_a_config_derives_from_an_override_follows_it():
     with torch.device("meta"):
         q = model().model.layers[0].self_attn.q_proj.weight
     assert tuple(q.shape) == (64, 64)
+
+
+@pytest.mark.parametrize("version, keyword", [("4.44.2", "torch_dtype"), ("4.55.4", "torch_dtype"),
+                                              ("4.56.0", "dtype"), ("5.23.0", "dtype"), ("4.57.0.dev0", "dtype")])
+def test_the_fp32_keyword_is_the_installed_transformers_own(version, keyword, monkeypatch):
+    """transformers 4.56 renamed from_config's torch_dtype to dtype; pyproject allows 4.40, whose models refuse
+    `dtype` (a TypeError from GPT2LMHeadModel.__init__, seen with 4.44.2)."""
+    import transformers
+
+    monkeypatch.setattr(transformers, "__version__", version)
+    assert hf._fp32() == {keyword: torch.float32}

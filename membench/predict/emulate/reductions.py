@@ -362,7 +362,8 @@ def index_put_scratch(func, args, kwargs, gpu) -> list[TraceEvent]:
 
 # --- _safe_softmax: SoftMax.cpp ----------------------------------------------------------------------------------
 
-SAFE_SOFTMAX = frozenset({aten._safe_softmax.default})
+# torch < 2.5 has no _safe_softmax: its math attention calls plain softmax
+SAFE_SOFTMAX = frozenset({aten._safe_softmax.default}) if hasattr(aten, "_safe_softmax") else frozenset()
 
 
 def safe_softmax_scratch(args, kwargs, out, gpu) -> list[TraceEvent]:

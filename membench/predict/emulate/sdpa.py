@@ -172,8 +172,9 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
                                                             is_causal, scale=scale)[0]
     _MATH_FORWARD[0] += 1
     try:
+        gqa = {"enable_gqa": True} if enable_gqa else {}  # torch < 2.5's op has no such argument
         return aten._scaled_dot_product_attention_math(query, key, value, mask, dropout_p, is_causal, None,
-                                                       scale=scale, enable_gqa=enable_gqa)[0]
+                                                       scale=scale, **gqa)[0]
     finally:
         _MATH_FORWARD[0] -= 1
 

@@ -30,6 +30,7 @@ from typing import Literal
 
 import torch
 
+from membench import private
 from membench.predict.emulate import versions
 
 Backend = Literal["cudnn", "flash", "efficient", "math"]
@@ -92,7 +93,8 @@ class Settings:
         cuda = torch.backends.cuda
         flags = {"flash": cuda.flash_sdp_enabled(), "efficient": cuda.mem_efficient_sdp_enabled(),
                  "math": cuda.math_sdp_enabled(), "cudnn": cuda.cudnn_sdp_enabled()}
-        order = tuple(_BY_VALUE[v] for v in torch._C._get_sdp_priority_order() if v in _BY_VALUE)
+        ranked = private.sdp_priority_order()
+        order = DEFAULT_ORDER if ranked is None else tuple(_BY_VALUE[v] for v in ranked if v in _BY_VALUE)
         major, minor = (int(p) for p in (torch.version.cuda or "0.0").split(".")[:2])
         return cls(frozenset(b for b, on in flags.items() if on), order,
                    torch.are_deterministic_algorithms_enabled()

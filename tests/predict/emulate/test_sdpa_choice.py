@@ -53,6 +53,12 @@ def test_the_settings_of_this_process_are_torchs_defaults():
     assert s.torch_release == ".".join(torch.__version__.split(".")[:2])
 
 
+def test_a_torch_that_cannot_say_its_priority_order_has_the_default_one(monkeypatch):
+    """torch 2.4 has no _get_sdp_priority_order (nor sdpa_kernel's set_priority): its order is the default."""
+    monkeypatch.setattr("membench.private.sdp_priority_order", lambda: None)
+    assert Settings.of_process().order == DEFAULT_ORDER
+
+
 def test_cudnn_comes_first_on_hopper_and_blackwell_only():
     # check_prefer_cudnn_attention: cuDNN > 9.15 and compute capability major 9 or 10; CUDA < 13 wheels also need
     # minor 0 or 3 (sm90, sm100, sm103).
