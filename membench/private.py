@@ -101,8 +101,6 @@ def dynamo_compiles_under_dispatch_modes() -> bool:
     """Whether Dynamo compiles code called under a dispatch mode (torch 2.4 does) instead of running it eager
     (2.14 does: convert_frame.py skips the frame, for that call only), found by trying it once: a one-op function
     compiled with a backend that only counts. checked: 2.14.1 (False), 2.4.1 (True)"""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     class _Passing(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
