@@ -128,7 +128,8 @@ def _predict_into(request: dict, out: Path) -> dict:
         print(f"predicting {job.name} ...", file=sys.stderr, flush=True)
 
     def done(job: Job, record: RunRecord) -> None:
-        print(f"predicted {job.name}: {record.status} ({record.wall_s:.1f} s)", file=sys.stderr, flush=True)
+        why = f": {record.error.splitlines()[0]}" if record.status != "ok" and record.error else ""
+        print(f"predicted {job.name}: {record.status} ({record.wall_s:.1f} s){why}", file=sys.stderr, flush=True)
         if record.traceback:  # a membench bug, not the user's: show where
             print(record.traceback, file=sys.stderr, flush=True)
 

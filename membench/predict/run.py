@@ -31,7 +31,7 @@ from membench.predict.ranks import predict_ranks
 from membench.results import Memory, RunRecord, result_path, write_record
 from membench.spec import Job, RunSpec
 from membench.step import batches
-from membench.techniques import Stack, Technique, resolve
+from membench.techniques import Stack, Technique, release_of, resolve
 from membench.trackers.memory import CpuMeter
 from membench.workloads import Workload, load_workload
 
@@ -178,6 +178,12 @@ def _what_runs(run: RunSpec, target: str) -> tuple[Stack, Workload]:
         moved = ", ".join(t.name for t in stack.techniques if not t.predictable)
         raise CannotPredict(f"{moved} moves tensors between host and device memory, which a prediction on CPU "
                             "cannot tell apart: measure it on a GPU")
+    too_old = [t for t in stack.techniques
+               if t.min_torch_predicted and release_of(versions.release()) < release_of(t.min_torch_predicted)]
+    if too_old:
+        raise CannotPredict(f"predicting {too_old[0].name} needs torch >= {too_old[0].min_torch_predicted} (checked "
+                            f"on 2.11 and 2.14; under torch 2.9.1 FSDP2 fails on fake tensors); this is torch "
+                            f"{versions.release()}: measure it with membench run")
     workload = _workload(run)
     stack.validate(run, workload)
     return stack, workload

@@ -79,7 +79,7 @@ def check_stack(stack: tuple[str, ...], device: str) -> None:
         if device not in cls.devices:
             raise UserError(f"technique {name} cannot run on {device}; it runs on: {', '.join(cls.devices)}")
         installed = _installed_torch()
-        if cls.min_torch is not None and installed and _release(installed) < _release(cls.min_torch):
+        if cls.min_torch is not None and installed and release_of(installed) < release_of(cls.min_torch):
             raise UserError(f"technique {name} needs torch >= {cls.min_torch} ({cls.min_torch_for}); this is torch "
                             f"{installed}")
 
@@ -92,7 +92,7 @@ def _installed_torch() -> str | None:
         return None
 
 
-def _release(version: str) -> tuple[int, int]:
+def release_of(version: str) -> tuple[int, int]:
     """(2, 14) of '2.14.1+cu130'."""
     major, minor = version.split("+")[0].split(".")[:2]
     return int(major), int(minor)

@@ -43,7 +43,8 @@ class Technique:
     options: the RunSpec fields only this technique reads (accum's --accum-steps): a run without the technique
     does not depend on them, so check, compare and --resume pair it whatever their value (techniques.pairing_key).
     min_torch: the oldest torch release ("2.6") that has what it uses, named in min_torch_for; None: any that
-    membench runs on. An older torch refuses it in one line before anything runs.
+    membench runs on. An older torch refuses it in one line before anything runs. min_torch_predicted: the same
+    for a prediction of it, where that needs more (FSDP2 on fake tensors).
     cost: what it costs in step time, as its summary says, in four classes (COSTS, cheapest first): "none" (as
     fast or faster: a fused step, 16-bit matmuls, an allocator setting), "low" (more, smaller kernels or overlapped
     communication), "medium" (compute again or in smaller pieces: checkpointing, accumulation), "high" (host
@@ -69,6 +70,7 @@ class Technique:
     cost: ClassVar[Cost] = "none"
     min_torch: ClassVar[str | None] = None
     min_torch_for: ClassVar[str] = ""
+    min_torch_predicted: ClassVar[str | None] = None
 
     def __init__(self, spec: RunSpec, stack_param_dtype: str | None = None):
         self.spec = spec

@@ -226,3 +226,28 @@ def test_fit_searches_by_reserved_for_cuda_and_refuses_it_for_cpu(capsys):
     assert "predicted peak reserved" in capsys.readouterr().out
     assert cli.main(["fit", "--workload", "vit-tiny", "--device", "cpu", "--by", "reserved", "--budget", "8MiB"]) == 2
     assert "--by reserved needs --device cuda" in capsys.readouterr().err
+
+
+def test_a_run_that_cannot_be_predicted_says_why_on_its_line(tmp_path, capfd):
+    """The reason is in the record and on the run's `predicted NAME: error` line, not only in the JSON."""
+    code = cli.main(["predict", "--workload", "gpt-tiny", "--batch-size", "2", "--techniques", "opt-offload",
+                     "--jobs", "1", "--out", str(tmp_path / "pred")])
+    err = capfd.readouterr().err
+    assert code == 1
+    line = next(line for line in err.splitlines() if line.startswith("predicted opt-offload: error"))
+    assert line.endswith(": cannot predict: opt-offload moves tensors between host and device memory, which a "
+                         "prediction on CPU cannot tell apart: measure it on a GPU")
+
+
+@pytest.mark.parametrize("release, refused", [("2.9", True), ("2.11", False)])
+def test_fsdp_is_predicted_only_under_the_torch_releases_it_was_checked_on(release, refused, monkeypatch):
+    """Under torch 2.9.1 FSDP2 fails on fake tensors (a real run works): a prediction of it says so instead."""
+    monkeypatch.setattr("membench.predict.emulate.versions.release", lambda version=None: release)
+    record = predict(spec("gpt-tiny", ("fsdp",), batch_size=2, device="cuda"))
+    if refused:
+        assert record.status == "error" and record.traceback is None
+        assert record.error == ("cannot predict: predicting fsdp needs torch >= 2.11 (checked on 2.11 and 2.14; "
+                                "under torch 2.9.1 FSDP2 fails on fake tensors); this is torch 2.9: measure it with "
+                                "membench run")
+    else:
+        assert record.status == "ok", record.error

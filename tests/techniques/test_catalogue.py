@@ -188,3 +188,5 @@ def test_a_technique_an_older_torch_lacks_is_refused_in_one_line(name, release, 
 def test_the_techniques_an_older_torch_lacks():
     assert {n: cls.min_torch for n, cls in REGISTRY.items() if cls.min_torch} == {
         "sac": "2.5", "fsdp": "2.6", "fsdp-offload": "2.6", "tp": "2.6"}
+    assert {n: cls.min_torch_predicted for n, cls in REGISTRY.items() if cls.min_torch_predicted} == {
+        "fsdp": "2.11", "fsdp-offload": "2.11", "tp": "2.11"}
