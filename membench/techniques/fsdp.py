@@ -27,9 +27,9 @@ class Fsdp(Technique):
     name = "fsdp"
     summary = "FSDP2 fully_shard over torchrun ranks: 1/N of params, grads and optimizer state per rank"
     cost = "low"
-    min_torch_predicted = "2.11"  # predicted on 2.11 and 2.14; on 2.9.1 FSDP2 fails under fake tensors
     min_torch = "2.6"
     min_torch_for = "FSDP2 public as torch.distributed.fsdp.fully_shard, which membench follows"
+    min_torch_predicted = "2.11"  # predicted on 2.11 and 2.14; on 2.9.1 FSDP2 fails under fake tensors
     distributed = True
     conflicts = ("fsdp-offload",)
     conflict_reason = "fsdp-offload is fsdp with CPU offload: choose one"
