@@ -183,7 +183,7 @@ def _what_runs(run: RunSpec, target: str) -> tuple[Stack, Workload]:
     if too_old:
         raise CannotPredict(f"predicting {too_old[0].name} needs torch >= {too_old[0].min_torch_predicted} (checked "
                             f"on 2.11 and 2.14; under torch 2.9.1 FSDP2 fails on fake tensors); this is torch "
-                            f"{versions.release()}: measure it with membench run")
+                            f"{versions.release()}: measure it with membench run, which trains it there")
     workload = _workload(run)
     stack.validate(run, workload)
     return stack, workload

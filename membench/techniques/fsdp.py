@@ -27,8 +27,8 @@ class Fsdp(Technique):
     name = "fsdp"
     summary = "FSDP2 fully_shard over torchrun ranks: 1/N of params, grads and optimizer state per rank"
     cost = "low"
-    min_torch = "2.6"
-    min_torch_for = "FSDP2 public as torch.distributed.fsdp.fully_shard, which membench follows"
+    min_torch = "2.9"  # 2.6's FSDP2 (the first public one) fails on CPU: its CPU streams have no record_event
+    min_torch_for = "FSDP2 as membench drives it, checked on 2.9.1, 2.11 and 2.14"
     min_torch_predicted = "2.11"  # predicted on 2.11 and 2.14; on 2.9.1 FSDP2 fails under fake tensors
     distributed = True
     conflicts = ("fsdp-offload",)
@@ -64,8 +64,10 @@ class Fsdp(Technique):
         options = dict(mesh=fsdp_submesh(state), offload_policy=self.offload_policy(state.device.type),
                        mp_policy=fsdp_mixed_precision(_dtype(spec.param_dtype), _dtype(spec.reduce_dtype)))
         blocks = state.workload.blocks(state.model) if state.workload.blocks else []
+        # None: fully_shard's own default (torch 2.6's takes a bool or an int only, and defaults to True)
+        reshard = {} if spec.reshard_after_forward is None else {"reshard_after_forward": spec.reshard_after_forward}
         for block in blocks:
-            self._fully_shard(block, reshard_after_forward=spec.reshard_after_forward, **options)
+            self._fully_shard(block, **reshard, **options)
         self._fully_shard(state.model, **options)  # the root: fully_shard's default (not resharded after forward)
         if state.on_model is not None:
             state.on_model(state.model)  # the sharded parameters are new tensors: let the meter see them

@@ -71,9 +71,8 @@ class TensorParallel(Technique):
     name = "tp"
     summary = "tensor + sequence parallel (torchtitan's Llama plan): 1/tp of each block's weights and activations"
     cost = "low"
-    min_torch = "2.6"  # DTensor public from 2.5; membench's sharded paths import FSDP2's 2.6 modules (private.py)
-    min_torch_for = "DTensor and FSDP2 as torch.distributed.tensor and torch.distributed.fsdp"
-    min_torch_predicted = "2.11"  # predicted on 2.11 and 2.14; on 2.9.1 FSDP2 fails under fake tensors
+    min_torch = "2.11"  # under 2.9.1 DTensor has no sharding strategy for aten.alias (a CPU run, hf:llama)
+    min_torch_for = "DTensor's tensor parallelism as membench drives it, checked on 2.11 and 2.14"
     distributed = True
     conflicts = ("fsdp-offload", "opt-offload", "amp-fp16")
     conflict_reason = ("host-memory offload (fsdp-offload, opt-offload) is not combined with tensor parallelism here "

@@ -248,6 +248,6 @@ def test_fsdp_is_predicted_only_under_the_torch_releases_it_was_checked_on(relea
         assert record.status == "error" and record.traceback is None
         assert record.error == ("cannot predict: predicting fsdp needs torch >= 2.11 (checked on 2.11 and 2.14; "
                                 "under torch 2.9.1 FSDP2 fails on fake tensors); this is torch 2.9: measure it with "
-                                "membench run")
+                                "membench run, which trains it there")
     else:
         assert record.status == "ok", record.error

@@ -172,8 +172,8 @@ def test_offload_lowers_device_peak_on_gpu(name):
 
 @pytest.mark.parametrize("name, release", [(n, cls.min_torch) for n, cls in REGISTRY.items() if cls.min_torch])
 def test_a_technique_an_older_torch_lacks_is_refused_in_one_line(name, release, monkeypatch):
-    """sac needs torch 2.5's selective checkpointing, fsdp and tp 2.6's FSDP2: on torch 2.4 (which pyproject
-    allows) they are refused before anything runs, from the installed torch's metadata (no import of torch)."""
+    """sac needs torch 2.5's selective checkpointing, fsdp the FSDP2 of 2.9 and tp the DTensor of 2.11: on torch
+    2.4 (which pyproject allows) they are refused before anything runs, from torch's metadata (no import of torch)."""
     major, minor = (int(p) for p in release.split("."))
     monkeypatch.setattr("membench.techniques._installed_torch", lambda: f"{major}.{minor - 1}.1+cu121")
     with pytest.raises(UserError, match=rf"^technique {name} needs torch >= {release} \(.+\); this is torch "
@@ -187,6 +187,6 @@ def test_a_technique_an_older_torch_lacks_is_refused_in_one_line(name, release, 
 
 def test_the_techniques_an_older_torch_lacks():
     assert {n: cls.min_torch for n, cls in REGISTRY.items() if cls.min_torch} == {
-        "sac": "2.5", "fsdp": "2.6", "fsdp-offload": "2.6", "tp": "2.6"}
+        "sac": "2.5", "fsdp": "2.9", "fsdp-offload": "2.9", "tp": "2.11"}
     assert {n: cls.min_torch_predicted for n, cls in REGISTRY.items() if cls.min_torch_predicted} == {
-        "fsdp": "2.11", "fsdp-offload": "2.11", "tp": "2.11"}
+        "fsdp": "2.11", "fsdp-offload": "2.11"}
