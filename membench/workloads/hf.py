@@ -112,6 +112,10 @@ def load_config(spec: str):
         config = t.AutoConfig.for_model(name)
     else:
         local = _cached_or_local(name)
+        if Path(name).is_dir() and not (Path(name) / "config.json").is_file():
+            # transformers before 5 answers a folder without one with the config of a model type its path names
+            # (`./bert`: BERT's defaults), as if it had read it
+            raise UserError(f"workload 'hf:{spec}': no config for {name!r}: the folder holds no config.json")
         if not local:
             hub = _hub()
             if hub is None:

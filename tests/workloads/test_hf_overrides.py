@@ -106,6 +106,10 @@ def test_a_model_name_is_fetched_saying_so_and_a_local_folder_never_asks_the_hub
     said = capsys.readouterr().err
     assert "membench: fetching nobody/another-model-xyz's config from https://huggingface.co ..." in said
     monkeypatch.setattr(hf.socket, "create_connection", None)  # a local folder: no connection tried
+    with pytest.raises(UserError, match=r"no config for '.+': the folder holds no config.json$"):
+        load_workload(f"hf:{tmp_path}")  # transformers 4.x answered BERT's config for an empty ./bert
+    assert len(asked) == 1
+    (tmp_path / "config.json").write_text("{}")
     with pytest.raises(UserError):
         load_workload(f"hf:{tmp_path}")
     assert asked[-1] == (str(tmp_path), {"local_files_only": True})
