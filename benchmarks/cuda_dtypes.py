@@ -14,7 +14,10 @@ With torch 2.14.1 on the shared 2-core CPU machine, the same comparison over all
 under load) found native_layer_norm, native_batch_norm, _native_batch_norm_legit and _batch_norm_with_update: their
 saved statistics are fp32 on CUDA under 16-bit input. The other differences were errors on one device only
 (sparse ops, geqrf, histogram, grid_sample in fp16, and fp32 _batch_norm_with_update, whose CUDA fake kernel asks
-cuDNN, which needs a GPU).
+cuDNN, which needs a GPU). With `--samples 2` (2-core machine, 10-36 s each): torch 2.14.1 and 2.11.0 found the
+same four; 2.9.1 and 2.6.0 the first three (their _batch_norm_with_update's CUDA fake kernel fails in fp16 too);
+2.4.1 only the two batch norms: its fake native_layer_norm keeps the statistics in the input's dtype on either
+device, so it cannot tell what its CUDA kernel does (predict/emulate/versions.py keeps 2.11 and 2.14 as checked).
 """
 
 from __future__ import annotations

@@ -29,10 +29,12 @@ RULES = (
          "torch.backends.cuda's documentation (cuBLASLt's own workspace before 2.13, gpus.cublaslt_workspace_bytes); "
          "2.11 on the real GPU traces (benchmarks/validate_predictions.py) and on an H200 "
          "(benchmarks/validate_gpu_runs.py)"),
-    Rule("CUDA output dtypes (fp32 norm statistics)", ("2.14",), "FakeTensorMode on device cuda over the OpInfo "
-         "database (benchmarks/cuda_dtypes.py)"),
-    Rule("optimizers' host tensors (CPU step counts)", ("2.9", "2.14"), "torch/optim/adam.py and _adafactor.py "
-         "(predict/emulate/host.py)"),
+    Rule("CUDA output dtypes (fp32 norm statistics)", ("2.11", "2.14"), "FakeTensorMode on device cuda over the "
+         "OpInfo database (benchmarks/cuda_dtypes.py; 2.11 the same four ops as 2.14 with --samples 2; 2.9.1 and "
+         "2.6.0 the same but for _batch_norm_with_update, whose CUDA fake kernel needs a GPU there, and 2.4.1's fake "
+         "kernels keep layer norm's statistics in the input's dtype, so it cannot tell)"),
+    Rule("optimizers' host tensors (CPU step counts)", ("2.4", "2.6", "2.9", "2.11", "2.14"), "torch/optim/adam.py, "
+         "adamw.py (2.4's is its own) and _adafactor.py of those wheels (predict/emulate/host.py)"),
     Rule("math attention's in-place mask add and _safe_softmax temporaries", ("2.11", "2.14"), "attention.cpp "
          "(areAnyTensorSubclassLike, _safe_softmax); the 2.11 and 2.14 binaries' CPU runs (torch.profiler: add_, "
          "isneginf, all, scalar_tensor, where); 2.11 on an NVIDIA H200 (the Llama shape's snapshot)"),
