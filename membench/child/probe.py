@@ -38,6 +38,8 @@ from membench.predict.emulate.sdpa import describe
 from membench.predict.fit import Fit, default_jobs, fit_batch
 from membench.predict.run import (
     CANNOT_SEE,
+    CannotPredict,
+    check_predictable,
     default_predict_dir,
     predict_all,
     predict_traced,
@@ -46,6 +48,7 @@ from membench.predict.run import (
 )
 from membench.results import RunRecord, archive
 from membench.spec import Job, RunSpec
+from membench.techniques import resolve
 
 
 def plan_here(args: dict) -> dict:
@@ -176,6 +179,11 @@ def fit_request(request: dict) -> dict:
               flush=True)
 
     jobs = plan(**request["plan"], in_process=True)
+    for job in jobs:  # before any search: a technique no prediction stands for cannot be fitted either
+        try:
+            check_predictable(resolve(job.run, target_device=job.run.device))
+        except CannotPredict as exc:
+            raise UserError(f"cannot fit {job.name}: {exc}") from None
 
     def fit_one(job: Job) -> Fit:
         if by != "device":

@@ -174,6 +174,14 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
 def _what_runs(run: RunSpec, target: str) -> tuple[Stack, Workload]:
     """The stack and workload, refused where a prediction on CPU cannot stand for them."""
     stack = resolve(run, target_device=target)
+    check_predictable(stack)
+    workload = _workload(run)
+    stack.validate(run, workload)
+    return stack, workload
+
+
+def check_predictable(stack: Stack) -> None:
+    """CannotPredict where a prediction on CPU cannot stand for this stack, here."""
     if not stack.predictable:
         moved = ", ".join(t.name for t in stack.techniques if not t.predictable)
         raise CannotPredict(f"{moved} moves tensors between host and device memory, which a prediction on CPU "
@@ -184,9 +192,6 @@ def _what_runs(run: RunSpec, target: str) -> tuple[Stack, Workload]:
         raise CannotPredict(f"predicting {too_old[0].name} needs torch >= {too_old[0].min_torch_predicted} (checked "
                             f"on 2.11 and 2.14; under torch 2.9.1 FSDP2 fails on fake tensors); this is torch "
                             f"{versions.release()}: measure it with membench run, which trains it there")
-    workload = _workload(run)
-    stack.validate(run, workload)
-    return stack, workload
 
 
 def _model_on_meta(run: RunSpec, stack: Stack, workload: Workload, ranks: int | None):
