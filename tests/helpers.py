@@ -150,3 +150,23 @@ def sized_events(trace) -> list[tuple[str, int]]:
             sizes[event.key] = event.size
         order.append((event.kind, sizes[event.key]))
     return order
+
+
+# --- `membench run` of a tiny workload in this process, and the one error line it ends with -----------------------
+
+TINY_RUN = ("--workload", "tests.workloads:mlp", "--batch-size", "4", "--techniques", "baseline", "--steps", "1",
+            "--warmup", "1", "--no-check", "--no-timeline")
+
+
+def run_tiny(*args) -> int:
+    from membench.cli import main
+
+    return main(["run", *TINY_RUN, *args])
+
+
+def one_error_line(capsys) -> str:
+    """The one error line (the sweep's progress lines may come before it), and no traceback."""
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("membench: error:")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    return errors[0]

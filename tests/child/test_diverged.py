@@ -6,36 +6,20 @@ import json
 
 import pytest
 
-from membench.cli import main
 from membench.results import read_result
-
-TINY = ("--workload", "tests.workloads:mlp", "--batch-size", "4", "--techniques", "baseline", "--steps", "1",
-        "--warmup", "1", "--no-check", "--no-timeline")
-
-
-def run_cli(*args) -> int:
-    return main(["run", *TINY, *args])
-
-
-def _one_error_line(capsys) -> str:
-    """The one error line (the sweep's progress lines may come before it), and no traceback."""
-    err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if line.startswith("membench: error:")]
-    assert len(errors) == 1 and "Traceback" not in err, err
-    return errors[0]
-
+from tests.helpers import run_tiny
 
 # --- a NaN loss is a diverged run, written as strict JSON ------------------------------------------------------
 
 @pytest.mark.slow
 def test_a_nan_loss_is_diverged_and_the_json_is_strict(tmp_path, capsys):
     args = ("--workload", "tests.workloads:diverging", "--steps", "2", "--out", str(tmp_path))
-    assert run_cli(*args) == 0  # like an OOM: the technique's result, not a failed sweep
+    assert run_tiny(*args) == 0  # like an OOM: the technique's result, not a failed sweep
     text = (tmp_path / "baseline.json").read_text()
     record = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in a result file"))
     assert record["status"] == "diverged" and record["diverged_at_timed_step"] == 0
     assert "the loss became nan at timed step 1 of 2" in record["error"]
     assert record["timing"]["losses"] == [None, None]
-    assert run_cli(*args, "--resume") == 0  # finished: resume keeps it
+    assert run_tiny(*args, "--resume") == 0  # finished: resume keeps it
     assert read_result(tmp_path / "baseline.json").started == record["started"]
     assert "(resumed) baseline: diverged" in capsys.readouterr().err

@@ -13,22 +13,7 @@ from membench.cli import main
 from membench.common import fsio
 from membench.common.errors import UserError
 from membench.results import read_result
-
-TINY = ("--workload", "tests.workloads:mlp", "--batch-size", "4", "--techniques", "baseline", "--steps", "1",
-        "--warmup", "1", "--no-check", "--no-timeline")
-
-
-def run_cli(*args) -> int:
-    return main(["run", *TINY, *args])
-
-
-def _one_error_line(capsys) -> str:
-    """The one error line (the sweep's progress lines may come before it), and no traceback."""
-    err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if line.startswith("membench: error:")]
-    assert len(errors) == 1 and "Traceback" not in err, err
-    return errors[0]
-
+from tests.helpers import one_error_line, run_tiny
 
 # --- atomic writes, full disk, read-only folders -------------------------------------------------------------
 
@@ -50,7 +35,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypat
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, pytest.param(errno.EROFS, marks=pytest.mark.slow)])
 def test_full_disk_during_a_sweep_is_one_line_and_keeps_finished_runs(tmp_path, monkeypatch, capsys, code):
-    assert run_cli("--out", str(tmp_path)) == 0
+    assert run_tiny("--out", str(tmp_path)) == 0
     before = (tmp_path / "baseline.json").read_bytes()
 
     def full(fd, data):
@@ -58,8 +43,8 @@ def test_full_disk_during_a_sweep_is_one_line_and_keeps_finished_runs(tmp_path, 
 
     monkeypatch.setattr(os, "write", full)
     capsys.readouterr()
-    assert run_cli("--out", str(tmp_path)) == 2
-    assert os.strerror(code) in _one_error_line(capsys)
+    assert run_tiny("--out", str(tmp_path)) == 2
+    assert os.strerror(code) in one_error_line(capsys)
     monkeypatch.undo()
     assert (tmp_path / "baseline.json").read_bytes() == before
     assert read_result(tmp_path / "baseline.json").status == "ok"
@@ -67,7 +52,7 @@ def test_full_disk_during_a_sweep_is_one_line_and_keeps_finished_runs(tmp_path, 
 
 @pytest.mark.slow
 def test_full_disk_while_writing_a_report_is_one_line(tmp_path, monkeypatch, capsys):
-    assert run_cli("--out", str(tmp_path)) == 0
+    assert run_tiny("--out", str(tmp_path)) == 0
 
     def full(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -75,7 +60,7 @@ def test_full_disk_while_writing_a_report_is_one_line(tmp_path, monkeypatch, cap
     monkeypatch.setattr(os, "write", full)
     capsys.readouterr()
     assert main(["report", str(tmp_path)]) == 2
-    assert "No space left on device" in _one_error_line(capsys)
+    assert "No space left on device" in one_error_line(capsys)
 
 
 def test_a_lock_file_that_cannot_be_created_is_one_line(tmp_path, monkeypatch):
@@ -109,7 +94,7 @@ def test_read_only_out_is_one_line(tmp_path, capsys, monkeypatch, code):
     out = tmp_path / "ro"
     out.mkdir()
     refuse_writes_under(out, code, monkeypatch)
-    assert run_cli("--out", str(out)) == 2
-    line = _one_error_line(capsys)
+    assert run_tiny("--out", str(out)) == 2
+    line = one_error_line(capsys)
     assert str(out) in line and os.strerror(code) in line, line
     assert list(out.iterdir()) == []

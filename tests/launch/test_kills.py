@@ -12,23 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from membench.cli import main
-
-TINY = ("--workload", "tests.workloads:mlp", "--batch-size", "4", "--techniques", "baseline", "--steps", "1",
-        "--warmup", "1", "--no-check", "--no-timeline")
-
-
-def run_cli(*args) -> int:
-    return main(["run", *TINY, *args])
-
-
-def _one_error_line(capsys) -> str:
-    """The one error line (the sweep's progress lines may come before it), and no traceback."""
-    err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if line.startswith("membench: error:")]
-    assert len(errors) == 1 and "Traceback" not in err, err
-    return errors[0]
-
+from tests.helpers import one_error_line, run_tiny
 
 # --- one writer per results folder; kills and SIGTERM leave nothing running ----------------------------------
 
@@ -73,8 +57,8 @@ def test_a_second_writer_is_refused_and_a_killed_ones_lock_is_released(tmp_path,
     first = _start_hanging_sweep(tmp_path)
     try:
         capsys.readouterr()
-        assert run_cli("--out", str(tmp_path)) == 2
-        assert f"in use by another membench run (pid {first.pid})" in _one_error_line(capsys)
+        assert run_tiny("--out", str(tmp_path)) == 2
+        assert f"in use by another membench run (pid {first.pid})" in one_error_line(capsys)
     finally:
         first.kill()  # kill -9: nothing of membench's runs, the kernel drops the lock
         first.communicate()

@@ -6,22 +6,6 @@ import json
 
 from membench.cli import main
 
-TINY = ("--workload", "tests.workloads:mlp", "--batch-size", "4", "--techniques", "baseline", "--steps", "1",
-        "--warmup", "1", "--no-check", "--no-timeline")
-
-
-def run_cli(*args) -> int:
-    return main(["run", *TINY, *args])
-
-
-def _one_error_line(capsys) -> str:
-    """The one error line (the sweep's progress lines may come before it), and no traceback."""
-    err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if line.startswith("membench: error:")]
-    assert len(errors) == 1 and "Traceback" not in err, err
-    return errors[0]
-
-
 # --- text from files is inert in every output ------------------------------------------------------------------
 
 HOSTILE_NAME = "evil\x1b]0;PWNED\x07\r\x9b2J\u202e<script>alert(1)</script>[x](javascript:alert(1))"

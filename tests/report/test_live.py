@@ -4,24 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from membench.cli import main
-
-TINY = ("--workload", "tests.workloads:mlp", "--batch-size", "4", "--techniques", "baseline", "--steps", "1",
-        "--warmup", "1", "--no-check", "--no-timeline")
-
-
-def run_cli(*args) -> int:
-    return main(["run", *TINY, *args])
-
-
-def _one_error_line(capsys) -> str:
-    """The one error line (the sweep's progress lines may come before it), and no traceback."""
-    err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if line.startswith("membench: error:")]
-    assert len(errors) == 1 and "Traceback" not in err, err
-    return errors[0]
-
-
 # --- the progress display prints text, never markup -----------------------------------------------------------
 
 def test_progress_prints_brackets_as_text():

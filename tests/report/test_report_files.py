@@ -8,22 +8,7 @@ import pytest
 
 from membench.cli import main
 from membench.common import fsio
-
-TINY = ("--workload", "tests.workloads:mlp", "--batch-size", "4", "--techniques", "baseline", "--steps", "1",
-        "--warmup", "1", "--no-check", "--no-timeline")
-
-
-def run_cli(*args) -> int:
-    return main(["run", *TINY, *args])
-
-
-def _one_error_line(capsys) -> str:
-    """The one error line (the sweep's progress lines may come before it), and no traceback."""
-    err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if line.startswith("membench: error:")]
-    assert len(errors) == 1 and "Traceback" not in err, err
-    return errors[0]
-
+from tests.helpers import one_error_line
 
 # --- report.html links and reads only files inside the results folder; it writes through no symlink ------------
 
@@ -70,7 +55,7 @@ def test_report_does_not_write_through_a_symlink(sweep, tmp_path, capsys):
     elsewhere.mkdir()
     (sweep / "report").symlink_to(elsewhere)
     assert main(["report", str(sweep)]) == 2
-    assert "is a symlink" in _one_error_line(capsys)
+    assert "is a symlink" in one_error_line(capsys)
     assert list(elsewhere.iterdir()) == []
 
 

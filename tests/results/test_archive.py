@@ -6,33 +6,17 @@ import os
 
 import pytest
 
-from membench.cli import main
 from membench.results import read_result
-
-TINY = ("--workload", "tests.workloads:mlp", "--batch-size", "4", "--techniques", "baseline", "--steps", "1",
-        "--warmup", "1", "--no-check", "--no-timeline")
-
-
-def run_cli(*args) -> int:
-    return main(["run", *TINY, *args])
-
-
-def _one_error_line(capsys) -> str:
-    """The one error line (the sweep's progress lines may come before it), and no traceback."""
-    err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if line.startswith("membench: error:")]
-    assert len(errors) == 1 and "Traceback" not in err, err
-    return errors[0]
-
+from tests.helpers import run_tiny
 
 # --- a re-run archives every file of the earlier run, under a name of its own ----------------------------------
 
 @pytest.mark.slow
 def test_a_rerun_archives_the_result_with_its_timeline(tmp_path):
-    assert run_cli("--out", str(tmp_path), "--timeline") == 0
+    assert run_tiny("--out", str(tmp_path), "--timeline") == 0
     first = read_result(tmp_path / "baseline.json")
     first_timeline = (tmp_path / "baseline.timeline.json").read_bytes()
-    assert run_cli("--out", str(tmp_path), "--timeline") == 0
+    assert run_tiny("--out", str(tmp_path), "--timeline") == 0
     [folder] = (tmp_path / "previous").iterdir()
     archived = read_result(folder / "baseline.json")
     assert archived.started == first.started

@@ -13,22 +13,7 @@ import pytest
 
 from membench.cli import main
 from membench.results import read_result
-
-TINY = ("--workload", "tests.workloads:mlp", "--batch-size", "4", "--techniques", "baseline", "--steps", "1",
-        "--warmup", "1", "--no-check", "--no-timeline")
-
-
-def run_cli(*args) -> int:
-    return main(["run", *TINY, *args])
-
-
-def _one_error_line(capsys) -> str:
-    """The one error line (the sweep's progress lines may come before it), and no traceback."""
-    err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if line.startswith("membench: error:")]
-    assert len(errors) == 1 and "Traceback" not in err, err
-    return errors[0]
-
+from tests.helpers import TINY_RUN, one_error_line, run_tiny
 
 # --- nothing written outside --out, through a link, or over a measurement (issue 21) ----------------------------
 
@@ -61,7 +46,7 @@ def test_two_sweeps_do_not_write_through_a_symlinked_report_folder(sweep, tmp_pa
     elsewhere.mkdir()
     (sweep / "report").symlink_to(elsewhere)
     assert main(["report", str(sweep)]) == 2
-    assert "is a symlink" in _one_error_line(capsys)
+    assert "is a symlink" in one_error_line(capsys)
     assert list(elsewhere.iterdir()) == []
 
 
@@ -71,11 +56,11 @@ PREDICT = ("predict", "--workload", "tests.workloads:mlp", "--batch-size", "4", 
 
 @pytest.mark.slow
 def test_a_prediction_never_replaces_a_measurement(tmp_path, capsys):
-    assert run_cli("--out", str(tmp_path)) == 0
+    assert run_tiny("--out", str(tmp_path)) == 0
     measured = (tmp_path / "baseline.json").read_bytes()
     capsys.readouterr()
     assert main([*PREDICT, "--out", str(tmp_path)]) == 2
-    assert "holds a measured result" in _one_error_line(capsys)
+    assert "holds a measured result" in one_error_line(capsys)
     assert (tmp_path / "baseline.json").read_bytes() == measured
 
 
@@ -97,7 +82,7 @@ def test_predict_is_refused_while_a_run_holds_the_folder(tmp_path, capsys):
     try:
         assert holder.stdout.readline().strip() == "held"
         assert main([*PREDICT, "--out", str(tmp_path)]) == 2
-        assert "in use by another membench run (pid 4242)" in _one_error_line(capsys)
+        assert "in use by another membench run (pid 4242)" in one_error_line(capsys)
         assert not (tmp_path / "baseline.json").exists()
     finally:
         holder.kill()
@@ -116,7 +101,7 @@ def test_compare_markdown_writes_only_regular_files(sweep, tmp_path, capsys, kin
     elif kind == "folder":
         target.mkdir()
     assert main(["compare", str(sweep), str(sweep), "--markdown", str(target)]) == 2
-    assert f"--markdown {target} is a" in _one_error_line(capsys)
+    assert f"--markdown {target} is a" in one_error_line(capsys)
     assert victim.read_text() == "someone's notes"
     assert (target.is_symlink() if kind == "symlink" else target.is_fifo() if kind == "fifo" else
             target.is_dir() if kind == "folder" else target.is_char_device())
@@ -128,8 +113,8 @@ def test_a_symlinked_lock_file_is_refused_not_written_through(tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
     (out / ".membench.lock").symlink_to(victim)
-    assert run_cli("--out", str(out)) == 2
-    assert "is a symlink" in _one_error_line(capsys)
+    assert run_tiny("--out", str(out)) == 2
+    assert "is a symlink" in one_error_line(capsys)
     assert victim.read_text() == "precious"
 
 
@@ -140,7 +125,7 @@ def test_a_symlinked_log_is_replaced_not_truncated(tmp_path):
     out = tmp_path / "out"
     (out / "runs").mkdir(parents=True)
     (out / "runs" / "baseline.log").symlink_to(victim)
-    assert run_cli("--out", str(out)) == 0
+    assert run_tiny("--out", str(out)) == 0
     assert victim.read_text() == "precious"
     assert not (out / "runs" / "baseline.log").is_symlink()
 
@@ -148,15 +133,15 @@ def test_a_symlinked_log_is_replaced_not_truncated(tmp_path):
 @pytest.mark.parametrize("folder", ["previous", pytest.param("runs", marks=pytest.mark.slow)])
 def test_a_symlinked_folder_inside_out_is_refused_and_the_result_kept(tmp_path, capsys, folder):
     out = tmp_path / "out"
-    assert run_cli("--out", str(out)) == 0
+    assert run_tiny("--out", str(out)) == 0
     kept = (out / "baseline.json").read_bytes()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     shutil.rmtree(out / folder, ignore_errors=True)
     (out / folder).symlink_to(elsewhere)
     capsys.readouterr()
-    assert run_cli("--out", str(out)) == 2
-    assert "is a symlink" in _one_error_line(capsys)
+    assert run_tiny("--out", str(out)) == 2
+    assert "is a symlink" in one_error_line(capsys)
     assert list(elsewhere.iterdir()) == []
     assert (out / "baseline.json").read_bytes() == kept
 
@@ -164,5 +149,5 @@ def test_a_symlinked_folder_inside_out_is_refused_and_the_result_kept(tmp_path, 
 @pytest.mark.slow
 def test_a_factory_that_changes_directory_does_not_move_a_relative_out(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert main(["run", *TINY, "--workload", "tests.workloads:factory_chdirs", "--out", "rel"]) == 0
+    assert main(["run", *TINY_RUN, "--workload", "tests.workloads:factory_chdirs", "--out", "rel"]) == 0
     assert read_result(tmp_path / "rel" / "baseline.json").status == "ok"
