@@ -167,7 +167,7 @@ def attention_and_matmul_ops() -> set:
 
 # --- FSDP2 (techniques/fsdp.py, the storage tracker) -------------------------------------------------------------
 def fsdp_api():
-    """(CPUOffloadPolicy, OffloadPolicy, fully_shard): public since torch 2.6, the fsdp technique's min_torch."""
+    """(CPUOffloadPolicy, OffloadPolicy, fully_shard): public since torch 2.6 (the fsdp technique needs 2.9)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     return CPUOffloadPolicy, OffloadPolicy, fully_shard

@@ -42,7 +42,7 @@ class Technique:
     order: when `configure` runs relative to the others in a stack (small first).
     options: the RunSpec fields only this technique reads (accum's --accum-steps): a run without the technique
     does not depend on them, so check, compare and --resume pair it whatever their value (techniques.pairing_key).
-    min_torch: the oldest torch release ("2.6") that has what it uses, named in min_torch_for; None: any that
+    min_torch: the oldest torch release ("2.9") that has what it uses, named in min_torch_for; None: any that
     membench runs on. An older torch refuses it in one line before anything runs. min_torch_predicted: the same
     for a prediction of it, where that needs more (FSDP2 on fake tensors).
     cost: what it costs in step time, as its summary says, in four classes (COSTS, cheapest first): "none" (as
