@@ -78,8 +78,8 @@ def check_stack(stack: tuple[str, ...], device: str) -> None:
                 raise UserError(f"{name} needs {needed} in the same run: use {label}+{needed}")
         if device not in cls.devices:
             raise UserError(f"technique {name} cannot run on {device}; it runs on: {', '.join(cls.devices)}")
-        installed = _installed_torch()
-        if cls.min_torch is not None and installed and release_of(installed) < release_of(cls.min_torch):
+        installed = _installed_torch() if cls.min_torch is not None else None
+        if installed and release_of(installed) < release_of(cls.min_torch):
             raise UserError(f"technique {name} needs torch >= {cls.min_torch} ({cls.min_torch_for}); this is torch "
                             f"{installed}")
 
