@@ -31,7 +31,7 @@ from membench.predict.ranks import predict_ranks
 from membench.results import Memory, RunRecord, result_path, write_record
 from membench.spec import Job, RunSpec
 from membench.step import batches
-from membench.techniques import Stack, Technique, release_of, resolve
+from membench.techniques import Stack, Technique, resolve, torch_older_than
 from membench.trackers.memory import CpuMeter
 from membench.workloads import Workload, load_workload
 
@@ -186,12 +186,12 @@ def check_predictable(stack: Stack) -> None:
         moved = ", ".join(t.name for t in stack.techniques if not t.predictable)
         raise CannotPredict(f"{moved} moves tensors between host and device memory, which a prediction on CPU "
                             "cannot tell apart: measure it on a GPU")
-    too_old = [t for t in stack.techniques
-               if t.min_torch_predicted and release_of(versions.release()) < release_of(t.min_torch_predicted)]
-    if too_old:
-        raise CannotPredict(f"predicting {too_old[0].name} needs torch >= {too_old[0].min_torch_predicted} (checked "
-                            f"on 2.11 and 2.14; under torch 2.9.1 FSDP2 fails on fake tensors); this is torch "
-                            f"{versions.release()}: measure it with membench run, which trains it there")
+    for t in stack.techniques:
+        installed = torch_older_than(t.min_torch_predicted)
+        if installed:
+            raise CannotPredict(f"predicting {t.name} needs torch >= {t.min_torch_predicted} "
+                                f"({t.min_torch_predicted_for}); this is torch {installed}: measure it with "
+                                "membench run, which trains it there")
 
 
 def _model_on_meta(run: RunSpec, stack: Stack, workload: Workload, ranks: int | None):

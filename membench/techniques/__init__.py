@@ -78,10 +78,19 @@ def check_stack(stack: tuple[str, ...], device: str) -> None:
                 raise UserError(f"{name} needs {needed} in the same run: use {label}+{needed}")
         if device not in cls.devices:
             raise UserError(f"technique {name} cannot run on {device}; it runs on: {', '.join(cls.devices)}")
-        installed = _installed_torch() if cls.min_torch is not None else None
-        if installed and release_of(installed) < release_of(cls.min_torch):
+        installed = torch_older_than(cls.min_torch)
+        if installed:
             raise UserError(f"technique {name} needs torch >= {cls.min_torch} ({cls.min_torch_for}); this is torch "
                             f"{installed}")
+
+
+def torch_older_than(floor: str | None) -> str | None:
+    """The installed torch's version where it is a release older than `floor` ("2.9"), else None (no floor, or an
+    unknown version: torch then says what it lacks itself)."""
+    if floor is None:
+        return None
+    installed = _installed_torch()
+    return installed if installed and _release_of(installed) < _release_of(floor) else None
 
 
 def _installed_torch() -> str | None:
@@ -92,7 +101,7 @@ def _installed_torch() -> str | None:
         return None
 
 
-def release_of(version: str) -> tuple[int, int]:
+def _release_of(version: str) -> tuple[int, int]:
     """(2, 14) of '2.14.1+cu130'."""
     major, minor = version.split("+")[0].split(".")[:2]
     return int(major), int(minor)

@@ -71,6 +71,7 @@ class Technique:
     min_torch: ClassVar[str | None] = None
     min_torch_for: ClassVar[str] = ""
     min_torch_predicted: ClassVar[str | None] = None
+    min_torch_predicted_for: ClassVar[str] = ""
 
     def __init__(self, spec: RunSpec, stack_param_dtype: str | None = None):
         self.spec = spec

@@ -29,7 +29,8 @@ class Fsdp(Technique):
     cost = "low"
     min_torch = "2.9"  # 2.6's FSDP2 (the first public one) fails on CPU: its CPU streams have no record_event
     min_torch_for = "FSDP2 as membench drives it, checked on 2.9.1, 2.11 and 2.14"
-    min_torch_predicted = "2.11"  # predicted on 2.11 and 2.14; on 2.9.1 FSDP2 fails under fake tensors
+    min_torch_predicted = "2.11"
+    min_torch_predicted_for = "checked on 2.11 and 2.14; under torch 2.9.1 FSDP2 fails on fake tensors"
     distributed = True
     conflicts = ("fsdp-offload",)
     conflict_reason = "fsdp-offload is fsdp with CPU offload: choose one"

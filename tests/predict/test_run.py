@@ -239,15 +239,15 @@ def test_a_run_that_cannot_be_predicted_says_why_on_its_line(tmp_path, capfd):
                          "prediction on CPU cannot tell apart: measure it on a GPU")
 
 
-@pytest.mark.parametrize("release, refused", [("2.9", True), ("2.11", False)])
-def test_fsdp_is_predicted_only_under_the_torch_releases_it_was_checked_on(release, refused, monkeypatch):
+@pytest.mark.parametrize("version, refused", [("2.9.1+cu128", True), ("2.11.0+cu130", False)])
+def test_fsdp_is_predicted_only_under_the_torch_releases_it_was_checked_on(version, refused, monkeypatch):
     """Under torch 2.9.1 FSDP2 fails on fake tensors (a real run works): a prediction of it says so instead."""
-    monkeypatch.setattr("membench.predict.emulate.versions.release", lambda version=None: release)
+    monkeypatch.setattr("membench.techniques._installed_torch", lambda: version)
     record = predict(spec("gpt-tiny", ("fsdp",), batch_size=2, device="cuda"))
     if refused:
         assert record.status == "error" and record.traceback is None
         assert record.error == ("cannot predict: predicting fsdp needs torch >= 2.11 (checked on 2.11 and 2.14; "
-                                "under torch 2.9.1 FSDP2 fails on fake tensors); this is torch 2.9: measure it with "
-                                "membench run, which trains it there")
+                                "under torch 2.9.1 FSDP2 fails on fake tensors); this is torch 2.9.1+cu128: measure "
+                                "it with membench run, which trains it there")
     else:
         assert record.status == "ok", record.error
