@@ -469,9 +469,10 @@ def attention_model_checks(small: list[str]) -> list[Callable[[Path], Check]]:
         runs_check("predicted vs measured: Llama shape with grouped-query attention",
                    ["--workload", LLAMA_SMALL, "--batch-size", "4", "--seq-len", "1024", "--techniques",
                     "amp-bf16,amp-bf16+ckpt", "--no-check", *small[2:]], _predicted_within),
-        runs_check("predicted vs measured: fsdp at world size 1", ["--workload", "gpt-small", "--techniques",
-                                                                    "fsdp,fsdp+amp-bf16", "--nproc-per-node", "1",
-                                                                    "--no-check", *small], _predicted_within),
+        # A distributed run is predicted per rank (`predict --world-size`), never beside its ranks' measurements:
+        # the check is that they run; benchmarks/validate_gpu_runs.py predicts them from the kept records.
+        runs_check("fsdp at world size 1", ["--workload", "gpt-small", "--techniques", "fsdp,fsdp+amp-bf16",
+                                            "--nproc-per-node", "1", "--no-check", *small], _all_ok),
     ]
 
 

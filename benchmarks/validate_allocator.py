@@ -12,9 +12,12 @@ it does not say), and the recorded segment allocations and peak reserved are com
 Exact = every segment allocation the same size, caused by the same allocation, in the same order, and the peak
 reserved equal to the byte.
 
-Two replays per file: new segments at the addresses the trace recorded (so every allocation's address can be
-checked too), and new segments at addresses of the simulator's own (as `membench predict` has no recorded ones).
-Exit 0 when every replay is exact, 1 otherwise, 3 with a line saying so when the folder is absent (nothing checked).
+Three replays per file: new segments at the addresses the trace recorded (so every allocation's address can be
+checked too), and new segments at addresses of the simulator's own (as `membench predict` has no recorded ones):
+one after another, ascending, and each below the ones before (top-down, what `membench predict` assumes).
+Exit 0 when the first two replays of every file are exact, 1 otherwise, 3 with a line saying so when the folder is
+absent (nothing checked). Whole-process traces of H200 runs, with every segment's address (results/gpu-traces/,
+made by benchmarks/gpu_traces.py), are checked by unpacking them and naming the folder.
 """
 
 from __future__ import annotations
@@ -46,14 +49,16 @@ def validate(paths: list[Path]) -> tuple[list[list], list[str], bool]:
         actual = actual_of(trace)
         recorded = replay(trace)
         laid_out = replay(trace, recorded_addresses=False)
+        top_down = replay(trace, recorded_addresses=False, placement="top-down")
         seconds = time.perf_counter() - started
-        first, second = compare(actual, recorded), compare(actual, laid_out)
+        first, second, third = compare(actual, recorded), compare(actual, laid_out), compare(actual, top_down)
         all_exact &= first.exact and second.exact
         rows.append([path.name, len(trace.events), actual.peak_reserved_bytes, recorded.peak_reserved_bytes,
                      f"{first.matched}/{first.total}", f"{recorded.same_address}/{actual.allocs}",
                      "yes" if first.exact else "NO",
                      laid_out.peak_reserved_bytes, f"{second.matched}/{second.total}",
-                     "yes" if second.exact else "NO", f"{seconds:.3f}"])
+                     "yes" if second.exact else "NO",
+                     top_down.peak_reserved_bytes, "yes" if third.exact else "NO", f"{seconds:.3f}"])
     return rows, skipped, all_exact
 
 
@@ -70,10 +75,12 @@ def main(argv: list[str]) -> int:
     if rows:
         headers = ["file", "events", "actual peak reserved (B)", "simulated (B)", "segment allocs matched",
                    "allocs at recorded address", "exact", "simulated, own addresses (B)", "matched", "exact",
-                   "time (s)"]
+                   "top-down (B)", "exact", "time (s)"]
         print(tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True))
-        print(f"\n{sum(r[6] == 'yes' and r[9] == 'yes' for r in rows)} of {len(rows)} snapshots exact; "
-              f"{time.perf_counter() - started:.2f} s for all (loading, rebuilding and both replays)")
+        print(f"\n{sum(r[6] == 'yes' and r[9] == 'yes' for r in rows)} of {len(rows)} snapshots exact; at the "
+              f"recorded addresses {sum(r[6] == 'yes' for r in rows)}, at its own {sum(r[9] == 'yes' for r in rows)} "
+              f"ascending and {sum(r[11] == 'yes' for r in rows)} top-down; "
+              f"{time.perf_counter() - started:.2f} s for all (loading, rebuilding and the replays)")
     for line in skipped:
         print(f"not replayed: {line}")
     if not rows:

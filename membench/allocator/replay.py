@@ -48,7 +48,8 @@ def actual_of(trace: Trace) -> Actual:
 
 
 def replay(trace: Trace, settings: AllocatorSettings | None = None, capacity: int | None = None,
-           recorded_addresses: bool = True, memory_fraction: float | None = None) -> SimulationResult:
+           recorded_addresses: bool = True, memory_fraction: float | None = None,
+           placement: str = "ascending") -> SimulationResult:
     """Run the trace's allocations and frees through the simulator, from the state rebuilt at its first event.
 
     A run of consecutive segment_free events is one torch.cuda.empty_cache() (or, with default settings, the release
@@ -56,7 +57,8 @@ def replay(trace: Trace, settings: AllocatorSettings | None = None, capacity: in
     garbage_collection_threshold or max_split_size may free fewer there, and would not replay exactly). New segments
     are placed at the addresses the trace recorded while the simulator asks for the same sizes in the same order
     (the driver's choice of address only breaks ties between equal-size free blocks); elsewhere, or with
-    recorded_addresses=False, they are laid out one after another.
+    recorded_addresses=False, the simulator places them by `placement` (CachingAllocator's: "ascending", one after
+    another, or "top-down", each below the ones before).
     """
     settings = settings or trace.settings
     recorded = [(e["size"], e["addr"]) for e in trace.events if e["action"] == SEGMENT_ALLOC]
@@ -70,7 +72,7 @@ def replay(trace: Trace, settings: AllocatorSettings | None = None, capacity: in
         return None  # the simulator lays it out itself
 
     alloc = CachingAllocator(settings, capacity, segment_address=recorded_address if recorded_addresses else None,
-                             memory_fraction=memory_fraction)
+                             memory_fraction=memory_fraction, placement=placement)
     blocks = {}
     for seg in trace.segments:
         for (addr, _, _), block in zip(seg.allocated, alloc.add_segment(seg.address, seg.size, seg.is_small,
