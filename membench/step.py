@@ -133,6 +133,9 @@ def batches(workload: Workload, spec: RunSpec, rank: int = 0, world: int = 1):
     for i in range(10**9):
         full = workload.make_batch(spec.batch_size * world, torch.Generator().manual_seed(spec.seed * 100_003 + i))
         yield full if world == 1 else tuple(t.chunk(world)[rank].contiguous() for t in full)
+        # Hold no batch while the next is made: a CUDA run copies each to the GPU inside its step, after the last
+        # step's copy is gone, and a prediction (whose batches are the device's) must free in that order too.
+        del full
 
 
 __all__ = ["TrainState", "train_step", "forward_step", "build_state", "batches"]

@@ -53,11 +53,13 @@ CANNOT_SEE = (
     "equal cached blocks a request reuses depends on the addresses the CUDA driver gives segments, which a CPU "
     "cannot know: it can move peak allocated by unsplit remainders (under 1 MiB each; 491,520 B on one of eight "
     "real traces) and peak reserved by a segment (40 MiB on another); a prediction places each new segment below "
-    "the earlier ones, as the H200 runs' driver did, where other drivers lay them out ascending",
+    "the earlier ones, as the H200 runs' driver did, where other drivers lay them out ascending; one driver "
+    "placed the same requests differently from one run to the next (20 MiB of reserved apart on an H200)",
     "kernel choice: CUDA kernels may save other tensors than the CPU ones (cuDNN convolutions); attention runs "
     "the kernel torch's rules choose for the GPU (the installed release's where they were read: 2.11, 2.12, "
-    "2.14; else 2.14's; printed), but cuDNN attention's engine workspace beyond its frontend's is not known (0 "
-    "assumed), and nn.MultiheadAttention's inference fast path keeps only its output",
+    "2.14; else 2.14's; printed), but cuDNN attention's engine workspace beyond its frontend's is not derivable "
+    "(forward: the 256 B an H200 took with cuDNN 9.19; backward: 0 assumed), and nn.MultiheadAttention's "
+    "inference fast path keeps only its output",
     "ops whose output size depends on data, and model code that branches on tensor values",
 )
 
@@ -349,6 +351,7 @@ def _collected_between(data):
     for batch in data:
         gc.collect()
         yield batch
+        del batch  # gone before the next is made, as on a GPU (step.batches)
 
 
 def _add_reserved(memory: Memory, trace: list[TraceEvent], stack: Stack, budget: int | None) -> ReservedSummary:

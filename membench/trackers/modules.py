@@ -83,13 +83,30 @@ def module_names(model: nn.Module) -> dict[nn.Module, str]:
 
 
 def parameter_owners(model: nn.Module) -> dict[torch.Tensor, str]:
-    """Each parameter and buffer -> the qualified name of the module holding it (the model: its class name)."""
+    """Each parameter and buffer -> the qualified name of the module holding it (the model: its class name), in
+    the order `model.to(device)` copies them (what a prediction registers its fake parameters in)."""
     root = type(model).__name__
     owners: dict[torch.Tensor, str] = {}
     for named in (model.named_parameters(), model.named_buffers()):
         for name, tensor in named:
             owners.setdefault(tensor, name.rpartition(".")[0] or root)
-    return owners
+    ordered = {t: owners[t] for t in _apply_order(model) if t in owners}
+    return {**ordered, **owners}
+
+
+def _apply_order(module: nn.Module, seen: set[int] | None = None):
+    """The tensors in the order nn.Module._apply visits them: each child first (depth first), then the module's
+    own parameters, then its buffers; a tensor shared by two modules, once. On a GPU, a model built on the host and
+    moved with `.to(device)` allocates its parameters in this order, not named_parameters()'s (the module's own
+    first), which decides how they are laid out in the allocator's first segments."""
+    seen = set() if seen is None else seen
+    for child in module.children():
+        yield from _apply_order(child, seen)
+    for table in (module._parameters, module._buffers):
+        for tensor in table.values():
+            if tensor is not None and id(tensor) not in seen:
+                seen.add(id(tensor))
+                yield tensor
 
 
 def _output_nodes(output):

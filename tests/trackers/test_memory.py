@@ -140,3 +140,29 @@ def test_a_cuda_record_keeps_the_allocator_settings_it_ran_with(env, label):
     from membench.trackers.memory import allocator_label
 
     assert allocator_label(env) == label
+
+
+def test_batches_hold_no_batch_while_the_next_is_made():
+    # A CUDA run copies each batch to the GPU inside its step, after the last step's copy is gone; a prediction's
+    # batches are the device's, so the generator must not keep the last one alive while it makes the next (an
+    # H200's vit_l_16 trace: the old batch freed, then the new one allocated).
+    import dataclasses
+    import gc
+    import weakref
+
+    from membench.step import batches
+    from membench.workloads import load_workload
+
+    workload = load_workload("vit-tiny", None)
+    seen: list = []
+    made_while_alive: list[bool] = []
+
+    def make_batch(*args):
+        made_while_alive.append(bool(seen) and seen[-1]() is not None)
+        return workload.make_batch(*args)
+
+    data = batches(dataclasses.replace(workload, make_batch=make_batch), spec("vit-tiny", batch_size=2).run)
+    seen.append(weakref.ref(next(data)[0]))
+    gc.collect()
+    next(data)
+    assert made_while_alive == [False, False]

@@ -115,3 +115,32 @@ def test_cuda_top_sites_at_the_trace_peak_from_a_hand_built_snapshot():
         ("/home/me/train.py:20 (attention)", 5120, 2), ("/home/me/train.py:10 (embed)", 1024, 1)]
     assert cuda.allocation_site([]) == "(no Python frame)"
     assert cuda.allocation_site(frames("x", 1)[:1]).startswith("/site-packages/torch/nn/modules/linear.py:125")
+
+
+def test_parameters_are_registered_in_the_order_to_device_copies_them():
+    # nn.Module._apply (what .to(device) runs) visits each child first, depth first, then the module's own
+    # parameters, then its buffers; a tensor two modules share, once. A CUDA run that builds on the host and moves
+    # the model allocates its parameters in that order (an H200's vit_l_16 trace: conv_proj's weight and bias, the
+    # first block's LayerNorm, out_proj, then the attention's own in_proj_weight...), which a prediction follows.
+    from membench.trackers.modules import parameter_owners
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.in_proj = nn.Parameter(torch.zeros(3))
+            self.out = nn.Linear(2, 2)
+            self.register_buffer("mask", torch.zeros(1))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.token = nn.Parameter(torch.zeros(4))
+            self.attn = Attention()
+            self.head = nn.Linear(2, 5)
+            self.head.weight = self.attn.out.weight  # tied: once, where _apply meets it first
+
+    model = Model()
+    order = list(parameter_owners(model).items())
+    expected = [(model.attn.out.weight, "attn.out"), (model.attn.out.bias, "attn.out"), (model.attn.in_proj, "attn"),
+                (model.attn.mask, "attn"), (model.head.bias, "head"), (model.token, "Model")]
+    assert [(id(t), owner) for t, owner in order] == [(id(t), owner) for t, owner in expected]

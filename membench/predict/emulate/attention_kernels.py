@@ -27,8 +27,9 @@ allocations and frees each kernel makes through the caching allocator, in its or
   unit-strided, and the graph's workspace from the caching allocator: the frontend's fp32 dQ accumulator
   [B, H, Lq, D] and softmax sum [B, H, Lq] (cuDNN 9's backward always takes them, unless deterministic).
 
-Sizes are worked out by hand in tests/predict/emulate/test_attention_kernels.py. Not followed (and said by
-`predict`): the cuDNN engine's own workspace beyond the frontend's (not derivable from source: 0 assumed), which
+Sizes are worked out by hand in tests/predict/emulate/test_attention_kernels.py. The cuDNN engine's own workspace
+beyond the frontend's is not derivable from source: in forward it is what an H200 took (CUDNN_FORWARD_WORKSPACE_BYTES),
+in backward 0 is assumed. Not followed (and said by `predict`): which
 of two memory-efficient backward kernels fits the GPU's shared memory (the first of torch's list is taken),
 grouped-query attention's expanded gradients, and the reductions' scratch inside these kernels.
 """
@@ -49,6 +50,10 @@ FLASH_BWD = aten._scaled_dot_product_flash_attention_backward.default
 EFFICIENT_FWD = aten._scaled_dot_product_efficient_attention.default
 EFFICIENT_BWD = aten._scaled_dot_product_efficient_attention_backward.default
 CUDNN_FWD = aten._scaled_dot_product_cudnn_attention.default
+# The cuDNN engine's forward workspace, taken after the stats and freed as the call returns: 256 B in every forward
+# call of four models' traces on an H200 (torch 2.11.0, cuDNN 9.19.0; results/gpu-traces/: [16, 12, 197, 64]
+# non-causal, [4, 12, 512, 64], [8, 12, 1024, 64] and [4, 16, 1024, 64] causal, bf16); none in their backward.
+CUDNN_FORWARD_WORKSPACE_BYTES = 256
 CUDNN_BWD = aten._scaled_dot_product_cudnn_attention_backward.default
 
 
@@ -201,8 +206,9 @@ def cudnn_forward(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.
 def cudnn_forward_events(a: dict, out, gpu) -> list[Event]:
     compute = a["compute_log_sumexp"]
     # _cudnn_attention_forward: seed and offset first; run_cudnn_SDP_fprop: o, the stats, the graph's workspace
-    # (the frontend's is empty for these graphs; the engine's is not known: 0 assumed, so no allocation).
-    return [Output(6), Output(7), Output(0)] + ([Output(1)] if compute else [])
+    # (the frontend's is empty for these graphs; the engine's, not derivable from source, as measured).
+    return [Output(6), Output(7), Output(0)] + ([Output(1)] if compute else []) + [
+        Alloc("workspace", CUDNN_FORWARD_WORKSPACE_BYTES), Free("workspace")]
 
 
 def cudnn_backward(grad_out, query, key, value, out, logsumexp, philox_seed, philox_offset, attn_bias, cum_seq_q,
@@ -374,13 +380,15 @@ def efficient_backward_events(a: dict, out, gpu) -> list[Event]:
     kernel = backward_kernel(query.dtype, gpu.compute_capability, max(d, dv), dropout_p != 0, m, n)
     if kernel.computes_delta:
         events.append(Alloc("delta", b * h * m * 4))
-    else:  # (grad_out.float() * out.float()).sum(-1).transpose(-2, -1).contiguous()
-        events += [Alloc("product", b * m * h * dv * 4), Alloc("row_sums", b * m * h * 4), Free("product"),
-                   Alloc("delta", b * h * m * 4), Free("row_sums")]
+    else:  # (grad_out.float() * out.float()).sum(-1).transpose(-2, -1).contiguous(): the expression's temporaries
+        # go when it ends, the last made first (H200 traces: vit-small's, vit_l_16's)
+        events += [Alloc("product", b * m * h * dv * 4), Alloc("row_sums", b * m * h * 4),
+                   Alloc("delta", b * h * m * 4), Free("row_sums"), Free("product")]
     workspace = efficient_workspace_bytes(kernel, b, h, m, n, d, dv)
     if workspace:
         events.append(Alloc("workspace", workspace))
-    events += ([Free("workspace")] if workspace else []) + [Free("delta")]
+    # delta is let go before the workspace (the same traces)
+    events += [Free("delta")] + ([Free("workspace")] if workspace else [])
     if copy:
         events.append(Free("grad_out_copy"))
     return events

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from membench.predict.emulate.dropout import cuda_dropout
+from membench.predict.emulate.linear import cuda_linear
 from membench.predict.emulate.sdpa import cuda_sdpa
 from membench.private import AUTOCAST_CPU_KEYS, destroy_library, exclude_dispatch_keys, ops_with_kernel_for
 
@@ -253,9 +254,9 @@ def _kernels(casts: _Casts) -> dict[str, object]:
 @contextlib.contextmanager
 def cuda_policy(gpu=None):
     """While active, torch.autocast("cpu", ...) applies CUDA's autocast policy (see the module's docstring), and
-    scaled_dot_product_attention and dropout run as on `gpu` (predict/emulate/sdpa.py, predict/emulate/dropout.py);
-    yields the attention calls seen (sdpa.Sites)."""
-    with cuda_sdpa(gpu) as sites, cuda_dropout(), _autocast_policy():
+    scaled_dot_product_attention, dropout and linear run as on `gpu` (predict/emulate/sdpa.py, dropout.py,
+    linear.py); yields the attention calls seen (sdpa.Sites)."""
+    with cuda_sdpa(gpu) as sites, cuda_dropout(), cuda_linear(), _autocast_policy():
         yield sites
 
 

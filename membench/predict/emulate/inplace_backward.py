@@ -20,7 +20,8 @@ measurement under the tracker) would count memory that a plain run never allocat
 `BackwardPaths` makes the tracker run the in-place op there instead: in backward, when an out-of-place op of
 `INPLACE` gets as `self` the zero-filled tensor the latest zeros factory made and nothing else has used, the tensor
 is private to the formula, so writing into it is what the plain run does; and when an `add` in backward sums a
-gradient made by an earlier node (the engine's buffer) with another of the same shape and dtype, the first dense
+gradient made by an earlier node (the engine's buffer; a formula's gradients count whether it returns one tensor or
+several, as LayerNorm's and attention's backward do) with another of the same shape and dtype, the first dense
 and sharing its storage with no other tensor (a view's base shares it, and the engine then sums out of place too),
 with grad mode off, it is the engine's accumulation and runs as `add_`. Two approximations, each one gradient for
 a moment: a node that sends two gradients to the same input (x * x) sums them out of place here (the first was
@@ -94,6 +95,12 @@ class BackwardPaths:
 
     def made(self, func, out) -> None:
         """After each op: in backward, when its fake tensors were made, and the zeros of a formula."""
+        if isinstance(out, (tuple, list)):  # a backward formula's several gradients (layer_norm's, conv's, ...)
+            if in_backward():
+                for t in out:
+                    if isinstance(t, torch.Tensor) and is_fake(t):
+                        self._born[t] = self._current_epoch()
+            return
         if not isinstance(out, torch.Tensor) or not in_backward() or not is_fake(out):
             return
         self._born[out] = self._current_epoch()

@@ -79,6 +79,17 @@ def test_a_permuted_gradient_is_summed_in_place_too():
     assert peak == before + 2 * FULL + 4
 
 
+def test_a_gradient_from_a_formula_of_several_outputs_is_summed_in_place_too():
+    # y feeds y * 5 and layer_norm(y) * 3; the second branch was made last, so backward runs it first: y's buffer
+    # first holds LayerNorm's input gradient, one of the three tensors native_layer_norm_backward returns, then y * 5's
+    # gradient arrives and the engine sums into the first in place (it holds the only reference). Peak: LayerNorm's
+    # output gradient and input gradient (FULL each) while its backward runs, then y's two gradients, and the
+    # loss's 4 B gradient. Summed out of place (the prediction did, not counting a several-output formula's gradient
+    # as the engine's) it held a third FULL for a moment, where an H200's vit_b_16 trace shows none.
+    peak, before = _backward_peak(lambda x: (lambda y: y * 5 + torch.nn.functional.layer_norm(y, (V,)) * 3)(x.exp()))
+    assert peak == before + 2 * FULL + 4
+
+
 def test_a_gradient_that_is_a_view_is_summed_out_of_place_as_the_engine_does():
     # Through y.t(): the gradient reaching y is a view whose base keeps the storage shared (storage use count 2),
     # which the engine does not steal: the sum is a new tensor, a third FULL while both are alive.

@@ -1,0 +1,66 @@
+"""nn.Linear's bias as a plain CUDA run adds it, on CPU fake tensors.
+
+`linear` (aten/src/ATen/native/Linear.cpp, torch 2.14) adds the bias inside the kernel (addmm) for a 2-D input and
+for a contiguous one, which it flattens to 2-D. Any other input (the transposed [L, B, E] query that
+nn.MultiheadAttention hands its in-projection, torchvision's ViT's included) goes through `matmul`, and the bias is
+then added in place, `output.add_(bias)`, unless the bias is "tensor-subclass-like"
+(aten/src/ATen/TensorSubclassLikeUtils.h), when it is added out of place. Every tensor is one while a dispatch mode
+is active, so a prediction (fake tensors, the storage tracker) made a second output-sized tensor for a moment at
+each such layer where the GPU makes none. Seen on an H200 (torch 2.11): vit-small's plain step allocates, per
+in-projection, the input's copy, the [65, 4, 1152] product and the packed projection's contiguous copy; the
+prediction one more 1,198,080 B product between the last two. Which cached blocks later requests split depends on
+it: the prediction's peak allocated was 399,360 B under the GPU's.
+
+While `cuda_linear()` is active, `aten::linear` runs that code as a plain run does (the branches of torch 2.14;
+the environment's TORCH_LINEAR_FLATTEN_3D=1 too), the bias added in place on the matmul path. It is registered at
+the dispatcher, replacing the op's CompositeImplicitAutograd kernel (as predict/emulate/dropout.py does), so it also
+holds in backward, where checkpointing recomputes the forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import warnings
+
+import torch
+
+from membench.private import destroy_library
+
+
+def _flatten_nd_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    sizes = input.shape
+    result = torch.addmm(bias, input.reshape(math.prod(sizes[:-1]), sizes[-1]), weight.t())
+    return result.view(*sizes[:-1], result.shape[1])
+
+
+def _linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if input.dim() == 0 or weight.dim() == 0:
+        raise RuntimeError(f"both arguments to linear need to be at least 1D, but they are {input.dim()}D and "
+                           f"{weight.dim()}D")
+    if bias is not None:
+        if input.dim() == 2:
+            return torch.addmm(bias, input, weight.t())
+        if input.is_contiguous() and (input.dim() == 3 or (input.layout == torch.strided
+                                                            and weight.layout == torch.strided and bias.dim() == 1)):
+            return _flatten_nd_linear(input, weight, bias)
+        if os.environ.get("TORCH_LINEAR_FLATTEN_3D") == "1" and input.dim() == 3:
+            return _flatten_nd_linear(input.contiguous(), weight, bias)
+    output = torch.matmul(input, weight.t())
+    if bias is not None:
+        output.add_(bias)  # a plain run's path; out of place only for tensor-subclass-like biases
+    return output
+
+
+@contextlib.contextmanager
+def cuda_linear():
+    """While active, aten::linear adds a bias on its matmul path in place, as a plain run does."""
+    library = torch.library.Library("aten", "IMPL")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Overriding a previously registered kernel": that is the point
+            library.impl("linear", _linear, "CompositeImplicitAutograd")
+        yield
+    finally:
+        destroy_library(library)
