@@ -28,8 +28,9 @@ allocations and frees each kernel makes through the caching allocator, in its or
   [B, H, Lq, D] and softmax sum [B, H, Lq] (cuDNN 9's backward always takes them, unless deterministic).
 
 Sizes are worked out by hand in tests/predict/emulate/test_attention_kernels.py. The cuDNN engine's own workspace
-beyond the frontend's is not derivable from source: in forward it is what an H200 took (CUDNN_FORWARD_WORKSPACE_BYTES),
-in backward 0 is assumed. Not followed (and said by `predict`): which
+beyond the frontend's is not derivable from source: it is what an H200 took (CUDNN_ENGINE_WORKSPACE_BYTES, and the
+grouped-query backward's per-query-head dK and dV, `cudnn_engine_backward_bytes`). Not followed (and said by
+`predict`): which
 of two memory-efficient backward kernels fits the GPU's shared memory (the first of torch's list is taken),
 grouped-query attention's expanded gradients, and the reductions' scratch inside these kernels.
 """
@@ -50,10 +51,11 @@ FLASH_BWD = aten._scaled_dot_product_flash_attention_backward.default
 EFFICIENT_FWD = aten._scaled_dot_product_efficient_attention.default
 EFFICIENT_BWD = aten._scaled_dot_product_efficient_attention_backward.default
 CUDNN_FWD = aten._scaled_dot_product_cudnn_attention.default
-# The cuDNN engine's forward workspace, taken after the stats and freed as the call returns: 256 B in every forward
-# call of four models' traces on an H200 (torch 2.11.0, cuDNN 9.19.0; results/gpu-traces/: [16, 12, 197, 64]
-# non-causal, [4, 12, 512, 64], [8, 12, 1024, 64] and [4, 16, 1024, 64] causal, bf16); none in their backward.
-CUDNN_FORWARD_WORKSPACE_BYTES = 256
+# The cuDNN engine's own workspace beyond the frontend's: 256 B in every forward call of four models' traces on an
+# H200 (torch 2.11.0, cuDNN 9.19.0; results/gpu-traces/: [16, 12, 197, 64] non-causal, [4, 12, 512, 64],
+# [8, 12, 1024, 64] and [4, 16, 1024, 64] causal, bf16), and 256 B more than the frontend's in every backward call,
+# in the one workspace torch allocates for the graph.
+CUDNN_ENGINE_WORKSPACE_BYTES = 256
 CUDNN_BWD = aten._scaled_dot_product_cudnn_attention_backward.default
 
 
@@ -208,7 +210,7 @@ def cudnn_forward_events(a: dict, out, gpu) -> list[Event]:
     # _cudnn_attention_forward: seed and offset first; run_cudnn_SDP_fprop: o, the stats, the graph's workspace
     # (the frontend's is empty for these graphs; the engine's, not derivable from source, as measured).
     return [Output(6), Output(7), Output(0)] + ([Output(1)] if compute else []) + [
-        Alloc("workspace", CUDNN_FORWARD_WORKSPACE_BYTES), Free("workspace")]
+        Alloc("workspace", CUDNN_ENGINE_WORKSPACE_BYTES), Free("workspace")]
 
 
 def cudnn_backward(grad_out, query, key, value, out, logsumexp, philox_seed, philox_offset, attn_bias, cum_seq_q,
@@ -225,6 +227,18 @@ def cudnn_workspace_bytes(b: int, h: int, lq: int, d_qk: int, deterministic: boo
     return softmax_sum + (0 if deterministic else b * h * lq * d_qk * 4)
 
 
+def cudnn_engine_backward_bytes(query, key, value) -> int:
+    """The engine's part of the backward workspace: CUDNN_ENGINE_WORKSPACE_BYTES, and under grouped-query attention
+    (fewer key/value heads than query heads) the frontend's dK and dV of every query head before they are summed
+    per key/value head (`dK_fullhead`, `dV_fullhead`: [B, Hq, Skv, D] in the inputs' dtype, virtual in the
+    frontend's graph for dense inputs, so the engine's to hold). The Llama shape's trace on the H200 ([4, 16, 1024,
+    64] queries over 4 key/value heads, bf16): 262,144 + 16,777,216 B of the frontend's, 2 x 8,388,608 + 256 B more."""
+    b, h, _, d = query.shape
+    s_kv, h_kv, d_v = key.shape[2], key.shape[1], value.shape[3]
+    fullhead = b * h * s_kv * (d + d_v) * query.element_size() if h_kv != h else 0
+    return CUDNN_ENGINE_WORKSPACE_BYTES + fullhead
+
+
 def cudnn_backward_events(a: dict, out, gpu) -> list[Event]:
     grad_out, query = a["grad_out"], a["query"]
     b, h, lq, d = query.shape
@@ -233,7 +247,9 @@ def cudnn_backward_events(a: dict, out, gpu) -> list[Event]:
     if copy:
         events.append(Alloc("grad_out_copy", grad_out.numel() * grad_out.element_size()))
     deterministic = torch.are_deterministic_algorithms_enabled()
-    events += [Alloc("workspace", cudnn_workspace_bytes(b, h, lq, d, deterministic)), Free("workspace")]
+    workspace = cudnn_workspace_bytes(b, h, lq, d, deterministic) + cudnn_engine_backward_bytes(query, a["key"],
+                                                                                                a["value"])
+    events += [Alloc("workspace", workspace), Free("workspace")]
     if copy:
         events.append(Free("grad_out_copy"))
     return events

@@ -16,6 +16,7 @@ from membench.predict import gpus
 from membench.predict.emulate import fake
 from membench.predict.emulate.attention_kernels import (
     backward_kernel,
+    cudnn_engine_backward_bytes,
     cudnn_workspace_bytes,
     efficient_workspace_bytes,
     flash_split_kv,
@@ -70,10 +71,24 @@ def test_sm90_cudnn():
     assert fwd == ["+8", "+8", f"+{QKV}", "+2400", "+256", "-256"]
     assert kept == QKV + 2400 + 16
     # Backward: dq, dk, dv; the workspace: the frontend's fp32 softmax sum [B, H, L] (2,400 B) and dQ accumulator
-    # [B, H, L, D] (96,000 B) = 98,400 B, freed as the kernel returns; then autograd lets go of the saved output,
-    # stats, seed, offset, and of the output gradient.
+    # [B, H, L, D] (96,000 B) = 98,400 B, and the engine's 256 B, one allocation freed as the kernel returns; then
+    # autograd lets go of the saved output, stats, seed, offset, and of the output gradient.
     assert cudnn_workspace_bytes(B, H, L, D, deterministic=False) == 98_400
-    assert bwd[:5] == [f"+{QKV}"] * 3 + ["+98400", "-98400"]
+    assert bwd[:5] == [f"+{QKV}"] * 3 + ["+98656", "-98656"]
+
+
+def test_cudnn_grouped_query_backward_holds_every_query_heads_dk_and_dv():
+    # The Llama shape the H200 ran (results/gpu-traces/): queries [4, 16, 1024, 64] over 4 key/value heads, bf16.
+    # The frontend's workspace: softmax sum 4 x 16 x 1024 x 4 B = 262,144 B and dQ accumulator x 64 = 16,777,216 B;
+    # the engine's: 256 B, and dK and dV for all 16 query heads before the per-group sums, [4, 16, 1024, 64] bf16 =
+    # 8,388,608 B each. Together 33,816,832 B: the one workspace each backward call took on the GPU.
+    q = torch.empty(4, 16, 1024, 64, dtype=torch.bfloat16, device="meta")
+    kv = torch.empty(4, 4, 1024, 64, dtype=torch.bfloat16, device="meta")
+    assert cudnn_workspace_bytes(4, 16, 1024, 64, deterministic=False) == 262_144 + 16_777_216
+    assert cudnn_engine_backward_bytes(q, kv, kv) == 256 + 2 * 8_388_608
+    assert cudnn_workspace_bytes(4, 16, 1024, 64, False) + cudnn_engine_backward_bytes(q, kv, kv) == 33_816_832
+    # Without grouping (as many key/value heads as query heads) the engine keeps only its 256 B.
+    assert cudnn_engine_backward_bytes(q, q, q) == 256
 
 
 def test_sm90_cudnn_copies_an_output_gradient_without_a_unit_stride():
@@ -81,7 +96,7 @@ def test_sm90_cudnn_copies_an_output_gradient_without_a_unit_stride():
     # (48,000 B) after dq, dk, dv and before the workspace, and lets it go after (the sum and its 0-dim gradient
     # come first: 2 B each).
     _, bwd, _, _ = attention(H100, grad="sum")
-    assert bwd[:9] == ["+2", "+2"] + [f"+{QKV}"] * 3 + [f"+{QKV}", "+98400", "-98400", f"-{QKV}"]
+    assert bwd[:9] == ["+2", "+2"] + [f"+{QKV}"] * 3 + [f"+{QKV}", "+98656", "-98656", f"-{QKV}"]
 
 
 def test_sm80_flash():
