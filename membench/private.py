@@ -11,6 +11,7 @@ import contextlib
 import functools
 import inspect
 import sys
+import warnings
 import weakref
 
 import torch
@@ -43,6 +44,20 @@ def ops_with_kernel_for(key: str, namespace: str = "aten") -> list[str]:
 
 def destroy_library(library) -> None:
     library._destroy()
+
+
+@contextlib.contextmanager
+def composite_kernel_replaced(op_name: str, kernel):
+    """While active, aten::`op_name` runs `kernel` as its CompositeImplicitAutograd kernel (at the dispatcher, so
+    also in backward, where checkpointing recomputes the forward); torch's own comes back after."""
+    library = torch.library.Library("aten", "IMPL")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Overriding a previously registered kernel": that is the point
+            library.impl(op_name, kernel, "CompositeImplicitAutograd")
+        yield
+    finally:
+        destroy_library(library)
 
 
 # --- whether an op decomposes (CompositeImplicitAutograd): the storage tracker under inference_mode ----------

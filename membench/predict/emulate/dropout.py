@@ -25,11 +25,10 @@ mask of zeros) make the output first, as the fake kernel does.
 from __future__ import annotations
 
 import contextlib
-import warnings
 
 import torch
 
-from membench.private import destroy_library
+from membench.private import composite_kernel_replaced
 
 
 def _dropout(input: torch.Tensor, p: float, train: bool) -> torch.Tensor:
@@ -55,11 +54,5 @@ def count_mask_first(func, args, out, tracker) -> None:
 @contextlib.contextmanager
 def cuda_dropout():
     """While active, a training dropout keeps a boolean mask, as CUDA's fused dropout does."""
-    library = torch.library.Library("aten", "IMPL")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "Overriding a previously registered kernel": that is the point
-            library.impl("dropout", _dropout, "CompositeImplicitAutograd")
+    with composite_kernel_replaced("dropout", _dropout):
         yield
-    finally:
-        destroy_library(library)

@@ -95,16 +95,15 @@ class BackwardPaths:
 
     def made(self, func, out) -> None:
         """After each op: in backward, when its fake tensors were made, and the zeros of a formula."""
-        if isinstance(out, (tuple, list)):  # a backward formula's several gradients (layer_norm's, conv's, ...)
-            if in_backward():
-                for t in out:
-                    if isinstance(t, torch.Tensor) and is_fake(t):
-                        self._born[t] = self._current_epoch()
+        # a formula's one gradient, or its several (layer_norm's, conv's, ...)
+        made = [t for t in (out if isinstance(out, (tuple, list)) else (out,))
+                if isinstance(t, torch.Tensor) and is_fake(t)]
+        if not made or not in_backward():
             return
-        if not isinstance(out, torch.Tensor) or not in_backward() or not is_fake(out):
-            return
-        self._born[out] = self._current_epoch()
-        if func in ZERO_FACTORIES:
+        epoch = self._current_epoch()
+        for t in made:
+            self._born[t] = epoch
+        if func in ZERO_FACTORIES and made[0] is out:
             self._fresh = weakref.ref(out)
 
 

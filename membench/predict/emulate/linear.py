@@ -13,7 +13,7 @@ it: the prediction's peak allocated was 399,360 B under the GPU's.
 
 While `cuda_linear()` is active, `aten::linear` runs that code as a plain run does (the branches of torch 2.14;
 the environment's TORCH_LINEAR_FLATTEN_3D=1 too), the bias added in place on the matmul path. It is registered at
-the dispatcher, replacing the op's CompositeImplicitAutograd kernel (as predict/emulate/dropout.py does), so it also
+the dispatcher, replacing the op's CompositeImplicitAutograd kernel (private.composite_kernel_replaced), so it also
 holds in backward, where checkpointing recomputes the forward.
 """
 
@@ -22,11 +22,10 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import warnings
 
 import torch
 
-from membench.private import destroy_library
+from membench.private import composite_kernel_replaced
 
 
 def _flatten_nd_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -56,11 +55,5 @@ def _linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 @contextlib.contextmanager
 def cuda_linear():
     """While active, aten::linear adds a bias on its matmul path in place, as a plain run does."""
-    library = torch.library.Library("aten", "IMPL")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "Overriding a previously registered kernel": that is the point
-            library.impl("linear", _linear, "CompositeImplicitAutograd")
+    with composite_kernel_replaced("linear", _linear):
         yield
-    finally:
-        destroy_library(library)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -33,7 +32,7 @@ import torch
 from membench.predict import gpus
 from membench.predict.emulate import versions
 from membench.predict.emulate.sdpa_choice import Call, Choice, Operand, Settings, choose, rules_release
-from membench.private import destroy_library, no_dispatch_modes
+from membench.private import composite_kernel_replaced, no_dispatch_modes
 from membench.results.schema import Attention, AttentionSite
 
 aten = torch.ops.aten
@@ -202,13 +201,9 @@ def math_mask_add(func, args, kwargs):
 def cuda_sdpa(gpu=None):
     """While active, attention runs as it would on `gpu` (default: the default --gpu); yields the Sites seen."""
     sites = Sites(gpus.gpu(None) if gpu is None else gpu)
-    library = torch.library.Library("aten", "IMPL")
     _ACTIVE.append(sites)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "Overriding a previously registered kernel": that is the point
-            library.impl("scaled_dot_product_attention", _sdpa, "CompositeImplicitAutograd")
-        yield sites
+        with composite_kernel_replaced("scaled_dot_product_attention", _sdpa):
+            yield sites
     finally:
         _ACTIVE.remove(sites)
-        destroy_library(library)
