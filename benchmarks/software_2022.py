@@ -13,6 +13,12 @@ The doc (transformers v4.18, "Performance and Scalability") shows its machine's 
   scores as an fp32 [batch, 1, 1, seq] tensor of zeros: under fp16 autocast the sum, softmax's input, is fp32.
   Today's BERT adds no mask when given none.
 
+- torch before pytorch#88339 (November 2022, after both releases below) summed two dense gradients that meet at
+  one input out of place: InputBuffer::accumulate (torch/csrc/autograd/input_buffer.cpp) reused the first one's
+  memory only when one of them was sparse. So at every fork in the graph (a residual stream, the query, key and
+  value projections of one input) a third gradient-sized tensor was alive for a moment, where today's engine adds
+  the second into the first.
+
 Which torch it was is not printed: the date allows 1.9 as well as 1.10. They differ in one thing that matters
 here: 1.9's CUDA autocast ran gelu in float32 (dropped from its fp32 list in June 2021, pytorch#59639; 1.10's
 sources do not list it), so under fp16 each layer kept a float32 copy of gelu's input, where 1.10 keeps the
@@ -21,9 +27,10 @@ float16 one.
 `early_2022(torch)` makes predictions in this process do what that software did: `torch.nn.functional.softmax`
 becomes an autograd function that saves its input and output (for float32 and float16 inputs, the doc's; a
 bfloat16 input under autocast was copied to float32 first, which this does not do), BERT's eager attention adds
-that mask, and with torch="1.9" the CUDA autocast policy of membench's predictions runs gelu in float32. Nothing
-else of that software is emulated; tests/benchmarks/test_software_2022.py checks each on CPU against what is expected
-by hand.
+that mask, a CUDA prediction sums gradients out of place (it does not emulate today's in-place sums,
+membench/predict/emulate/inplace_backward.py), and with torch="1.9" the CUDA autocast policy of membench's
+predictions runs gelu in float32. Nothing else of that software is emulated; tests/benchmarks/test_software_2022.py
+checks each on CPU against what is expected by hand.
 """
 
 from __future__ import annotations
@@ -80,16 +87,20 @@ TORCH_VERSIONS = ("1.9", "1.10")
 
 @contextlib.contextmanager
 def early_2022(torch_version: str = "1.10"):
-    """Softmax saving its input (torch < 1.11), BERT's all-zeros fp32 mask (transformers v4.18) and, for torch 1.9,
-    gelu in float32 under CUDA autocast, while inside (membench's CUDA policy reads its op lists on entering)."""
+    """Softmax saving its input (torch < 1.11), BERT's all-zeros fp32 mask (transformers v4.18), the engine's
+    gradient sums out of place (torch before pytorch#88339) and, for torch 1.9, gelu in float32 under CUDA autocast,
+    while inside (membench's CUDA policy reads its op lists on entering)."""
     from transformers.models.bert import modeling_bert
 
     from membench.predict.emulate import autocast
+    from membench.predict.emulate.inplace_backward import BackwardPaths
 
     if torch_version not in TORCH_VERSIONS:
         raise ValueError(f"torch_version {torch_version!r}: one of {', '.join(TORCH_VERSIONS)}")
     eager, lists = modeling_bert.eager_attention_forward, autocast.cuda_lists
+    engine_sums_in_place = BackwardPaths.engine_sums_in_place
     F.softmax = _softmax_keeping_input
+    BackwardPaths.engine_sums_in_place = False
     modeling_bert.eager_attention_forward = _with_v4_18_mask(eager)
     if torch_version == "1.9":
         with_gelu = dataclasses.replace(lists(), fp32=(*lists().fp32, "gelu"), source="torch 1.9's, gelu added")
@@ -100,3 +111,4 @@ def early_2022(torch_version: str = "1.10"):
         F.softmax = _softmax
         modeling_bert.eager_attention_forward = eager
         autocast.cuda_lists = lists
+        BackwardPaths.engine_sums_in_place = engine_sums_in_place

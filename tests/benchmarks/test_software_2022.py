@@ -82,3 +82,34 @@ def test_torch_1_9s_cuda_autocast_runs_gelu_in_fp32(version, gelu_dtype):
 def test_an_unknown_torch_version_is_refused():
     with pytest.raises(ValueError, match="one of 1.9, 1.10"), early_2022("2.0"):
         pass
+
+
+def test_the_engine_sums_two_gradients_out_of_place_as_torch_before_pytorch_88339_did():
+    from membench.predict import gpus
+    from membench.predict.emulate import fake
+    from membench.predict.emulate.kernels import CudaKernels
+    from membench.trackers.storage import StorageTracker
+
+    n, v = 64, 1000
+    full = n * v * 4  # one fp32 (64, 1000) gradient
+
+    def backward_peak() -> int:
+        """Peak live bytes in backward above those before it, of a CUDA prediction where y feeds two nodes."""
+        with fake.fake_tensors():
+            tracker = StorageTracker()
+            tracker.kernels = CudaKernels(gpus.gpu("V100"), workspace_bytes=0)
+            with tracker:
+                x = torch.randn(n, v, requires_grad=True)
+                y = x.exp()
+                loss = (y * 3 + y * 5).sum()
+                before = tracker.current
+                tracker.reset_peak()
+                loss.backward()
+            return tracker.peak.bytes - before
+
+    today = backward_peak()
+    with early_2022():
+        then = backward_peak()
+    assert today == 2 * full + 4  # the two gradients reaching y (the second added into the first), the loss's
+    assert then == 3 * full + 4  # and their sum, a third tensor, while both are alive
+    assert backward_peak() == today  # restored on leaving

@@ -58,6 +58,9 @@ class BackwardPaths:
     """Remembers, in backward, the zero-filled tensor a formula just made and which node made each tensor; see the
     module's docstring."""
 
+    # The engine of torch since pytorch#88339 (November 2022); a prediction of older software's run turns it off.
+    engine_sums_in_place = True
+
     def __init__(self):
         self._fresh = None  # weakref to it: a strong one would keep it alive, and its memory counted, too long
         self._node = None  # the autograd node that ran the latest op in backward (held: its id stays its own)
@@ -73,7 +76,8 @@ class BackwardPaths:
 
     def rewrite(self, func, args, kwargs):
         """The op to run in place of `func`: itself, or the in-place op a plain run calls there."""
-        if func is ADD and len(args) == 2 and not kwargs and self._is_engine_accumulation(*args):
+        if (func is ADD and self.engine_sums_in_place and len(args) == 2 and not kwargs
+                and self._is_engine_accumulation(*args)):
             return ADD_
         if self._fresh is None:
             return func
