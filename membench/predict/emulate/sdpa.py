@@ -155,27 +155,37 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
     boolean = attn_mask is not None and attn_mask.dtype == torch.bool
     if choice.backend == "cudnn":
         mask = _boolean_to_additive(attn_mask, query.dtype, cudnn=True) if boolean else attn_mask
-        return aten._scaled_dot_product_cudnn_attention(query, key, value, mask, requires_grad, dropout_p,
-                                                        is_causal, False, scale=scale)[0]
+        return _first(aten._scaled_dot_product_cudnn_attention, query, key, value, mask, requires_grad, dropout_p,
+                      is_causal, False, scale=scale)
     mask = _boolean_to_additive(attn_mask, query.dtype, cudnn=False) if boolean else attn_mask
     if choice.backend == "flash":
         size = query.shape[-1]
         padded = [_pad_last_dim(t, 8) for t in (query, key, value)]
         og_scale = scale if scale is not None else 1.0 / math.sqrt(size)  # the scale of the head size before padding
-        out = aten._scaled_dot_product_flash_attention(*padded, dropout_p, is_causal, False, scale=og_scale)[0]
+        out = _first(aten._scaled_dot_product_flash_attention, *padded, dropout_p, is_causal, False, scale=og_scale)
         return out if out.shape[-1] == size else out[..., :size]
     if choice.backend == "efficient":
         if mask is not None:
             mask = _efficient_mask(mask, query, key)
-        return aten._scaled_dot_product_efficient_attention(query, key, value, mask, requires_grad, dropout_p,
-                                                            is_causal, scale=scale)[0]
+        return _first(aten._scaled_dot_product_efficient_attention, query, key, value, mask, requires_grad,
+                      dropout_p, is_causal, scale=scale)
     _MATH_FORWARD[0] += 1
     try:
         gqa = {"enable_gqa": True} if enable_gqa else {}  # torch < 2.5's op has no such argument
-        return aten._scaled_dot_product_attention_math(query, key, value, mask, dropout_p, is_causal, None,
-                                                       scale=scale, **gqa)[0]
+        return _first(aten._scaled_dot_product_attention_math, query, key, value, mask, dropout_p, is_causal, None,
+                      scale=scale, **gqa)
     finally:
         _MATH_FORWARD[0] -= 1
+
+
+def _first(op, *args, **kwargs) -> torch.Tensor:
+    """op's first output, the others let go first to last, as ATen's std::tuple of them is destroyed (a Python tuple
+    lets go of its items last to first): where nothing saves them (no grad, a checkpoint's first forward), cuDNN's
+    log-sum-exp is freed before its seed and offset, as on the H200."""
+    items = list(op(*args, **kwargs))  # the tuple goes at once; the list holds them
+    for i in range(1, len(items)):
+        items[i] = None
+    return items[0]
 
 
 _MATH_FORWARD = [0]  # math-path calls running now (their forward's ops; checkpoint's recomputation included)

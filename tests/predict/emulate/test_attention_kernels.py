@@ -77,6 +77,20 @@ def test_sm90_cudnn():
     assert bwd[:5] == [f"+{QKV}"] * 3 + ["+98656", "-98656"]
 
 
+def test_outputs_nothing_saves_are_let_go_first_to_last_as_atens_tuple_is():
+    # In a non-reentrant checkpoint's first forward autograd saves nothing (its saved-tensor hooks pack none), so
+    # only the output outlives the call: ATen's std::tuple of the rest is destroyed first to last, the stats before
+    # the seed and offset (a Python tuple lets go last to first), as the H200's Llama-shape trace shows.
+    with cuda_policy(H100), fake.fake_tensors():
+        q, k, v = (torch.empty(B, L, H, D, dtype=torch.bfloat16).transpose(1, 2).requires_grad_() for _ in range(3))
+        tracker = StorageTracker(trace=True)
+        tracker.kernels = CudaKernels(H100, workspace_bytes=0)
+        with tracker, torch.autograd.graph.saved_tensors_hooks(lambda t: None, lambda packed: packed):
+            out = F.scaled_dot_product_attention(q, k, v)
+    assert out.shape == q.shape
+    assert _events(tracker.trace, {}) == ["+8", "+8", f"+{QKV}", "+2400", "+256", "-256", "-2400", "-8", "-8"]
+
+
 def test_cudnn_grouped_query_backward_holds_every_query_heads_dk_and_dv():
     # The Llama shape the H200 ran (results/gpu-traces/): queries [4, 16, 1024, 64] over 4 key/value heads, bf16.
     # The frontend's workspace: softmax sum 4 x 16 x 1024 x 4 B = 262,144 B and dQ accumulator x 64 = 16,777,216 B;
