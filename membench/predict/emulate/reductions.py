@@ -3,7 +3,7 @@
 Fake tensors run no kernel, so a CUDA prediction adds these (`KernelScratch`, called by
 predict/emulate/kernels.py's `CudaKernels` after each op), in the order a GPU allocates and frees them. They raise
 the peak only by their own size for a moment, but they change which cached blocks the allocator splits, and so the
-unsplit remainders `max_memory_allocated()` counts and the segments it reserves. Three kinds, as torch 2.11 runs
+unsplit remainders `max_memory_allocated()` counts and the segments it reserves. Five kinds, as torch 2.11 runs
 them (the version of the real traces benchmarks/validate_predictions.py checks, whose recorded steps show exactly
 these allocations):
 
@@ -22,14 +22,19 @@ these allocations):
 - **`_safe_softmax`** (the math attention path's softmax): a composite whose CUDA run makes a bool mask of its
   input, a row mask and a zero scalar after its output (`safe_softmax_scratch`; on the H200's Llama-shape trace, a
   64 MiB mask per layer that gave that run its 64 MiB segments).
+- **cumsum and cumprod of another dtype** (a bool mask's cumsum, as transformers' packed-sequence check makes):
+  `impl_func_cum_ops` (ReduceOps.cpp) scans `self.to(result.scalar_type())`, a copy after the result, freed as it
+  returns; fake tensors run only the op's meta function. 32 KiB in each forward of the H200's Llama-shape trace.
+- **nn.Embedding's backward** (`embedding_dense_backward`, predict/emulate/embedding.py): past 3,072 indices it
+  sorts them and sums each index's rows in partial segments, with buffers on both sides of its gradient's
+  allocation (`OUTPUTS` marks where; fit keeps the two parts apart).
 
 Sizes are derived from that code, not fitted; tests/predict/emulate/test_reductions.py works small cases out by hand.
 Not modelled: the other reductions (max/min, norms, var/std, argmax: their own accumulator types), reductions past
 32-bit indexing (split into sub-iterators, each with its own buffers), the `self.to(dtype)` copy a reduction
 makes of an input whose dtype it does not read (an integer sum, a `dtype=` wider than the input), the range check
-of a direct `index_put_(..., accumulate=True)` (two one-element reductions; backward's skips it),
-embedding_dense_backward's (nn.Embedding's) sort and segment buffers, and index_put_ on a non-contiguous tensor
-(the contiguous copy).
+of a direct `index_put_(..., accumulate=True)` (two one-element reductions; backward's skips it), and
+index_put_ on a non-contiguous tensor (the contiguous copy).
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ import torch
 
 from membench.allocator.events import TraceEvent
 from membench.common.vocab import OTHER
+from membench.predict.emulate.cub import cub_sort_pairs_temp_bytes, num_bits
+from membench.predict.emulate.embedding import EMBEDDING_BACKWARD, embedding_backward_scratch
 from membench.predict.emulate.foreach_norm import FOREACH_NORMS, foreach_norm_scratch
 
 aten = torch.ops.aten
@@ -50,6 +57,7 @@ SCRATCH_MODULE = "(CUDA kernel scratch)"
 
 SUMS = frozenset({aten.sum.default, aten.sum.dim_IntList})
 MEANS = frozenset({aten.mean.default, aten.mean.dim})
+CUMULATIVE = frozenset({aten.cumsum.default, aten.cumprod.default})
 MIN_VALUES_PER_THREAD, MAX_VALUES_PER_THREAD = 16, 256  # setReduceConfig's constants (CUDA; ROCm differs)
 
 
@@ -266,63 +274,6 @@ def reduction_scratch(func, args, kwargs, out, gpu) -> list[int]:
 # --- accumulating index_put_: Indexing.cu and cub's radix sort ---------------------------------------------------
 
 INDEX_PUTS = frozenset({aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default})
-CUB_ALIGN = 256  # cub's AliasTemporaries: each part aligned to 256 bytes, plus 255 for the base's alignment
-CUB_MAX_SMEM = 48 * 1024  # cub's max_smem_per_block, which bounds a register-scaled policy's threads
-
-
-def _reg_bound(threads: int, items: int, size: int) -> int:
-    """Tile items of a cub policy given for 4-byte types, scaled to `size`-byte ones (cub's RegBoundScaling)."""
-    items = max(1, items * 4 // max(4, size))
-    threads = min(threads, -(-(CUB_MAX_SMEM // (size * items)) // 32) * 32)
-    return threads * items
-
-
-def _cub_policy(compute_capability: tuple[int, int], key_size: int, value_size: int) -> tuple[int, int]:
-    """(single-tile items, onesweep tile items) of cub's DeviceRadixSortPolicy for pairs (CCCL 2.x,
-    cub/device/dispatch/tuning/tuning_radix_sort.cuh): the single tile is <256 threads, 19 items> on every
-    architecture here; onesweep <256, 23> for sm70/sm75 (Policy700), <384, 21> for sm80/86/89 (Policy800),
-    <384, 24 for 8-byte values, else 30> for 64-bit keys on sm90 (Policy900); each scaled to the larger of the key
-    and value types."""
-    dominant = max(key_size, value_size)
-    single = _reg_bound(256, 19, dominant)
-    if compute_capability >= (9, 0):
-        onesweep = _reg_bound(384, 24 if value_size >= 8 else 30, dominant)
-    elif compute_capability >= (8, 0):
-        onesweep = _reg_bound(384, 21, dominant)
-    else:
-        onesweep = _reg_bound(256, 46 if key_size == 4 and value_size == 4 else 23, dominant)
-    return single, onesweep
-
-
-def cub_sort_pairs_temp_bytes(num_items: int, end_bit: int, gpu, key_size: int = 8, value_size: int = 8) -> int:
-    """cub::DeviceRadixSort::SortPairs's temp_storage_bytes (keys in != keys out, as torch's radix_sort_pairs
-    calls it; its item count is an int64_t, so cub's offsets are 8 bytes, its atomic counters 4): 1 byte when the
-    items fit one tile, else onesweep's bins, lookback, extra key and value buffers and counters."""
-    single, tile = _cub_policy(gpu.compute_capability, key_size, value_size)
-    if num_items <= single:
-        return 1
-    radix_bits, digits = 8, 256
-    portion = ((1 << 28) - 1) // tile * tile
-    passes = -(-end_bit // radix_bits)
-    portions = -(-num_items // portion)
-    blocks = -(-min(num_items, portion) // tile)
-    parts = [portions * passes * digits * 8,  # bins (OffsetT)
-             blocks * digits * 4,  # lookback (AtomicOffsetT)
-             0 if passes <= 1 else num_items * key_size,  # the extra key buffer
-             0 if passes <= 1 else num_items * value_size,  # and value buffer
-             portions * passes * 4]  # counters
-    return sum(-(-p // CUB_ALIGN) * CUB_ALIGN for p in parts) + CUB_ALIGN - 1
-
-
-def _num_bits(max_key: int) -> int:
-    """torch's cuda::cub::get_num_bits."""
-    bits = 1
-    while max_key > 1:
-        max_key >>= 1
-        bits += 1
-    return bits
-
-
 def index_put_scratch(func, args, kwargs, gpu) -> list[TraceEvent]:
     """The allocations and frees of index_put_with_sort_kernel, in order, keyed by name; or []."""
     self, indices = args[0], args[1]
@@ -354,7 +305,7 @@ def index_put_scratch(func, args, kwargs, gpu) -> list[TraceEvent]:
     if num_indices == 0 or slice_size == 0:
         return events + [free("linear0")]
     largest = sum((n - 1) * s for n, s in zip(self.shape, self.stride()))  # largestIndex(self)
-    temp = cub_sort_pairs_temp_bytes(num_indices, _num_bits(largest // slice_size), gpu)
+    temp = cub_sort_pairs_temp_bytes(num_indices, num_bits(largest // slice_size), gpu)
     return events + [alloc("sorted_indices", num_indices * 8), alloc("orig_indices", num_indices * 8),
                      alloc("range", num_indices * 8), alloc("cub_temp", temp), free("cub_temp"),
                      free("range"), free("orig_indices"), free("sorted_indices"), free("linear0")]
@@ -402,7 +353,10 @@ def safe_softmax_scratch(args, kwargs, out, gpu) -> list[TraceEvent]:
 # --- the hook -----------------------------------------------------------------------------------------------------
 
 
-CANDIDATES = SUMS | MEANS | INDEX_PUTS | FOREACH_NORMS | SAFE_SOFTMAX  # the ops whose kernels may take scratch
+# the ops whose kernels may take scratch
+CANDIDATES = SUMS | MEANS | CUMULATIVE | INDEX_PUTS | FOREACH_NORMS | SAFE_SOFTMAX | EMBEDDING_BACKWARD
+OUTPUTS_AMID = EMBEDDING_BACKWARD  # the ops that allocate their outputs after some of their scratch
+OUTPUTS = TraceEvent("alloc", "(the op's outputs)")  # where, among such an op's scratch events
 
 
 @dataclass(frozen=True)
@@ -415,6 +369,7 @@ class KernelCall:
     count: int
     func: object
     layout: tuple  # layout_of((args, kwargs, out))
+    part: int = 0  # of an op of OUTPUTS_AMID: 0 before its outputs are allocated, 1 after
 
 
 def layout_of(value):
@@ -450,7 +405,8 @@ class KernelScratch:
         self.gpu = gpu
 
     def events(self, func, args, kwargs, out) -> list[TraceEvent]:
-        """Its allocations and frees keyed by name, in the kernel's order; [] for most ops."""
+        """Its allocations and frees keyed by name, in the kernel's order ([] for most ops), with OUTPUTS where the
+        kernel allocates its outputs amid them (the ops of OUTPUTS_AMID; the others allocate them first)."""
         if func in SUMS or func in MEANS:
             sizes = reduction_scratch(func, args, kwargs or {}, out, self.gpu)
             if not sizes:
@@ -459,8 +415,16 @@ class KernelScratch:
                     TraceEvent.free("semaphores"), TraceEvent.free("buffer")]
         if func in INDEX_PUTS:
             return index_put_scratch(func, args, kwargs or {}, self.gpu)
+        if func in CUMULATIVE:  # impl_func_cum_ops (ReduceOps.cpp) scans self.to(result's dtype): a copy if it differs
+            self = args[0]
+            if self.dim() and self.numel() and self.dtype != out.dtype:
+                return [TraceEvent.alloc("cast", self.numel() * out.element_size()), TraceEvent.free("cast")]
+            return []
         if func in SAFE_SOFTMAX:
             return safe_softmax_scratch(args, kwargs or {}, out, self.gpu)
+        if func in EMBEDDING_BACKWARD:  # predict/emulate/embedding.py
+            before, after = embedding_backward_scratch(args, kwargs or {}, self.gpu)
+            return [*before, OUTPUTS, *after]
         if func in FOREACH_NORMS:  # predict/emulate/foreach_norm.py
             size = foreach_norm_scratch(func, args, kwargs or {})
             return [TraceEvent.alloc("output_per_tensor", size), TraceEvent.free("output_per_tensor")] if size else []
@@ -469,21 +433,34 @@ class KernelScratch:
     def events_of(self, call: KernelCall, layout: tuple | None = None) -> list[TraceEvent]:
         """The scratch events of a kept call, or of the same call with other layouts (fit's other batch sizes)."""
         args, kwargs, out = from_layout(call.layout if layout is None else layout)
-        return self.events(call.func, args, kwargs, out)
+        return _parts(call.func, self.events(call.func, args, kwargs, out))[call.part]
 
     def run(self, func, args, kwargs, out, tracker) -> None:
-        """Allocates and frees them through the tracker, after the op's outputs (allocated before the kernel)."""
+        """Allocates and frees them through the tracker, with the op's outputs where the kernel allocates them:
+        first (before the kernel runs), or at OUTPUTS."""
         if func not in CANDIDATES:
             return
-        tracker.track_outputs(out)  # allocated before the kernel runs
-        at = len(tracker.trace) if tracker.trace is not None else 0
         live = {}
-        for event in self.events(func, args, kwargs, out):
-            if event.kind == "alloc":  # held only in `live`, so that deleting it there frees it
-                live[event.key] = torch.empty(event.size, dtype=torch.uint8)
-                tracker.track(live[event.key], OTHER, SCRATCH_MODULE)
-            else:
-                del live[event.key]  # its storage's last reference: the tracker sees it freed now
-        if tracker.kernel_calls is not None:
-            tracker.kernel_calls.append(KernelCall(at, len(tracker.trace) - at, func,
-                                                   layout_of((tuple(args), dict(kwargs or {}), out))))
+        layout = None
+        for part, events in enumerate(_parts(func, self.events(func, args, kwargs, out))):
+            if part or func not in OUTPUTS_AMID:
+                tracker.track_outputs(out)
+            at = len(tracker.trace) if tracker.trace is not None else 0
+            for event in events:
+                if event.kind == "alloc":  # held only in `live`, so that deleting it there frees it
+                    live[event.key] = torch.empty(event.size, dtype=torch.uint8)
+                    tracker.track(live[event.key], OTHER, SCRATCH_MODULE)
+                else:
+                    del live[event.key]  # its storage's last reference: the tracker sees it freed now
+            if tracker.kernel_calls is not None:
+                layout = layout or layout_of((tuple(args), dict(kwargs or {}), out))
+                tracker.kernel_calls.append(KernelCall(at, len(tracker.trace) - at, func, layout, part))
+
+
+def _parts(func, events: list[TraceEvent]) -> list[list[TraceEvent]]:
+    """A kernel's events in the parts its outputs' allocation divides them into: one, unless it allocates its
+    outputs amid its scratch."""
+    if func not in OUTPUTS_AMID:
+        return [events]
+    at = events.index(OUTPUTS)
+    return [events[:at], events[at + 1:]]

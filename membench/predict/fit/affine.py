@@ -78,10 +78,12 @@ class AffineTrace:
         out: list[TraceEvent] = []
         calls = iter(self.calls)
         call = next(calls, None)
-        measured_from = None
+        measured_from = invocation = None
         for i, (kind, size) in enumerate(zip([*self.kinds, None], [*self.sizes, None])):
             while call is not None and call.at == i:
-                out += self._scratch(call, batch)
+                if call.call.part == 0:  # a later part (after the op's outputs) is of the same kernel invocation
+                    invocation = id(call)
+                out += self._scratch(call, batch, invocation)
                 call = next(calls, None)
             if i == self.measured_from:
                 measured_from = len(out)
@@ -89,12 +91,12 @@ class AffineTrace:
                 out.append(kind if size is None else TraceEvent(kind.kind, kind.key, size.at(batch), kind.stream))
         return out, measured_from
 
-    def _scratch(self, call: AffineCall, batch: int) -> list[TraceEvent]:
-        """A kernel call's scratch at `batch`, keyed apart from the trace's storages."""
+    def _scratch(self, call: AffineCall, batch: int, invocation: int) -> list[TraceEvent]:
+        """A kernel call's scratch at `batch`, keyed apart from the trace's storages (and from other invocations')."""
         steps, rest = divmod(batch - self.first, self.step)
         if rest:
             raise ValueError(f"batch {batch} is not a whole number of steps of {self.step} from {self.first}")
-        return [TraceEvent(e.kind, ("scratch", id(call), e.key), e.size, e.stream)
+        return [TraceEvent(e.kind, ("scratch", invocation, e.key), e.size, e.stream)
                 for e in self.scratch.events_of(call.call, _at(call.layout, steps))]
 
     def matches(self, traced: Traced, batch: int) -> str | None:

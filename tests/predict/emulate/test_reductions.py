@@ -9,13 +9,9 @@ import torch
 
 from membench.predict import gpus
 from membench.predict.emulate import fake
+from membench.predict.emulate.cub import cub_sort_pairs_temp_bytes
 from membench.predict.emulate.kernels import CudaKernels
-from membench.predict.emulate.reductions import (
-    SCRATCH_MODULE,
-    KernelScratch,
-    cub_sort_pairs_temp_bytes,
-    reduction_scratch,
-)
+from membench.predict.emulate.reductions import SCRATCH_MODULE, KernelScratch, reduction_scratch
 from membench.trackers.storage import StorageTracker
 
 aten = torch.ops.aten
@@ -197,3 +193,19 @@ def test_safe_softmax_of_two_long_rows_splits_alls_reduction():
     assert [e.key for e in events if e.kind == "free"] == ["semaphores", "buffer", "zero", "masked_rows", "masked"]
     # A dtype other than the input's (softmax's converted copy) is not modelled.
     assert KernelScratch(H100).events(aten._safe_softmax.default, (x, -1, torch.float32), {}, x.float()) == []
+
+
+def test_a_bool_masks_cumsum_scans_an_int64_copy_as_transformers_packed_sequence_check_makes():
+    kept = []
+
+    def check():
+        positions = torch.zeros(4, 1024, dtype=torch.long)  # 32,768 B
+        mask = positions != 1  # 4,096 B
+        kept.append(mask.cumsum(-1))  # the int64 result, then self.to(int64) scanned, freed as it returns
+
+    # then the function's locals go: positions, mask
+    assert _trace(check) == [("alloc", 32_768), ("alloc", 4096), ("alloc", 32_768), ("alloc", 32_768),
+                             ("free", 32_768), ("free", 32_768), ("free", 4096)]
+    # of the same dtype: no copy (the input, then the result; the input let go)
+    assert _trace(lambda: kept.append(torch.zeros(4, 1024).cumsum(-1))) == [("alloc", 16_384), ("alloc", 16_384),
+                                                                              ("free", 16_384)]
