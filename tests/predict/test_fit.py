@@ -255,7 +255,7 @@ def test_jobs_out_of_range_is_one_line_naming_the_range():
 def test_kernel_scratch_only_larger_batches_take_is_worked_out_again_at_each_batch():
     """gpt-tiny's sums split across blocks on an H100 only at larger batches (their kernel scratch: none at 2 and 3,
     64 allocations and frees at 64), and its token embedding's backward sorts its indices only past 3,072 (none at
-    2 and 3; at 64, 8,192 indices: 6 events before its gradient's allocation and 22 after, in the warm-up step and
+    2 and 3; at 64, 4,096 indices: 6 events before its gradient's allocation and 22 after, in the warm-up step and
     the measured one): the trace derived from batches 2 and 3 works each call's scratch out again, both sides of
     the gradient, and makes a real prediction's allocations at 64 event for event, and its peak."""
     from membench.api import plan

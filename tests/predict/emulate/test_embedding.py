@@ -45,15 +45,37 @@ def test_gpt_smalls_token_embedding_backward_as_the_h200_ran_it(monkeypatch):
 
 
 def test_a_16_bit_gradient_sums_its_segments_in_fp32_and_int32_indices_take_four_bytes():
-    grad = torch.empty(4096, 64, dtype=torch.bfloat16, device="meta")
+    # 4,096 bf16 rows of width 1,024 into a 50,000-row table on an A100: 4,096 segments at most, each summed by a
+    # block of 1,024 threads: 4,096 blocks, not fewer than 108 SMs x 4, so two passes
+    grad = torch.empty(4096, 1024, dtype=torch.bfloat16, device="meta")
     indices = torch.empty(4096, dtype=torch.int32, device="meta")
-    # fewer rows (100) than indices: 100 segments at most
-    before, after = embedding_backward_scratch((grad, indices, 100, -1, False), {}, A100)
+    before, after = embedding_backward_scratch((grad, indices, 50_000, -1, False), {}, A100)
     assert [e.size for e in before if e.kind == "alloc"][:3] == [4096 * 4] * 3
     sizes = {e.key: e.size for e in after if e.kind == "alloc"}
-    assert sizes["partials_per_segment"] == sizes["partials_per_segment_offset"] == 100 * 4
-    assert sizes["partial_segment_offset"] == (409 + 100) * 4
-    assert sizes["grad_weight_per_segment"] == (409 + 100) * 64 * 4
+    assert sizes["partials_per_segment"] == sizes["partials_per_segment_offset"] == 4096 * 4
+    assert sizes["partial_segment_offset"] == (409 + 4096) * 4
+    assert sizes["grad_weight_per_segment"] == (409 + 4096) * 1024 * 4  # fp32
+
+
+def test_few_rows_sum_in_one_pass_of_atomic_adds_into_an_fp32_gradient():
+    # A 100-row table of width 64: at most 100 segments, one 64-thread block each: 100 blocks < 108 SMs x 4, and
+    # 4,096 // 10 + 100 = 509 partial segments > 4 x 100: use_fused_kernel. A map from partial segment to
+    # segment (int32: 509 x 4 B) and, the gradient being bf16, an fp32 one to add into (100 x 64 x 4 B), freed
+    # before the map; no per-segment sums.
+    grad = torch.empty(4096, 64, dtype=torch.bfloat16, device="meta")
+    indices = torch.empty(4096, dtype=torch.int32, device="meta")
+    _, after = embedding_backward_scratch((grad, indices, 100, -1, False), {}, A100)
+    assert _sizes(after)[10:16] == [("alloc", 8), ("alloc", 509 * 4), ("alloc", 509 * 4), ("alloc", 100 * 64 * 4),
+                                    ("free", "grad_weight_acc"), ("free", "partial_to_segment_idx")]
+    # fp32: no copy; with deterministic algorithms, the two passes again
+    _, after = embedding_backward_scratch((grad.float(), indices, 100, -1, False), {}, A100)
+    assert ("alloc", 100 * 64 * 4) not in _sizes(after)
+    torch.use_deterministic_algorithms(True)
+    try:
+        _, after = embedding_backward_scratch((grad, indices, 100, -1, False), {}, A100)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert ("alloc", 509 * 64 * 4) in _sizes(after)
 
 
 def test_up_to_3072_indices_take_nothing_but_a_non_contiguous_gradient_is_copied_first():
@@ -87,5 +109,6 @@ def test_the_gradient_is_allocated_between_the_sort_and_the_segments():
     i = next(k for k in range(len(events)) if events[k:k + 3] == [("alloc", n8)] * 3)
     assert events[i:i + 8] == [("alloc", n8), ("alloc", n8), ("alloc", n8), ("alloc", 83_455), ("free", 83_455),
                                ("free", n8), ("alloc", gradient), ("alloc", n8)]
-    # max_segments = min(4,096, 50) = 50: the partial segments' sums are 4,096 // 10 + 50 rows
-    assert ("alloc", (409 + 50) * 16 * 4) in events[i:]
+    # 50 rows of width 16: 50 one-warp blocks per segment pass, fewer than 132 SMs x 4, so the fused pass: a map
+    # of 4,096 // 10 + 50 partial segments (int64), no per-segment sums
+    assert ("alloc", (409 + 50) * 8) in events[i:] and ("alloc", (409 + 50) * 16 * 4) not in events[i:]
