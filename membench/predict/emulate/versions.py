@@ -25,6 +25,10 @@ class Rule:
 RULES = (
     Rule("reductions' vector widths and scratch", ("2.14",), "Reduce.cuh, and the vectorization the 2.14 binary "
          "picks for 16-bit means (predict/emulate/reductions.py)"),
+    Rule("nn.Embedding's backward scratch and cub's storage", ("2.11", "2.14"), "Embedding.cu and "
+         "EmbeddingBackwardKernel.cu (its fused pass, pytorch#172454), cub.cuh and CCCL's dispatch code "
+         "(predict/emulate/embedding.py, cub.py); 2.11 on an NVIDIA H200's traces, the 2.11 and 2.14 binaries' "
+         "kernels, 2.14's cub.cuh and SortingCommon.cuh"),
     Rule("cuBLAS and cuBLASLt workspace sizes", ("2.11", "2.14"), "CublasHandlePool.cpp and "
          "torch.backends.cuda's documentation (cuBLASLt's own workspace before 2.13, gpus.cublaslt_workspace_bytes); "
          "2.11 on the real GPU traces (benchmarks/validate_predictions.py) and on an H200 "
