@@ -106,7 +106,7 @@ class Session:
         """Go on as if `steps` steps had run, unseen (a prediction that writes its warm-up step instead of running
         it): the next step has their index and the batch after theirs."""
         for _ in self._indices(steps):
-            next(self.data)
+            self.meter.track_inputs(next(self.data))
 
     def measure(self, steps: int = 1, run_steps=untimed) -> tuple[Memory, list[float], list[float]]:
         """Reset the peak and run `steps` steps under the meter; returns (memory, step times, losses).

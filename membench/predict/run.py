@@ -37,6 +37,7 @@ from membench.workloads import Workload, load_workload
 
 if TYPE_CHECKING:
     from membench.allocator import ReservedSummary
+    from membench.trackers.storage import StorageTracker
 
 CUDA_BLOCK = 512  # the caching allocator rounds every allocation up to a multiple of this
 
@@ -229,8 +230,9 @@ def _fake_session(run: RunSpec, stack: Stack, workload: Workload, meta_model, gp
         meter.tracker.kernels = CudaKernels(gpu)
     if tags is not None:
         meter.tracker.stream_of = tags.current
+    data = _collected_between(batches(workload, run))
     return Session(run, dataclasses.replace(stack, techniques=techniques), workload, meter,
-                   _collected_between(batches(workload, run)), track_host=False)
+                   _made_on_host(data, meter.tracker) if gpu is not None else data, track_host=False)
 
 
 def _warm_up(session: Session, primed: steady.Primed | None, warmup: int) -> None:
@@ -353,6 +355,20 @@ def _collected_between(data):
         gc.collect()
         yield batch
         del batch  # gone before the next is made, as on a GPU (step.batches)
+
+
+def _made_on_host(data, tracker: StorageTracker):
+    """The batches of a CUDA prediction: a GPU run makes each on the host (the workload's make_batch: CPU tensors)
+    and copies it to the GPU in the step, so only what the step takes as its inputs is counted, from then on
+    (Session.step and skip track them); make_batch's temporaries (gpt's [B, L + 1] tokens) never are."""
+    while True:
+        tracker.unseen = True
+        try:
+            batch = next(data)
+        finally:
+            tracker.unseen = False
+        yield batch
+        del batch
 
 
 def _add_reserved(memory: Memory, trace: list[TraceEvent], stack: Stack, budget: int | None) -> ReservedSummary:

@@ -71,6 +71,7 @@ class StorageTracker(TorchDispatchMode):
         self._stream_keys: dict[int, int] = {}  # storage key -> its stream, for those not on the default stream
         self.stream_bytes: dict[int, dict[str, int]] = {}  # stream -> category -> bytes allocated there (see below)
         self.device_types = device_types
+        self.unseen = False  # while True, storages made are not counted (a CUDA run makes them on the host)
         self.round_to = round_to
         self.budget = budget
         self.record_timeline = timeline
@@ -146,6 +147,8 @@ class StorageTracker(TorchDispatchMode):
             self.track_all(inner, category, module)
             return
         if tensor.layout != torch.strided or (self.device_types and tensor.device.type not in self.device_types):
+            return
+        if self.unseen:
             return
         storage = tensor.untyped_storage()
         key = self._keys.get(storage)

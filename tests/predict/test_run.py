@@ -44,6 +44,20 @@ def test_cuda_target_rounds_to_allocator_blocks():
     assert cuda.peak_allocated_bytes >= exact.peak_allocated_bytes
 
 
+def test_a_cuda_prediction_counts_the_batch_from_the_step_on_as_the_gpu_holds_it():
+    """gpt-tiny's make_batch draws [B, L + 1] tokens and slices them into inputs and targets: a CUDA run does that on
+    the host and copies the two to the GPU in the step, so a CUDA prediction never counts the [2, 65] int64 draw
+    (1,040 B); a CPU run makes it on the device it trains on, and its prediction counts it."""
+    from membench.predict.run import predict_traced
+
+    job = spec("gpt-tiny", batch_size=2, device="cuda")
+    draw, inputs = 2 * 65 * 8, 2 * 64 * 8
+    cuda = [e.size for e in predict_traced(job).events if e.kind == "alloc"]
+    cpu = [e.size for e in predict_traced(job.with_run(device="cpu")).events if e.kind == "alloc"]
+    assert draw not in cuda and cuda.count(inputs) >= 4  # inputs and targets, in the warm-up and measured steps
+    assert cpu.count(draw) >= 2
+
+
 def test_cuda_target_uses_cudas_foreach_adam_default():
     """On CUDA, Adam defaults to foreach, whose intermediates add to a peak in the optimizer step; on CPU it does
     not. So a CUDA-target prediction of an optimizer-bound run is above the same run rounded on the CPU default,

@@ -355,7 +355,7 @@ def safe_softmax_scratch(args, kwargs, out, gpu) -> list[TraceEvent]:
 
 # the ops whose kernels may take scratch
 CANDIDATES = SUMS | MEANS | CUMULATIVE | INDEX_PUTS | FOREACH_NORMS | SAFE_SOFTMAX | EMBEDDING_BACKWARD
-OUTPUTS_AMID = EMBEDDING_BACKWARD  # the ops that allocate their outputs after some of their scratch
+OUTPUTS_AMID = EMBEDDING_BACKWARD | FOREACH_NORMS  # the ops that allocate their outputs after some of their scratch
 OUTPUTS = TraceEvent("alloc", "(the op's outputs)")  # where, among such an op's scratch events
 
 
@@ -426,8 +426,10 @@ class KernelScratch:
             before, after = embedding_backward_scratch(args, kwargs or {}, self.gpu)
             return [*before, OUTPUTS, *after]
         if func in FOREACH_NORMS:  # predict/emulate/foreach_norm.py
-            size = foreach_norm_scratch(func, args, kwargs or {})
-            return [TraceEvent.alloc("output_per_tensor", size), TraceEvent.free("output_per_tensor")] if size else []
+            size = foreach_norm_scratch(func, args, kwargs or {})  # before the outputs are made
+            if not size:
+                return [OUTPUTS]
+            return [TraceEvent.alloc("output_per_tensor", size), OUTPUTS, TraceEvent.free("output_per_tensor")]
         return []
 
     def events_of(self, call: KernelCall, layout: tuple | None = None) -> list[TraceEvent]:
