@@ -76,8 +76,7 @@ def compare_one(record: Path) -> Compared:
         unpacked = packed.with_suffix("")  # in the caller's temporary folder
         unpacked.write_bytes(lzma.decompress(packed.read_bytes()))
         real, kept = _events(load_snapshot(unpacked)["device_traces"][0])
-        name = data["environment"].get("device_name", "")
-        target = beside.target_for("cuda", _Properties(name), name)
+        target = beside.target_named(data["environment"].get("device_name", ""))
         if isinstance(target, str):
             row.error = target
             return row
@@ -96,17 +95,6 @@ def compare_one(record: Path) -> Compared:
         row.first = (f"event {i1}: trace {shown or '-'} ({_frame(kept[i1]) if shown else ''}), predicted "
                      f"{predicted[j1] if j1 < j2 else '-'}")
     return row
-
-
-class _Properties:
-    """What target_for reads of torch.cuda.get_device_properties, from the GPU's name."""
-
-    def __init__(self, device_name: str):
-        from membench.predict import gpus
-
-        gpu = gpus.gpu(device_name)
-        self.major, self.minor = gpu.compute_capability
-        self.multi_processor_count, self.max_threads_per_multi_processor = gpu.sm_count, gpu.max_threads_per_sm
 
 
 def main(argv: list[str] | None = None) -> int:

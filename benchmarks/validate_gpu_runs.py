@@ -78,7 +78,7 @@ def predict_one(case: str, path: Path) -> Row:
     name = record.name if record.status == "ok" else f"{record.name} *"
     row = Row(case, name, (env.torch if env else "?") or "?", record.memory.peak_allocated_bytes,
               record.memory.peak_reserved_bytes)
-    target = beside.target_for("cuda", _Properties(env), env.device_name or "")
+    target = beside.target_named(env.device_name or "")
     if isinstance(target, str):
         row.error = target
         return row
@@ -113,23 +113,6 @@ def _alloc_conf(conf: str | None):
             os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
         else:
             os.environ["PYTORCH_CUDA_ALLOC_CONF"] = before
-
-
-@dataclass
-class _Properties:
-    """What target_for reads of torch.cuda.get_device_properties, from the record's environment."""
-
-    major: int
-    minor: int
-    multi_processor_count: int
-    max_threads_per_multi_processor: int
-
-    def __init__(self, env):
-        from membench.predict import gpus
-
-        gpu = gpus.gpu(env.device_name)
-        self.major, self.minor = gpu.compute_capability
-        self.multi_processor_count, self.max_threads_per_multi_processor = gpu.sm_count, gpu.max_threads_per_sm
 
 
 def _short(text: str | None, width: int = 60) -> str | None:

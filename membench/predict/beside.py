@@ -18,6 +18,7 @@ import json
 import sys
 import time
 import traceback
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +68,16 @@ def target_for(device: str, properties=None, device_name: str = "") -> Target | 
                               "differ)")
     return (f"no GPU in membench's table (predict/gpus.py) has compute capability {cc[0]}.{cc[1]} "
             f"({device_name or 'this GPU'})")
+
+
+def target_named(device_name: str) -> Target | str:
+    """target_for the GPU of membench's table that a record names (its environment's device_name), from that GPU's
+    own properties: what a CPU machine predicts a recorded GPU run for."""
+    gpu = gpus.gpu(device_name)
+    properties = types.SimpleNamespace(major=gpu.compute_capability[0], minor=gpu.compute_capability[1],
+                                       multi_processor_count=gpu.sm_count,
+                                       max_threads_per_multi_processor=gpu.max_threads_per_sm)
+    return target_for("cuda", properties, device_name)
 
 
 class _Naming:

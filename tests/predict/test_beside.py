@@ -36,6 +36,13 @@ def test_the_target_is_the_table_entry_with_this_gpus_capability_and_multiproces
     assert isinstance(missing, str) and "12.0" in missing and "predict/gpus.py" in missing
 
 
+def test_a_recorded_gpus_name_gives_its_own_table_entry():
+    # what validate_gpu_runs.py and trace_differences.py predict a recorded run for
+    assert beside.target_named("NVIDIA H200").gpu == "H200"
+    assert beside.target_named("NVIDIA H100 PCIe").gpu == "H100-PCIe"
+    assert beside.target_named("NVIDIA A100-SXM4-80GB").gpu == "A100"
+
+
 def test_a_cpu_run_records_its_prediction_beside_it_equal_to_the_byte(tmp_path):
     record = worker.run(spec("tests.workloads:mlp"), tmp_path / "baseline.json")
     check = record.prediction
