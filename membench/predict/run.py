@@ -46,9 +46,9 @@ CANNOT_SEE = (
     "library workspaces outside the caching allocator (cuDNN, NCCL); cuBLAS's are counted (one per handle: the "
     "main thread's, and the autograd thread's once backward runs a matmul)",
     "scratch CUDA kernels take from the caching allocator and free at once, other than sums' and means' split "
-    "reductions, accumulating index_put_'s sort and the math attention's _safe_softmax masks, which are counted "
-    "(predict/emulate/reductions.py): other "
-    "reductions' (max/min, norms, var/std), nn.Embedding's backward sort, cuDNN's",
+    "reductions, accumulating index_put_'s sort, nn.Embedding's backward sort and segments, cumsum's cast and the "
+    "math attention's _safe_softmax masks, which are counted (predict/emulate/reductions.py): other reductions' "
+    "(max/min, norms, var/std), cuDNN convolutions' workspaces, the order autocast's cache frees its casts in",
     "reserved memory is simulated (membench.allocator), from allocations whose sizes are exact but whose order on a "
     "GPU can differ (kernel choice, streams); CUDA graphs and cudaMallocAsync are not modelled; which of several "
     "equal cached blocks a request reuses depends on the addresses the CUDA driver gives segments, which a CPU "
