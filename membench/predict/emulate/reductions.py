@@ -416,9 +416,9 @@ class KernelScratch:
         if func in INDEX_PUTS:
             return index_put_scratch(func, args, kwargs or {}, self.gpu)
         if func in CUMULATIVE:  # impl_func_cum_ops (ReduceOps.cpp) scans self.to(result's dtype): a copy if it differs
-            self = args[0]
-            if self.dim() and self.numel() and self.dtype != out.dtype:
-                return [TraceEvent.alloc("cast", self.numel() * out.element_size()), TraceEvent.free("cast")]
+            scanned = args[0]
+            if scanned.dim() and scanned.numel() and scanned.dtype != out.dtype:
+                return [TraceEvent.alloc("cast", scanned.numel() * out.element_size()), TraceEvent.free("cast")]
             return []
         if func in SAFE_SOFTMAX:
             return safe_softmax_scratch(args, kwargs or {}, out, self.gpu)
