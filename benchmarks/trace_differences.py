@@ -69,10 +69,11 @@ def compare_one(record: Path) -> Compared:
     from membench.predict import beside
     from membench.spec import Job
 
-    data = json.loads(record.read_text())
     packed = record.with_name(record.stem + ".snapshot.pickle.xz")
-    row = Compared(f"{record.parent.name}/{data['case']}", data["environment"].get("torch", "?"))
+    row = Compared(f"{record.parent.name}/{record.stem}", "?")
     try:
+        data = json.loads(record.read_text())
+        row.torch = data["environment"].get("torch", "?")
         unpacked = packed.with_suffix("")  # in the caller's temporary folder
         unpacked.write_bytes(lzma.decompress(packed.read_bytes()))
         real, kept = _events(load_snapshot(unpacked)["device_traces"][0])

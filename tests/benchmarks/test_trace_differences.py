@@ -36,3 +36,14 @@ def test_bad_arguments_are_one_line_and_exit_2(tmp_path):
         done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "trace_differences.py"), *args],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and says in done.stderr
+
+
+def test_a_corrupt_case_is_its_own_row(tmp_path):
+    (tmp_path / "run-1").mkdir()
+    record = tmp_path / "run-1" / "broken.json"
+    record.write_text("{not json")
+    (tmp_path / "run-1" / "broken.snapshot.pickle.xz").write_bytes(b"not xz")
+    row = trace_differences.compare_one(record)
+    assert row.case == "run-1/broken" and row.error.startswith("JSONDecodeError") and not row.events
+    record.write_text('{"environment": {"torch": "2.11.0"}, "job": {}}')
+    assert trace_differences.compare_one(record).error.startswith("LZMAError")
