@@ -102,9 +102,9 @@ def _apply_order(module: nn.Module, seen: set[int] | None = None):
     seen = set() if seen is None else seen
     for child in module.children():
         yield from _apply_order(child, seen)
-    for table in (module._parameters, module._buffers):
-        for tensor in table.values():
-            if tensor is not None and id(tensor) not in seen:
+    for named in (module.named_parameters(recurse=False), module.named_buffers(recurse=False)):
+        for _, tensor in named:
+            if id(tensor) not in seen:
                 seen.add(id(tensor))
                 yield tensor
 
