@@ -53,6 +53,28 @@ def verdict(workload: str = "gpt-tiny", techniques: tuple[str, ...] = (), **opti
     return equivalence.check(job.run, resolve(job.run), load_workload(job.run.workload), job.measure.check_steps)
 
 
+def cuda_trace(fn, gpu) -> list[tuple[str, int]]:
+    """The ("alloc" | "free", bytes) sequence a CUDA prediction's tracker records while fn runs on fake tensors for
+    `gpu` (a predict.gpus entry); cuBLAS's workspaces are left out (0 bytes)."""
+    from membench.predict.emulate import fake
+    from membench.predict.emulate.kernels import CudaKernels
+    from membench.trackers.storage import StorageTracker
+
+    with fake.fake_tensors():
+        tracker = StorageTracker(trace=True)
+        tracker.kernels = CudaKernels(gpu, workspace_bytes=0)
+        with tracker:
+            fn()
+    sizes, events = {}, []
+    for event in tracker.trace:
+        if event.kind == "alloc":
+            sizes[event.key] = event.size
+            events.append(("alloc", event.size))
+        elif event.kind == "free":
+            events.append(("free", sizes[event.key]))
+    return events
+
+
 def adam_step_bytes(workload: str = "gpt-tiny") -> int:
     """Adam keeps one fp32 `step` counter per parameter, whatever the parameters' dtype or sharding."""
     return 4 * len(list(load_workload(workload).build_model().parameters()))

@@ -7,10 +7,8 @@ from __future__ import annotations
 import torch
 
 from membench.predict import gpus
-from membench.predict.emulate import fake
 from membench.predict.emulate.embedding import embedding_backward_scratch
-from membench.predict.emulate.kernels import CudaKernels
-from membench.trackers.storage import StorageTracker
+from tests.helpers import cuda_trace
 
 H200, A100 = gpus.gpu("H200"), gpus.gpu("A100")
 
@@ -93,16 +91,7 @@ def test_the_gradient_is_allocated_between_the_sort_and_the_segments():
         tokens = torch.zeros(4, 1024, dtype=torch.long)
         table(tokens).sum().backward()
 
-    with fake.fake_tensors():
-        tracker = StorageTracker(trace=True)
-        tracker.kernels = CudaKernels(H200, workspace_bytes=0)
-        with tracker:
-            step()
-    sizes, events = {}, []
-    for event in tracker.trace:
-        if event.kind == "alloc":
-            sizes[event.key] = event.size
-        events.append((event.kind, sizes[event.key]))
+    events = cuda_trace(step, H200)
     n8 = 4096 * 8
     gradient = 50 * 16 * 4  # 3,200 B, the table's size
     # sorted_indices, orig_indices, the arange: the first three index-sized allocations in a row (the tokens are one)

@@ -55,20 +55,13 @@ def test_the_partial_norms_come_before_the_norms_themselves_as_on_the_h200():
     # foreach_tensor_norm_cuda_internal makes output_per_tensor first, then one 0-dim norm per tensor, and frees
     # the first as it returns: a prediction's trace in that order (three tensors, one chunk each: 12 bytes).
     from membench.predict import gpus
-    from membench.predict.emulate import fake
-    from membench.predict.emulate.kernels import CudaKernels
-    from membench.trackers.storage import StorageTracker
+    from tests.helpers import cuda_trace
 
-    with fake.fake_tensors():
-        ts = [torch.empty(10), torch.empty(20), torch.empty(30)]
-        tracker = StorageTracker(trace=True)
-        tracker.kernels = CudaKernels(gpus.gpu("H100"), workspace_bytes=0)
-        with tracker:
-            norms = torch._foreach_norm(ts, 2)
-    assert len(norms) == 3
-    sizes = {}
-    events = []
-    for e in tracker.trace:
-        sizes.setdefault(e.key, e.size)
-        events.append((e.kind, sizes[e.key]))
-    assert events == [("alloc", 12), ("alloc", 4), ("alloc", 4), ("alloc", 4), ("free", 12)]
+    kept = []
+
+    def clip():
+        ts = [torch.empty(10), torch.empty(20), torch.empty(30)]  # 40, 80 and 120 B
+        kept.append((ts, torch._foreach_norm(ts, 2)))
+
+    assert cuda_trace(clip, gpus.gpu("H100")) == [("alloc", 40), ("alloc", 80), ("alloc", 120), ("alloc", 12),
+                                                  ("alloc", 4), ("alloc", 4), ("alloc", 4), ("free", 12)]

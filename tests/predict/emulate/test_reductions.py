@@ -13,6 +13,7 @@ from membench.predict.emulate.cub import cub_sort_pairs_temp_bytes
 from membench.predict.emulate.kernels import CudaKernels
 from membench.predict.emulate.reductions import SCRATCH_MODULE, KernelScratch, reduction_scratch
 from membench.trackers.storage import StorageTracker
+from tests.helpers import cuda_trace
 
 aten = torch.ops.aten
 H100, A100, T4 = gpus.gpu("H100"), gpus.gpu("A100"), gpus.gpu("T4")
@@ -82,21 +83,7 @@ def test_cub_radix_sort_storage():
 
 
 def _trace(fn, gpu=A100):
-    """The (event, size) sequence a prediction's tracker records while fn runs on fake tensors, with the sizes
-    of frees filled in; cuBLAS's workspaces are left out (0 bytes)."""
-    with fake.fake_tensors():
-        tracker = StorageTracker(trace=True)
-        tracker.kernels = CudaKernels(gpu, workspace_bytes=0)
-        with tracker:
-            fn()
-    sizes, events = {}, []
-    for event in tracker.trace:
-        if event.kind == "alloc":
-            sizes[event.key] = event.size
-            events.append(("alloc", event.size))
-        elif event.kind == "free":
-            events.append(("free", sizes[event.key]))
-    return events
+    return cuda_trace(fn, gpu)
 
 
 def test_reduction_scratch_is_allocated_after_the_output_and_freed_before_the_op_returns():
