@@ -60,8 +60,7 @@ CANNOT_SEE = (
     "the kernel torch's rules choose for the GPU (the installed release's where they were read: 2.11, 2.12, "
     "2.14; else 2.14's; printed), but cuDNN attention's engine workspace beyond its frontend's is not derivable "
     "(what an H200 took with cuDNN 9.19: 256 B a call, and grouped-query backward's per-head dK and dV), and "
-    "nn.MultiheadAttention's "
-    "inference fast path keeps only its output",
+    "nn.MultiheadAttention's inference fast path keeps only its output",
     "ops whose output size depends on data, and model code that branches on tensor values",
 )
 

@@ -30,9 +30,8 @@ allocations and frees each kernel makes through the caching allocator, in its or
 Sizes are worked out by hand in tests/predict/emulate/test_attention_kernels.py. The cuDNN engine's own workspace
 beyond the frontend's is not derivable from source: it is what an H200 took (CUDNN_ENGINE_WORKSPACE_BYTES, and the
 grouped-query backward's per-query-head dK and dV, `cudnn_engine_backward_bytes`). Not followed (and said by
-`predict`): which
-of two memory-efficient backward kernels fits the GPU's shared memory (the first of torch's list is taken),
-grouped-query attention's expanded gradients, and the reductions' scratch inside these kernels.
+`predict`): which of two memory-efficient backward kernels fits the GPU's shared memory (the first of torch's list
+is taken), grouped-query attention's expanded gradients, and the reductions' scratch inside these kernels.
 """
 
 from __future__ import annotations
