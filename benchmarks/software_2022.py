@@ -18,6 +18,9 @@ The doc (transformers v4.18, "Performance and Scalability") shows its machine's 
   memory only when one of them was sparse. So at every fork in the graph (a residual stream, the query, key and
   value projections of one input) a third gradient-sized tensor was alive for a moment, where today's engine adds
   the second into the first.
+- torch before 2.0 clipped gradients one at a time: clip_grad_norm_ took one norm per gradient, stacked them and
+  took their norm (its foreach path, one _foreach_norm per device and dtype with its partial norms on CUDA, came
+  with pytorch#91846, January 2023); 1.10 then scaled every gradient by the clamped coefficient (pytorch#61042).
 
 Which torch it was is not printed: the date allows 1.9 as well as 1.10. They differ in one thing that matters
 here: 1.9's CUDA autocast ran gelu in float32 (dropped from its fp32 list in June 2021, pytorch#59639; 1.10's
@@ -25,12 +28,13 @@ sources do not list it), so under fp16 each layer kept a float32 copy of gelu's 
 float16 one.
 
 `early_2022(torch)` makes predictions in this process do what that software did: `torch.nn.functional.softmax`
-becomes an autograd function that saves its input and output (for float32 and float16 inputs, the doc's; a
-bfloat16 input under autocast was copied to float32 first, which this does not do), BERT's eager attention adds
-that mask, a CUDA prediction sums gradients out of place (it does not emulate today's in-place sums,
-membench/predict/emulate/inplace_backward.py), and with torch="1.9" the CUDA autocast policy of membench's
-predictions runs gelu in float32. Nothing else of that software is emulated; tests/benchmarks/test_software_2022.py
-checks each on CPU against what is expected by hand.
+becomes an autograd function that saves its input and output (for float32 and float16 inputs, the doc's; a bfloat16
+input under autocast was copied to float32 first, which this does not do), BERT's eager attention adds that mask, a
+CUDA prediction sums gradients out of place (it does not emulate today's in-place sums,
+membench/predict/emulate/inplace_backward.py), `torch.nn.utils.clip_grad_norm_` is torch 1.10's (1.9's, before
+pytorch#61042, also read comparisons back on the host, 0-dim bools freed at once: not emulated), and with torch="1.9"
+the CUDA autocast policy of membench's predictions runs gelu in float32. Nothing else of that software is emulated;
+tests/benchmarks/test_software_2022.py checks each on CPU against what is expected by hand.
 """
 
 from __future__ import annotations
@@ -82,14 +86,30 @@ def _with_v4_18_mask(eager_attention_forward):
     return attention
 
 
+def _clip_grad_norm_1_10(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
+    """torch 1.10's clip_grad_norm_ (torch/nn/utils/clip_grad.py) as the Trainer calls it: a norm per gradient,
+    their stack's norm, every gradient scaled in place by the coefficient clamped to 1. Today's foreach and the
+    non-finite check (the Trainer passes False) are ignored."""
+    parameters = [p for p in parameters if p.grad is not None]
+    device = parameters[0].grad.device
+    total_norm = torch.norm(torch.stack([torch.norm(p.grad.detach(), norm_type).to(device) for p in parameters]),
+                            norm_type)
+    clip_coef = float(max_norm) / (total_norm + 1e-6)
+    clip_coef_clamped = torch.clamp(clip_coef, max=1.0)
+    for p in parameters:
+        p.grad.detach().mul_(clip_coef_clamped.to(p.grad.device))
+    return total_norm
+
+
 TORCH_VERSIONS = ("1.9", "1.10")
 
 
 @contextlib.contextmanager
 def early_2022(torch_version: str = "1.10"):
     """Softmax saving its input (torch < 1.11), BERT's all-zeros fp32 mask (transformers v4.18), the engine's
-    gradient sums out of place (torch before pytorch#88339) and, for torch 1.9, gelu in float32 under CUDA autocast,
-    while inside (membench's CUDA policy reads its op lists on entering)."""
+    gradient sums out of place (torch before pytorch#88339), clipping one gradient at a time (torch before 2.0)
+    and, for torch 1.9, gelu in float32 under CUDA autocast, while inside (membench's CUDA policy reads its op lists
+    on entering)."""
     from transformers.models.bert import modeling_bert
 
     from membench.predict.emulate import autocast
@@ -99,7 +119,9 @@ def early_2022(torch_version: str = "1.10"):
         raise ValueError(f"torch_version {torch_version!r}: one of {', '.join(TORCH_VERSIONS)}")
     eager, lists = modeling_bert.eager_attention_forward, autocast.cuda_lists
     engine_sums_in_place = BackwardPaths.engine_sums_in_place
+    clip = torch.nn.utils.clip_grad_norm_
     F.softmax = _softmax_keeping_input
+    torch.nn.utils.clip_grad_norm_ = _clip_grad_norm_1_10
     BackwardPaths.engine_sums_in_place = False
     modeling_bert.eager_attention_forward = _with_v4_18_mask(eager)
     if torch_version == "1.9":
@@ -109,6 +131,7 @@ def early_2022(torch_version: str = "1.10"):
         yield
     finally:
         F.softmax = _softmax
+        torch.nn.utils.clip_grad_norm_ = clip
         modeling_bert.eager_attention_forward = eager
         autocast.cuda_lists = lists
         BackwardPaths.engine_sums_in_place = engine_sums_in_place

@@ -1,6 +1,7 @@
 """benchmarks/software_2022.py, which the Hugging Face table of the real-GPU validation uses to predict what that
 doc's torch (1.10 or 1.9) and transformers 4.18 kept: softmax saving its input, BERT adding an fp32 all-zeros mask,
-torch 1.9's CUDA autocast running gelu in fp32. Each checked on CPU against what is expected by hand."""
+torch 1.9's CUDA autocast running gelu in fp32, the engine summing gradients out of place, clipping one gradient at
+a time. Each checked on CPU against what is expected by hand."""
 
 from __future__ import annotations
 
@@ -113,3 +114,27 @@ def test_the_engine_sums_two_gradients_out_of_place_as_torch_before_pytorch_8833
     assert today == 2 * full + 4  # the two gradients reaching y (the second added into the first), the loss's
     assert then == 3 * full + 4  # and their sum, a third tensor, while both are alive
     assert backward_peak() == today  # restored on leaving
+
+
+def test_gradients_are_clipped_one_at_a_time_as_torch_before_2_0_did():
+    from membench.predict import gpus
+    from tests.helpers import cuda_trace
+
+    def clip():
+        params = [torch.nn.Parameter(torch.empty(n)) for n in (10, 20, 30)]
+        for p in params:
+            p.grad = torch.empty(p.shape)
+        torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)  # as membench's step clips fake CUDA gradients
+
+    today = cuda_trace(clip, gpus.gpu("V100"))
+    with early_2022():
+        then = cuda_trace(clip, gpus.gpu("V100"))
+    # Past the parameters and gradients (6 allocations), before the coefficient (9 events) and their frees (6):
+    four, twelve = ("alloc", 4), ("alloc", 12)
+    # today: _foreach_norm's partial norms (3 x 4 B) before its three 0-dim outputs; their stack and its norm; the
+    # stack let go, then the norms as clip_grad_norm_'s _get_total_norm returns
+    assert today[6:-15] == [twelve, four, four, four, ("free", 12), twelve, four, ("free", 12), *[("free", 4)] * 3]
+    # torch 1.10: a norm per gradient, their stack (the list of norms let go as it returns), the stack's norm
+    assert then[6:-15] == [four, four, four, twelve, *[("free", 4)] * 3, four, ("free", 12)]
+    assert today[:6] == then[:6] and today[-15:] == then[-15:]
+    assert cuda_trace(clip, gpus.gpu("V100")) == today  # restored on leaving
