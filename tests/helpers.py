@@ -65,14 +65,7 @@ def cuda_trace(fn, gpu) -> list[tuple[str, int]]:
         tracker.kernels = CudaKernels(gpu, workspace_bytes=0)
         with tracker:
             fn()
-    sizes, events = {}, []
-    for event in tracker.trace:
-        if event.kind == "alloc":
-            sizes[event.key] = event.size
-            events.append(("alloc", event.size))
-        elif event.kind == "free":
-            events.append(("free", sizes[event.key]))
-    return events
+    return sized_events(tracker.trace)  # a storage tracker traces allocations and frees only
 
 
 def adam_step_bytes(workload: str = "gpt-tiny") -> int:

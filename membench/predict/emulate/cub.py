@@ -69,9 +69,6 @@ def num_bits(max_key: int) -> int:
     return bits
 
 
-
-
-
 # --- decoupled look-back (DeviceScan, DeviceSelect::UniqueByKey) ---------------------------------------------------
 
 TILE_STATUS_PADDING = 32  # cub's warp_threads: look-back tile states past the last tile
