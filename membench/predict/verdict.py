@@ -91,11 +91,11 @@ def cheapest(fits: list[Fitting]) -> Fitting | None:
 def capacity(gpu: Gpu) -> int:
     """The card's memory as sold (GB of 10**9 bytes), what the fits line compares the whole-device estimate with
     (as predict/device.py's fits_on)."""
-    return gpu.memory_gb * 10**9
+    return gpu.memory_bytes
 
 
 def _gb(gpu: Gpu) -> str:
-    return f"{gpu.name} ({gpu.memory_gb} GB = {fmt_bytes(capacity(gpu))})"
+    return f"{gpu.name} ({gpu.memory_label} = {fmt_bytes(capacity(gpu))})"
 
 
 def answer(records: list[RunRecord], gpu: Gpu) -> str:
