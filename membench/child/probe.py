@@ -26,13 +26,13 @@ import sys
 from pathlib import Path
 
 from membench import private
-from membench.api import plan
 from membench.common.errors import UserError, failure_line
 from membench.common.fsio import make_dir
 from membench.common.units import fmt_bytes
 from membench.launch import lifeline
 from membench.launch.pool import WorkerDied, run_in_order
 from membench.launch.sweep import LOCK_NAME, locked
+from membench.plan import plan
 from membench.predict.device import outside_allocator
 from membench.predict.emulate.sdpa import describe
 from membench.predict.fit import Fit, default_jobs, fit_batch
