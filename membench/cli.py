@@ -382,6 +382,8 @@ def cmd_predict(args) -> int:
     out = Path(answer["out"])
     results = [read_result(result_path(out, name)) for name in answer["names"]]
     print_predictions(results, args, answer.get("attention"), answer.get("target"))
+    if answer.get("arch"):
+        print(answer["arch"])
     print(f"predictions: {out}")
     return 0 if all(r.status == "ok" for r in results) else 1
 
@@ -448,6 +450,8 @@ def cmd_fit(args) -> int:
         fits = [confirm_on_gpu(j, f, budget - (outside_allocator(j.run) if by == "device" else 0),
                                args.out or Path("results") / "fit") for j, f in zip(jobs, fits)]
     print_fits(fits, budget, by, args, checked, answer["cannot_see"], target)
+    if answer.get("arch"):
+        print(answer["arch"])
     return 0
 
 

@@ -146,7 +146,7 @@ def _predict_into(request: dict, out: Path) -> dict:
     attentions = [r.memory.attention for r in records if r.memory is not None and r.memory.attention is not None]
     # Folded here, where torch is imported already: the CLI's process prints it without importing torch.
     return {"names": [job.name for job in jobs], "out": str(out), "attention": describe(attentions),
-            "target": _target(request["plan"])}
+            "target": _target(request["plan"]), "arch": _arch(jobs)}
 
 
 def _workers(asked: int | None, jobs: int, serially: str) -> int:
@@ -165,6 +165,13 @@ def _target(plan: dict) -> str | None:
     from membench.predict.gpus import default_target
 
     return default_target().why if plan.get("target_device") == "cuda" and plan.get("gpu") is None else None
+
+
+def _arch(jobs: list[Job]) -> str | None:
+    """The line saying the installed torch cannot run on the GPU predicted for, or None (predict/gpus.arch_note)."""
+    from membench.predict.gpus import arch_note, predicted_for
+
+    return arch_note(predicted_for(jobs[0].run)) if jobs and jobs[0].run.device == "cuda" else None
 
 
 def fit_request(request: dict) -> dict:
@@ -206,7 +213,8 @@ def fit_request(request: dict) -> dict:
     # Asked once the workers are done (naming the GPU starts CUDA's driver, after which a fork could not use CUDA):
     # whether the CLI's process, which never imports torch, may confirm the fits with real runs on this GPU.
     return {"fits": [dataclasses.asdict(f) for f in fits], "jobs": [job.to_dict() for job in jobs],
-            "local_gpu": local_gpu_name(), "cannot_see": list(CANNOT_SEE), "target": _target(request["plan"])}
+            "local_gpu": local_gpu_name(), "cannot_see": list(CANNOT_SEE), "target": _target(request["plan"]),
+            "arch": _arch(jobs)}
 
 
 def fork_refused() -> str | None:

@@ -64,6 +64,39 @@ def predicted_for(run) -> Gpu:
     return run.card or GPUS[DEFAULT_GPU]
 
 
+def runs_on(compute_capability: tuple[int, int], arch_list: list[str]) -> bool:
+    """Whether code built for `arch_list` (torch.cuda.get_arch_list(): "sm_90", "compute_90", "sm_90a") runs on a
+    card of this compute capability. The CUDA C++ Programming Guide, "Binary Compatibility": a cubin for X.y runs on
+    X.z with z >= y only (an architecture-specific "a" cubin on X.y alone); "PTX Compatibility": PTX for a compute
+    capability is compiled by the driver for any card of that one or higher."""
+    for arch in arch_list:
+        kind, _, version = arch.partition("_")
+        digits = version.rstrip("af")
+        if not digits.isdigit() or len(digits) < 2:
+            continue
+        built = (int(digits[:-1]), int(digits[-1]))
+        if kind == "compute" and built <= compute_capability:
+            return True
+        if kind == "sm" and (built == compute_capability or (
+                not version.endswith("a") and built[0] == compute_capability[0] and built[1] <= compute_capability[1])):
+            return True
+    return False
+
+
+def arch_note(card: Gpu, arch_list: list[str] | None = None) -> str | None:
+    """One line where the installed torch has no code for `card` (its torch.cuda.get_arch_list(), which the wheel
+    answers without a GPU): a run there fails at its first kernel, so the prediction is for a setup that cannot run
+    as installed. None where it has, and for a torch built without CUDA (which no GPU runs: the card's own torch
+    is not known here)."""
+    import torch
+
+    archs = torch.cuda.get_arch_list() if arch_list is None else arch_list
+    if not archs or runs_on(card.compute_capability, archs):
+        return None
+    return (f"warning: torch {torch.__version__} was built for {' '.join(archs)}, not for {card.name} ({card.sm}): "
+            "a run there stops at its first kernel (\"no kernel image is available\"); predicted as if it could run")
+
+
 # Compute capability majors whose default cuBLAS workspace is 32 MiB: Hopper (9) and Blackwell (10, 12), as
 # parseChosenWorkspaceSize reads `properties->major` in the 2.14-era CublasHandlePool.cpp (earlier releases: sm90
 # only; a later one adds 11). A torch outside versions.py's checked releases is said in the output.

@@ -63,7 +63,7 @@ class Gpu:
         if not self.given:
             return ""
         return (f"a card given by its properties: {self.max_threads_per_sm} threads per multiprocessor (the CUDA "
-                f"C++ Programming Guide's figure for {self.sm}), warp {self.warp_size}, no peak FLOP/s")
+                f"C++ Programming Guide's figure for {self.sm}), warp {self.warp_size}; memory as given")
 
 
 def _card(name: str, cc: tuple[int, int], memory_gb: int, sms: int, peaks: tuple = ()) -> Gpu:
@@ -189,7 +189,8 @@ def _given(text: str, given: re.Match) -> Gpu:
     kernels and scratch buffers, the last whether it fits); the rest from THREADS_PER_SM, labelled as assumed."""
     cc = (int(given.group(1)), int(given.group(2)))
     if cc not in THREADS_PER_SM:
-        raise UserError(f"--gpu {text!r}: compute capability {cc[0]}.{cc[1]} is not one CUDA has; valid: "
+        raise UserError(f"--gpu {text!r}: compute capability {cc[0]}.{cc[1]} is not one membench knows the threads "
+                        f"per SM of (the CUDA C++ Programming Guide's table); valid: "
                         f"{', '.join(f'sm{a}{b}' for a, b in THREADS_PER_SM)}")
     fields: dict[str, str] = {}
     for part in given.group(3).split(",")[1:]:
@@ -201,7 +202,10 @@ def _given(text: str, given: re.Match) -> Gpu:
         raise UserError(f"--gpu {text!r}: needs both sms= and mem=; {GIVEN}")
     if not fields["sms"].isdigit() or not 0 < int(fields["sms"]) <= 1024:
         raise UserError(f"--gpu {text!r}: sms={fields['sms'][:20]!r} is not a multiprocessor count from 1 to 1024")
-    memory = parse_bytes(fields["mem"])
+    try:
+        memory = parse_bytes(fields["mem"])
+    except UserError as exc:
+        raise UserError(f"--gpu {text!r}: mem: {exc}") from None
     label = fields["mem"].replace(" ", "")
     name = f"sm{cc[0]}{cc[1]},sms={int(fields['sms'])},mem={label}"
     label = re.sub(r"([0-9.])([A-Za-z])", r"\1 \2", label)
