@@ -21,6 +21,8 @@ from membench.spec import (
     RunSpec,
     expand,
 )
+from membench.spec.gpu import Gpu
+from membench.spec.mesh import Mesh
 from membench.techniques import parse_techniques, resolve
 from membench.workloads import check_workload_name, is_user_workload, load_workload
 
@@ -58,6 +60,12 @@ def _split_options(options: dict) -> tuple[dict, dict, dict]:
     return parts[0], parts[1], parts[2]
 
 
+def _named(options: dict) -> dict:
+    """gpu= and mesh= as the API's caller may give them, a Gpu and a Mesh, by the names a RunSpec keeps."""
+    typed = {"gpu": (Gpu, lambda g: g.name), "mesh": (Mesh, lambda m: m.text)}
+    return {k: typed[k][1](v) if k in typed and isinstance(v, typed[k][0]) else v for k, v in options.items()}
+
+
 def plan(workload: str = DEFAULT_WORKLOAD, techniques: str | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
          device: str = "auto", target_device: str | None = None, in_process: bool = False, **options) -> list[Job]:
     """Validate everything and expand into one Job per run (baseline first). Nothing runs yet.
@@ -70,6 +78,7 @@ def plan(workload: str = DEFAULT_WORKLOAD, techniques: str | None = None, batch_
     A user's `package.module:factory` is otherwise loaded only in a child process (launch.probe).
     """
     check_workload_name(workload)
+    options = _named(options)
     run_opts, measure_opts, launch_opts = _split_options(options)
     launch = LaunchSpec(**launch_opts).validated()
     if is_user_workload(workload) and not in_process:

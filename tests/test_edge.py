@@ -37,3 +37,15 @@ def test_the_count_sees_a_reader_called_past_the_edge(tmp_path):
     (pkg / "predict" / "run.py").write_text("from membench.predict import gpus\n\n\ndef f(spec):\n"
                                             "    return gpus.gpu(spec.gpu), parse_mesh(spec.mesh)\n")
     assert reader_calls(pkg) == ["membench/predict/run.py:5 gpu", "membench/predict/run.py:5 parse_mesh"]
+
+
+def test_the_api_takes_a_gpu_and_a_mesh_and_the_record_keeps_their_names():
+    from membench.plan import plan
+    from membench.spec.gpu import gpu
+    from membench.spec.mesh import Mesh
+
+    [_, fsdp] = plan("gpt-tiny", "fsdp", 2, target_device="cuda", in_process=True, gpu=gpu("nvidia l40s"),
+                     mesh=Mesh(dp_shard=2), nproc_per_node=2)
+    assert (fsdp.run.gpu, fsdp.run.mesh) == ("L40S", "dp_shard=2")
+    assert fsdp.run.card is gpu("L40S") and fsdp.run.mesh_of(2) == Mesh(dp_shard=2)
+    assert fsdp.to_dict()["run"]["gpu"] == "L40S"
