@@ -224,7 +224,7 @@ def _model_options(args) -> dict:
 
 
 def run_options(args) -> dict:
-    """`membench run`'s options as `api.plan` (and `membench.run_sweep`) take them."""
+    """`membench run`'s options as `plan.plan` (and `membench.run_sweep`) take them."""
     return dict(steps=args.steps, warmup=args.warmup, min_time_s=args.min_time, check=not args.no_check,
                 timeout_s=args.timeout, timeline=args.timeline, predict=args.predict,
                 peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
@@ -390,14 +390,14 @@ def cmd_predict(args) -> int:
 
 def print_predictions(results: list, args, attention: str | None = None, why: str | None = None) -> None:
     """The table, then the answer for the target GPU first among the conclusions, then what was assumed. `why`:
-    why the GPU predicted for is that one, where --gpu was not given (api.plan chose it)."""
+    why the GPU predicted for is that one, where --gpu was not given (plan.plan chose it)."""
     from membench.predict.gpus import predicted_for
     from membench.predict.verdict import answer, assumptions
     from membench.report.table import render
     from membench.results.sweep import Sweep
 
     print(render(Sweep.group(results)))
-    # api.plan chose the GPU where --gpu is not given: the records say which
+    # plan.plan chose the GPU where --gpu is not given: the records say which
     target = (predicted_for(results[0].spec.run) if results else args.gpu) if args.device == "cuda" else None
     if target is not None:  # each run's whole-device estimate per rank and its sources: what the answer reads
         from membench.predict.device import device_lines

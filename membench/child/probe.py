@@ -1,7 +1,7 @@
 """The probes' child side, in their own process, where importing and calling the user's code cannot hang, abort or
 crash the sweep itself (the launcher starts them and waits):
 
-- `python -m membench.child.probe PLAN_ARGS.json` (probe.probe): the arguments of `api.plan` in, one line of JSON
+- `python -m membench.child.probe PLAN_ARGS.json` (probe.probe): the arguments of `plan.plan` in, one line of JSON
   out, {"jobs": [...]} or {"error": "one line"}.
 - `python -m membench.child.probe --call KIND REQUEST.json ANSWER.json` (probe.call_isolated): predict or
   fit, from loading the user's code to the answer, written to a file (the user's prints never mix with it).
@@ -161,7 +161,7 @@ def _workers(asked: int | None, jobs: int, serially: str) -> int:
 
 
 def _target(plan: dict) -> str | None:
-    """Why a CUDA prediction without --gpu is for the GPU it is for (api.plan chose it), for the output."""
+    """Why a CUDA prediction without --gpu is for the GPU it is for (plan.plan chose it), for the output."""
     from membench.predict.gpus import default_target
 
     return default_target().why if plan.get("target_device") == "cuda" and plan.get("gpu") is None else None
