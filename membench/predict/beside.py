@@ -48,17 +48,17 @@ class Target:
 
 
 def target_for(device: str, properties=None, device_name: str = "") -> Target | str:
-    """The GPU of spec/gpu.py's table that stands for this device: the one with its compute capability, multiprocessor
-    count and threads per multiprocessor (what a prediction reads: cuBLAS's workspace, the attention kernel,
-    reductions' scratch), its name preferred where several match; else one of the same compute capability, saying
-    which scratch sizes then differ. A str: why none can."""
+    """The GPU of spec/gpu.py's table that stands for this device: the one with its compute capability,
+    multiprocessor count and threads per multiprocessor (what a prediction reads: cuBLAS's workspace, the attention
+    kernel, reductions' scratch), the one its name matches preferred where several do; else one of the same compute
+    capability, saying which scratch sizes then differ. A str: why none can."""
     if device != "cuda":
         return Target(None, "cpu")
     cc = (properties.major, properties.minor)
     sms, threads = properties.multi_processor_count, properties.max_threads_per_multi_processor
     same_cc = [g for g in gpus.GPUS.values() if g.compute_capability == cc]
     exact = [g for g in same_cc if g.sm_count == sms and g.max_threads_per_sm == threads]
-    named = [g for g in exact if g.name.split("-")[0].upper() in device_name.upper().replace(" ", "")]
+    named = [g for g in exact if g is gpus.find(device_name)]  # the table's one name-matching rule
     if named or exact:
         g = (named or exact)[0]
         return Target(g.name, f"{g.name} (sm{cc[0]}{cc[1]}, {sms} SMs: as this {device_name or 'GPU'})")
