@@ -123,7 +123,7 @@ class Worker:
     def _stages(self, workload: Workload, stack: Stack, meter) -> Measured:
         spec, how, done = self.spec, self.job.measure, self.measured
         rank, world = distributed.rank_world()
-        data_rank, data_world = distributed.data_rank(spec.mesh)  # the ranks of one tp group share a batch
+        data_rank, data_world = distributed.data_rank(spec)  # the ranks of one tp group share a batch
         self.session = session = Session(spec, stack, workload, meter, batches(workload, spec, data_rank, data_world))
         progress.report("build")
         self.build_info = session.build()

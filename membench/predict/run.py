@@ -145,7 +145,7 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     ranks = world_size(spec, stack)
     meta_model = _model_on_meta(run, stack, workload, ranks)
     warmup = min(job.measure.warmup, 1)  # after one step the optimizer state exists: the steady state
-    gpu = gpus.gpu(spec.gpu) if cuda else None
+    gpu = gpus.predicted_for(spec) if cuda else None
     # A separate cuBLASLt workspace (torch before 2.13) comes with a thread's first biased addmm, which priming
     # cannot know of before the step: the warm-up step is run.
     primes = derive_warmup and _derivable(spec, stack, warmup, ranks) and not (
@@ -279,7 +279,7 @@ def _label(traced: Traced, spec: RunSpec, stack: Stack,
         reserved = _add_reserved(memory, traced.events, stack, spec.memory_budget)
         if spec.memory_budget is None:  # more than the GPU holds, unbounded: replayed under it (predict/device.py)
             memory.on_card = device.on_card(traced.events, allocator_settings(stack), memory.peak_reserved_bytes,
-                                            gpus.gpu(spec.gpu).memory_gb, device.run_mesh(spec))
+                                            gpus.predicted_for(spec).memory_bytes, device.run_mesh(spec))
         if on_streams is not None:
             names, by_stream = on_streams
             memory.streams = streams.stream_uses(names, by_stream, reserved.reserved_by_stream_at_peak)
