@@ -28,9 +28,17 @@ CUDA_CONTEXT_BYTES = 804_061_184
 CUDA_CONTEXT_SOURCE = ("measured on an NVIDIA H200 (torch 2.11, CUDA 13.0, driver 580) after a matmul, cuDNN "
                        "attention and a convolution; other GPUs and drivers differ")
 
-# cudaDeviceProp.maxThreadsPerMultiProcessor by compute capability: the CUDA C++ Programming Guide's table of
-# technical specifications per compute capability ("Maximum number of resident threads per SM"). A card given by
-# its properties takes its figure from here.
+# cudaDeviceProp.maxThreadsPerMultiProcessor by compute capability: the CUDA C++ Programming Guide's "Maximum
+# number of resident threads per SM". That table itself was not among the sources reachable here; what confirms each:
+# - 7.5 = 1024: a Tesla T4's deviceQuery, "Maximum number of threads per multiprocessor: 1024" ("NVIDIA 显卡信息",
+#   https://chiemon.github.io/2024/12/25/%E6%98%BE%E5%8D%A1%E4%BF%A1%E6%81%AF.html).
+# - 8.0 = 2048: an A100-SXM4-80GB's deviceQuery (https://gist.github.com/gengwg/3520df2ebf8872e5ee4818367e3a4122).
+# - 8.6 = 1536: "maximum number of threads per block for sm_86 is 1536", citing the Guide's features and technical
+#   specifications (https://github.com/pytorch/pytorch/pull/45889).
+# - 8.6, 8.9, 12.0 = 1536 and 8.0, 9.0, 10.0 = 2048: a third party's reading of the Guide, oxicuda-launch's
+#   SmVersion::max_warps_per_sm (https://docs.rs/oxicuda-launch/0.4.1/oxicuda_launch/telemetry/enum.SmVersion.html).
+# - 7.0, 7.2, 8.7, 10.3 = 2048: not confirmed from a source here (the Guide's figure as remembered).
+# A card given by its properties takes its figure from here.
 THREADS_PER_SM = {(7, 0): 2048, (7, 2): 2048, (7, 5): 1024, (8, 0): 2048, (8, 6): 1536, (8, 7): 2048,
                   (8, 9): 1536, (9, 0): 2048, (10, 0): 2048, (10, 3): 2048, (12, 0): 1536}
 
@@ -72,53 +80,123 @@ def _card(name: str, cc: tuple[int, int], memory_gb: int, sms: int, peaks: tuple
     return Gpu(name, cc, memory_gb * 10**9, sms, THREADS_PER_SM[cc], peaks, f"{memory_gb} GB")
 
 
-# Dense peak FLOP/s from NVIDIA's data sheets (the tensor-core figures without sparsity, i.e. half the sheets'
-# starred numbers); fp32 is true fp32 (PyTorch's default matmul precision "highest", no TF32).
-H100_SXM = (("fp32", 67e12), ("bf16", 989e12))  # H100 SXM data sheet: FP32 67, BF16 1,979* TFLOPS
-H100_PCIE = (("fp32", 51e12), ("bf16", 756e12))  # H100 PCIe data sheet (2022): FP32 51, BF16 1,513*
-NVL = (("fp32", 60e12), ("bf16", 835e12))  # H100 data sheet (2023) and H200 data sheet (2024), NVL: 60, 1,671*
-A100_PEAKS = (("fp32", 19.5e12), ("bf16", 312e12))  # A100 data sheet, PCIe and SXM alike: 19.5, 624*
-L4_PEAKS = (("fp32", 30.3e12), ("bf16", 121e12))  # L4 data sheet: 30.3, 242*
-L40S_PEAKS = (("fp32", 91.6e12), ("bf16", 362.05e12))  # L40S data sheet (2023): FP32 91.6, BF16 733*
+# Peak FLOP/s per dtype, DENSE throughout: the tensor-core figures without sparsity (half a sheet's starred "with
+# sparsity" numbers); fp32 is the non-tensor figure (PyTorch's default matmul precision "highest", no TF32).
+# H100 SXM / PCIe: NVIDIA's H100 table as reproduced in "NVIDIA H100" (hpctech,
+# https://archive-lib.hpctech.co.jp/gpuproduct/nvidia-h100.html): FP32 67 / 51, BF16 1,979* / 1,513* TFLOPS
+# ("* Shown with sparsity"), i.e. 989.5 / 756.5 dense, kept as 989 / 756 (rounded down, under 0.1%); the SXM's dense
+# 989.4 also in "H100" (https://glennklockwood.com/garden/processors/h100).
+H100_SXM = (("fp32", 67e12), ("bf16", 989e12))
+H100_PCIE = (("fp32", 51e12), ("bf16", 756e12))
+# H100 NVL and H200 NVL: FP32 60, BF16 1,671* (835 dense): NOT confirmed from a source here (no NVIDIA NVL sheet was
+# found; "H100 NVL" at https://gpu.blog/gpus/nvidia-h100-nvl gives FP32 67 and a "dense BF16" of 133, the non-tensor
+# rate, so it confirms neither figure).
+NVL = (("fp32", 60e12), ("bf16", 835e12))
+# A100 (40 and 80 GB, PCIe and SXM alike): FP32 19.5, BF16 312 dense / 624*: "NVIDIA A100 40GB with NVLINK"
+# (https://upb-pc2.atlassian.net/wiki/spaces/PC2DOK/pages/1900609/NVIDIA+A100+40GB+with+NVLINK) and "A100"
+# (https://glennklockwood.com/garden/processors/A100, citing NVIDIA's A100 datasheet).
+A100_PEAKS = (("fp32", 19.5e12), ("bf16", 312e12))
+# L4: FP32 30.29 ("NVIDIA L4 vs NVIDIA Tesla M40", https://fpsbench.com/compare/gpu/nvidia-l4-vs-nvidia-tesla-m40);
+# FP16 tensor 242* with sparsity ("NVIDIA L4 vs L40S", https://grokipedia.com/page/NVIDIA_L4_vs_L40S). BF16 121 dense
+# takes BF16 = FP16 tensor rate: not confirmed from a source here (the sheet's BF16 row was not seen).
+L4_PEAKS = (("fp32", 30.3e12), ("bf16", 121e12))
+# L40S and L40: NVIDIA's L40/L40S table as reproduced by a reseller ("NVIDIA L40/L40S",
+# https://www.mullet.se/product.html?product_id=355414): FP32 91.6 / 90.5, BF16 362.05 | 733* / 181.05 | 362.1*.
+L40S_PEAKS = (("fp32", 91.6e12), ("bf16", 362.05e12))
+L40_PEAKS = (("fp32", 90.5e12), ("bf16", 181.05e12))
+# A40: the A40 data sheet as reproduced by a reseller, FP32 37.4, BF16 149.7 | 299.4*:
+# https://www.ecer.com/corp/details-uuuedqa-p1bsay9-multi-display-setups-supported-by-48gb-gddr6-ecc-memory-nvidia-a40-gpu-and-vga-outputs.html  # noqa: E501
+A40_PEAKS = (("fp32", 37.4e12), ("bf16", 149.7e12))
 
-# Each card: compute capability, nominal memory, multiprocessors, from the vendor's published specification.
+# Each card: compute capability, memory in GB as the vendor states it, multiprocessors; each figure cited.
+# Compute capability, unless said otherwise: "CUDA GPU Compute Capability" (https://developer.nvidia.com/cuda-gpus):
+# 12.0 GeForce RTX 5090; 10.0 B200; 9.0 H200, H100; 8.9 L4, L40, L40S, GeForce RTX 4090; 8.6 A40, A10, RTX A6000,
+# GeForce RTX 3090. V100 7.0: "Legacy CUDA GPU Compute Capability" (https://developer.nvidia.com/cuda-legacy-gpus).
 GPUS = {g.name: g for g in (
-    # NVIDIA H100 Tensor Core GPU Architecture whitepaper: H100 SXM5 132 SMs, H100 PCIe 114; H100 data sheet:
-    # SXM 80 GB, PCIe 80 GB, NVL 94 GB; the NVL card is the SXM5's full 132-SM configuration on PCIe.
+    # H100 SXM5 132 SMs, PCIe 114, both 80 GB: hpctech's reproduction of NVIDIA's H100 table (above).
     _card("H100", (9, 0), 80, 132, H100_SXM),  # SXM5
     _card("H100-PCIe", (9, 0), 80, 114, H100_PCIE),
+    # H100 NVL 94 GB: "H100 NVL" (https://www.aiminingco.com/gpu/h100-nvl/specs) and "NVIDIA H100 PCIe, SXM5 & NVL
+    # GPU Comparison" (https://www.server-parts.eu/post/nvidia-h100-pcie-vs-sxm5-gpu-comparison); 132 SMs: only
+    # gpu.blog's page (above, "Compute Units 132 SMs"), whose peaks are unreliable: weakly confirmed.
     _card("H100-NVL", (9, 0), 94, 132, NVL),
-    # H200 data sheet (2024): 141 GB HBM3e, SXM and NVL; the GH100 chip of the H100 SXM5 (132 SMs).
+    # H200 141 GB: MLCommons' system description "H200-SXM-141GB"
+    # (https://raw.githubusercontent.com/mlcommons/inference_results_v4.1/main/closed/NVIDIA/systems/H200-SXM-141GBx8_TRT_MaxQ.json),  # noqa: E501
+    # and for SXM and NVL alike "NVIDIA H200" ("141 GB at 4.8 TB/s on its SXM and NVL boards";
+    # https://aiwiki.ai/wiki/nvidia_h200/raw); 132 SMs (SXM): "NVIDIA H200 vs B300"
+    # (https://itkb.uw.cz/2026/06/nvidia-h200-vs-b300-precisions-cores.html). Dense peaks as the H100 SXM: same page
+    # (FP16/BF16 ~989 dense). H200 NVL's 132 SMs: not confirmed from a source here (taken as the SXM's GH100
+    # configuration).
     _card("H200", (9, 0), 141, 132, H100_SXM),
     _card("H200-NVL", (9, 0), 141, 132, NVL),
-    # NVIDIA A100 Tensor Core GPU Architecture whitepaper: 108 SMs; A100 data sheet: 40 and 80 GB.
+    # A100: 108 SMs and cc 8.0 in two deviceQuery outputs, the 40 GB card's (42,405,855,232 B; upb-pc2 page above)
+    # and the 80 GB SXM4's (85,198,045,184 B; gengwg's gist above); 40 and 80 GB: glennklockwood's "A100" (above).
     _card("A100", (8, 0), 80, 108, A100_PEAKS),
     _card("A100-40GB", (8, 0), 40, 108, A100_PEAKS),
-    # NVIDIA Tesla V100 GPU Architecture whitepaper: 80 SMs; V100 data sheet: 16 and 32 GB.
+    # V100 80 SMs, 16 GB: NVIDIA's Volta table as reproduced in "NVIDIA Volta Tesla V100 Cards Detailed"
+    # (https://www.techrival.com/nvidia-volta-tesla-v100-cards-detailed-150w-single-slot-300w-dual-slot-gv100-powered-pcie-accelerators/).  # noqa: E501
+    # The 32 GB card: only a third party's catalog ("gpu catalog",
+    # https://huggingface.co/RajBhope/gpu-runtime-predictor/blob/main/gpu_catalog.json, V100 32 GB, 80 SMs): weakly
+    # confirmed.
     _card("V100", (7, 0), 16, 80),
     _card("V100-32GB", (7, 0), 32, 80),
-    # NVIDIA Ada GPU Architecture whitepaper: L4 58 SMs 24 GB (L4 data sheet), RTX 4090 128 SMs 24 GB; L40 and
-    # L40S: the AD102 with 142 SMs (L40S data sheet: 18,176 CUDA cores, 48 GB).
+    # L4 24 GB: fpsbench's L4 page (above). Its 58 SMs: NOT confirmed from a source here, and the sources disagree:
+    # fpsbench lists 7,424 shading units (= 58 x 128) but "SM Count 60"; "NVIDIA L4"
+    # (https://pcpartdb.com/gpus/view/nvidia-l4) lists 7,680 CUDA cores (= 60 x 128). Kept at 58 (predictions
+    # depend on it); see the report.
     _card("L4", (8, 9), 24, 58, L4_PEAKS),
+    # RTX 4090 128 SMs, 24 GB: "NVIDIA GeForce RTX 4090" (16,384 of AD102's 18,432 cores, 128 RT cores, 24 GB;
+    # https://www.notebookcheck.pl/NVIDIA-NVIDIA-GeForce-RTX-4090.677670.0.html) and "NVIDIA GeForce RTX 4090 GPU
+    # Family Specifications" (16,384 CUDA cores, 128 per Ada SM, so 128 SMs; 24 GB;
+    # https://www.thefpsreview.com/gpu-family/nvidia-geforce-rtx-4090-gpu-family-specifications).
     _card("RTX4090", (8, 9), 24, 128),
+    # L40S 142 SMs, 18,176 shading units, 48 GB: TechPowerUp's L40S entry as reproduced by a shop ("SM Count 142"):
+    # https://m.reach.dog/shop/computizer/products/nvidia-l40s-48gb-gddr6-graphics-card-for-ai-and-graphics-performance
+    # L40 48 GB and 18,176 CUDA cores, 142 RT cores (one per SM): mullet.se's L40/L40S table (above), so 142 SMs.
     _card("L40S", (8, 9), 48, 142, L40S_PEAKS),
-    _card("L40", (8, 9), 48, 142),
-    # NVIDIA Ampere GA102 GPU Architecture whitepaper: A10G (AWS's A10 variant) 80 SMs, A10 72 SMs 24 GB,
-    # RTX 3090 82 SMs 24 GB, RTX 3080 68 SMs 10 GB, RTX A6000 84 SMs 48 GB; A40 data sheet: 10,752 CUDA cores
-    # (84 SMs), 48 GB.
+    _card("L40", (8, 9), 48, 142, L40_PEAKS),
+    # A10G (AWS's A10 variant; not in NVIDIA's compute-capability list, 8.6 per the third-party catalog above):
+    # 24 GB and 80 SMs only in that catalog, which also gives 9,216 CUDA cores (= 72 SMs x 128), contradicting
+    # itself: 80 SMs NOT confirmed from a source here. Kept (predictions depend on it); see the report.
     _card("A10G", (8, 6), 24, 80),
+    # A10 (not A10G) 72 SMs, 9,216 shaders, 24 GB: TechPowerUp's data as reproduced in "NVIDIA A10 PCIe vs NVIDIA
+    # Quadro RTX 4000" (https://sysrqmts.com/ru/gpus/compare/nvidia-a10-pcie-vs-nvidia-quadro-rtx-4000).
     _card("A10", (8, 6), 24, 72),
+    # RTX 3090 82 SMs, 24 GB: "NVIDIA GeForce RTX 3090 Ti: full specs" ("82 SM units and 10496 CUDA cores on the
+    # RTX 3090"; https://www.tweaktown.com/news/84164/nvidia-geforce-rtx-3090-ti-full-specs-price-performance-details/index.html)  # noqa: E501
+    # and "Nvidia GeForce RTX 3090 Specifications" (82 SMs, 24 GB;
+    # https://holynerdvana.blogspot.com/2022/10/nvidia-geforce-rtx-3090-specifications.html).
     _card("RTX3090", (8, 6), 24, 82),
+    # RTX 3080: the original 10 GB card of 2020, 68 SMs ("Nvidia RTX 3080 specs": 8,704 cores "arrayed across 68
+    # streaming multiprocessors", 10GB; https://www.monsterpc-sg.com/custom-rig/21_nvidia-rtx-3080-founders-edition-review.html);  # noqa: E501
+    # not the 12 GB card of 2022 (70 SMs, 12 GB;
+    # https://sysrqmts.com/tr/gpus/compare/nvidia-geforce-rtx-3080-12-gb-vs-nvidia-rtx-a4000). cc 8.6: NVIDIA's
+    # list is cut off after "GeForce RTX 3" in the copy here; "NVIDIA GPU Compute Capability"
+    # (https://qiita.com/araroux/items/e07e817cdf020bbd84a1) gives RTX 3080 8.6.
     _card("RTX3080", (8, 6), 10, 68),
+    # RTX A6000 84 SMs, 48 GB: "NVIDIA A16 PCIe vs NVIDIA RTX A6000"
+    # (https://sysrqmts.com/tr/gpus/compare/nvidia-a16-pcie-vs-nvidia-rtx-a6000).
     _card("A6000", (8, 6), 48, 84),
-    _card("A40", (8, 6), 48, 84),
-    # NVIDIA Turing GPU Architecture whitepaper: T4 40 SMs 16 GB (T4 data sheet); GeForce RTX 2060 (TU106):
-    # 1,920 CUDA cores = 30 SMs, 6 GB.
+    # A40 48 GB, 10,752 CUDA cores and 84 RT cores (one per SM), so 84 SMs: the A40 sheet at ecer.com (above).
+    _card("A40", (8, 6), 48, 84, A40_PEAKS),
+    # T4 40 SMs, cc 7.5: its deviceQuery (chiemon.github.io, above; 15,843,721,216 B); 16 GB and SM count 40:
+    # "NVIDIA RTX A4000 vs NVIDIA Tesla T4" (https://sysrqmts.com/pt/gpus/compare/nvidia-rtx-a4000-vs-nvidia-tesla-t4).
     _card("T4", (7, 5), 16, 40),
+    # RTX 2060 (TU106) 30 SMs, 6 GB: TechPowerUp's review "EVGA GeForce RTX 2060 XC Ultra"
+    # (https://techpowerup.com/review/evga-geforce-rtx-2060-xc-ultra/single-page.html: 1,920 CUDA cores "spread
+    # across 30 out of 36 streaming multiprocessors", 6 GB GDDR6); cc 7.5: qiita's list (above).
     _card("RTX2060", (7, 5), 6, 30),
-    # NVIDIA Blackwell: DGX B200 data sheet, 1,440 GB over 8 GPUs (180 GB each), 148 SMs (two dies of 74, the
-    # figure torch reports for a B200); GeForce RTX 5090 (GB202): 21,760 CUDA cores = 170 SMs, 32 GB.
+    # B200 memory: 180 GB as NVIDIA's HGX B200 specification states it ("180GB HBM3E | 7.7TB/s" per GPU, up to 1.4 TB
+    # for 8, as reproduced at https://zdszero.github.io/Computer/Artificial_Intelligence/Hardware.html). The 192 GB
+    # often quoted ("B200", https://glennklockwood.com/garden/processors/B200: "192 GB HBM3 (8 stacks)") is the
+    # HBM on the package by that page; and an HGX B200's nvidia-smi shows "179 GB" ("NVIDIA HGX B200 Hardware Overview",
+    # https://docs.vultr.com/inference-cookbook/cuda/getting-started/hardware-overview), which, if GiB, is about
+    # 192e9 B: a process may see MORE than the 180e9 B here, so this card's fit verdicts lean conservative.
+    # 148 SMs: 18,944 shaders ("NVIDIA B200 vs NVIDIA GB200", https://hmc-tech.com/gpu/nvidia-b200-vs-nvidia-gb200)
+    # / 128 per SM; derived, no source here states the SM count itself.
     _card("B200", (10, 0), 180, 148),
+    # RTX 5090 (GB202) 170 SMs, 21,760 shaders, 32 GB: "Nvidia GeForce RTX 5090" (Linux Format, May 2025,
+    # https://pocketmags.com/linux-format-magazine/may-2025/articles/nvidia-geforce-rtx-5090).
     _card("RTX5090", (12, 0), 32, 170),
 )}
 
