@@ -35,6 +35,8 @@ CUDA_CONTEXT_SOURCE = ("measured on an NVIDIA H200 (torch 2.11, CUDA 13.0, drive
 # - 8.0 = 2048: an A100-SXM4-80GB's deviceQuery (https://gist.github.com/gengwg/3520df2ebf8872e5ee4818367e3a4122).
 # - 8.6 = 1536: "maximum number of threads per block for sm_86 is 1536", citing the Guide's features and technical
 #   specifications (https://github.com/pytorch/pytorch/pull/45889).
+# - 8.9 = 1536: an L4's deviceQuery (kamelth/COE506_Project, README.md: "Maximum number of threads per
+#   multiprocessor:  1536").
 # - 8.6, 8.9, 12.0 = 1536 and 8.0, 9.0, 10.0 = 2048: a third party's reading of the Guide, oxicuda-launch's
 #   SmVersion::max_warps_per_sm (https://docs.rs/oxicuda-launch/0.4.1/oxicuda_launch/telemetry/enum.SmVersion.html).
 # - 7.0, 7.2, 8.7, 10.3 = 2048: not confirmed from a source here (the Guide's figure as remembered).
@@ -109,6 +111,12 @@ L40_PEAKS = (("fp32", 90.5e12), ("bf16", 181.05e12))
 A40_PEAKS = (("fp32", 37.4e12), ("bf16", 149.7e12))
 
 # Each card: compute capability, memory in GB as the vendor states it, multiprocessors; each figure cited.
+# What a device reports (cudaDeviceProp.totalGlobalMem, found in public device reports cited per card below) is NOT
+# "a little less" than GB x 10**9 on the HBM cards: A100-80GB 85,198,045,184 B, A100-40GB 42,405,855,232 B,
+# V100-16GB 16,928,342,016 B, V100-32GB 34,089,926,656 B, H200 150,109,945,856 B (143,156 MiB), B200
+# 191,514,017,792 B (182,642 MiB): there the vendor's "GB" is nearer a GiB, and the figures here understate the
+# capacity by 6 to 6.5%. On the GDDR cards it holds: T4 15,843,721,216 B, L4 23,612,293,120 B. Kept as stated (fit
+# verdicts depend on them); reported to the lead.
 # Compute capability, unless said otherwise: "CUDA GPU Compute Capability" (https://developer.nvidia.com/cuda-gpus):
 # 12.0 GeForce RTX 5090; 10.0 B200; 9.0 H200, H100; 8.9 L4, L40, L40S, GeForce RTX 4090; 8.6 A40, A10, RTX A6000,
 # GeForce RTX 3090. V100 7.0: "Legacy CUDA GPU Compute Capability" (https://developer.nvidia.com/cuda-legacy-gpus).
@@ -117,16 +125,19 @@ GPUS = {g.name: g for g in (
     _card("H100", (9, 0), 80, 132, H100_SXM),  # SXM5
     _card("H100-PCIe", (9, 0), 80, 114, H100_PCIE),
     # H100 NVL 94 GB: "H100 NVL" (https://www.aiminingco.com/gpu/h100-nvl/specs) and "NVIDIA H100 PCIe, SXM5 & NVL
-    # GPU Comparison" (https://www.server-parts.eu/post/nvidia-h100-pcie-vs-sxm5-gpu-comparison); 132 SMs: only
-    # gpu.blog's page (above, "Compute Units 132 SMs"), whose peaks are unreliable: weakly confirmed.
+    # GPU Comparison" (https://www.server-parts.eu/post/nvidia-h100-pcie-vs-sxm5-gpu-comparison); 132 SMs: device
+    # reports in public repository text found with find_string (repositories not identified): "NVIDIA H100 NVL, 132
+    # SMs, 95 GB, driver 580.159.04" and "NVIDIA H100 NVL, 132 SM, 63 MB L2"; also gpu.blog's page (above).
     _card("H100-NVL", (9, 0), 94, 132, NVL),
     # H200 141 GB: MLCommons' system description "H200-SXM-141GB"
     # (https://raw.githubusercontent.com/mlcommons/inference_results_v4.1/main/closed/NVIDIA/systems/H200-SXM-141GBx8_TRT_MaxQ.json),  # noqa: E501
     # and for SXM and NVL alike "NVIDIA H200" ("141 GB at 4.8 TB/s on its SXM and NVL boards";
     # https://aiwiki.ai/wiki/nvidia_h200/raw); 132 SMs (SXM): "NVIDIA H200 vs B300"
     # (https://itkb.uw.cz/2026/06/nvidia-h200-vs-b300-precisions-cores.html). Dense peaks as the H100 SXM: same page
-    # (FP16/BF16 ~989 dense). H200 NVL's 132 SMs: not confirmed from a source here (taken as the SXM's GH100
-    # configuration).
+    # (FP16/BF16 ~989 dense). A device report: "_CudaDeviceProperties(name='NVIDIA H200', major=9, minor=0,
+    # total_memory=143156MB, multi_processor_count=132" (ai-bot-pro/achatbot,
+    # deploy/modal/src/llm/vllm/vlm/skywork_r1v.py). H200 NVL: 132 SMs, cc 9.0 in a device report
+    # found with find_string ("NVIDIA H200 NVL, 132 SMs, CC 9.0, max SM clock 1785 MHz, power limit 600 W").
     _card("H200", (9, 0), 141, 132, H100_SXM),
     _card("H200-NVL", (9, 0), 141, 132, NVL),
     # A100: 108 SMs and cc 8.0 in two deviceQuery outputs, the 40 GB card's (42,405,855,232 B; upb-pc2 page above)
@@ -135,15 +146,15 @@ GPUS = {g.name: g for g in (
     _card("A100-40GB", (8, 0), 40, 108, A100_PEAKS),
     # V100 80 SMs, 16 GB: NVIDIA's Volta table as reproduced in "NVIDIA Volta Tesla V100 Cards Detailed"
     # (https://www.techrival.com/nvidia-volta-tesla-v100-cards-detailed-150w-single-slot-300w-dual-slot-gv100-powered-pcie-accelerators/).  # noqa: E501
-    # The 32 GB card: only a third party's catalog ("gpu catalog",
-    # https://huggingface.co/RajBhope/gpu-runtime-predictor/blob/main/gpu_catalog.json, V100 32 GB, 80 SMs): weakly
-    # confirmed.
+    # Device reports (deviceQuery outputs in public repository text, found with the search tool's find_string; the
+    # repositories were not identified): "Tesla V100-SXM2-16GB ... (080) Multiprocessors ... 16928342016 bytes" and
+    # "Tesla V100-SXM2-32GB ... (080) Multiprocessors ... 34089926656 bytes", both cc 7.0: 32 GB and 80 SMs confirmed.
     _card("V100", (7, 0), 16, 80),
     _card("V100-32GB", (7, 0), 32, 80),
-    # L4 24 GB: fpsbench's L4 page (above). Its 58 SMs: NOT confirmed from a source here, and the sources disagree:
-    # fpsbench lists 7,424 shading units (= 58 x 128) but "SM Count 60"; "NVIDIA L4"
-    # (https://pcpartdb.com/gpus/view/nvidia-l4) lists 7,680 CUDA cores (= 60 x 128). Kept at 58 (predictions
-    # depend on it); see the report.
+    # L4 58 SMs, cc 8.9, 1536 threads/SM: a deviceQuery of "NVIDIA L4" ("(58) Multiprocessors, (128) CUDA Cores/MP:
+    # 7424 CUDA Cores", "Maximum number of threads per multiprocessor: 1536", 23,612,293,120 B; kamelth/COE506_Project,
+    # README.md). Spec pages disagree and are wrong on this: fpsbench (above) lists 7,424 shading units but "SM Count
+    # 60"; "NVIDIA L4" (https://pcpartdb.com/gpus/view/nvidia-l4) lists 7,680 CUDA cores. 24 GB: fpsbench (above).
     _card("L4", (8, 9), 24, 58, L4_PEAKS),
     # RTX 4090 128 SMs, 24 GB: "NVIDIA GeForce RTX 4090" (16,384 of AD102's 18,432 cores, 128 RT cores, 24 GB;
     # https://www.notebookcheck.pl/NVIDIA-NVIDIA-GeForce-RTX-4090.677670.0.html) and "NVIDIA GeForce RTX 4090 GPU
@@ -155,9 +166,12 @@ GPUS = {g.name: g for g in (
     # L40 48 GB and 18,176 CUDA cores, 142 RT cores (one per SM): mullet.se's L40/L40S table (above), so 142 SMs.
     _card("L40S", (8, 9), 48, 142, L40S_PEAKS),
     _card("L40", (8, 9), 48, 142, L40_PEAKS),
-    # A10G (AWS's A10 variant; not in NVIDIA's compute-capability list, 8.6 per the third-party catalog above):
-    # 24 GB and 80 SMs only in that catalog, which also gives 9,216 CUDA cores (= 72 SMs x 128), contradicting
-    # itself: 80 SMs NOT confirmed from a source here. Kept (predictions depend on it); see the report.
+    # A10G (AWS's A10 variant, not the A10; not in NVIDIA's compute-capability list): 80 SMs and cc 8.6 from a device
+    # report, "_CudaDeviceProperties(name='NVIDIA A10G', major=8, minor=6, total_memory=22587MB,
+    # multi_processor_count=80" (TorchCodec's tutorial "Accelerated video decoding on GPUs with CUDA and NVDEC",
+    # basic_cuda_example, meta-pytorch/torchcodec docs). 24 GB: only a third party's catalog ("gpu catalog",
+    # https://huggingface.co/RajBhope/gpu-runtime-predictor/blob/main/gpu_catalog.json, whose 9,216 CUDA cores for
+    # the A10G are the A10's); the device's 22,587 MiB (23,684,186,112 B) fits a 24 GB GDDR6 card.
     _card("A10G", (8, 6), 24, 80),
     # A10 (not A10G) 72 SMs, 9,216 shaders, 24 GB: TechPowerUp's data as reproduced in "NVIDIA A10 PCIe vs NVIDIA
     # Quadro RTX 4000" (https://sysrqmts.com/ru/gpus/compare/nvidia-a10-pcie-vs-nvidia-quadro-rtx-4000).
@@ -190,10 +204,12 @@ GPUS = {g.name: g for g in (
     # for 8, as reproduced at https://zdszero.github.io/Computer/Artificial_Intelligence/Hardware.html). The 192 GB
     # often quoted ("B200", https://glennklockwood.com/garden/processors/B200: "192 GB HBM3 (8 stacks)") is the
     # HBM on the package by that page; and an HGX B200's nvidia-smi shows "179 GB" ("NVIDIA HGX B200 Hardware Overview",
-    # https://docs.vultr.com/inference-cookbook/cuda/getting-started/hardware-overview), which, if GiB, is about
-    # 192e9 B: a process may see MORE than the 180e9 B here, so this card's fit verdicts lean conservative.
-    # 148 SMs: 18,944 shaders ("NVIDIA B200 vs NVIDIA GB200", https://hmc-tech.com/gpu/nvidia-b200-vs-nvidia-gb200)
-    # / 128 per SM; derived, no source here states the SM count itself.
+    # https://docs.vultr.com/inference-cookbook/cuda/getting-started/hardware-overview). A device report:
+    # "_CudaDeviceProperties(name='NVIDIA B200', major=10, minor=0, total_memory=182642MB,
+    # multi_processor_count=148" (ai-bot-pro/achatbot, deploy/modal/src/llm/vllm/vlm/skywork_r1v.py): 148 SMs and
+    # cc 10.0 confirmed, and 191.5e9 B total, so a process sees MORE than the 180e9 B here (kept as the vendor
+    # states it; see the note above GPUS). Also 18,944 shaders = 148 x 128 ("NVIDIA B200 vs NVIDIA GB200",
+    # https://hmc-tech.com/gpu/nvidia-b200-vs-nvidia-gb200).
     _card("B200", (10, 0), 180, 148),
     # RTX 5090 (GB202) 170 SMs, 21,760 shaders, 32 GB: "Nvidia GeForce RTX 5090" (Linux Format, May 2025,
     # https://pocketmags.com/linux-format-magazine/may-2025/articles/nvidia-geforce-rtx-5090).
