@@ -39,7 +39,9 @@ CUDA_CONTEXT_SOURCE = ("measured on an NVIDIA H200 (torch 2.11, CUDA 13.0, drive
 #   multiprocessor:  1536").
 # - 8.6, 8.9, 12.0 = 1536 and 8.0, 9.0, 10.0 = 2048: a third party's reading of the Guide, oxicuda-launch's
 #   SmVersion::max_warps_per_sm (https://docs.rs/oxicuda-launch/0.4.1/oxicuda_launch/telemetry/enum.SmVersion.html).
-# - 7.0, 7.2, 8.7, 10.3 = 2048: not confirmed from a source here (the Guide's figure as remembered).
+# - 7.0 = 2048: a Tesla V100-SXM2-16GB's deviceQuery ("Maximum number of threads per multiprocessor:  2048"), in
+#   public repository text found with the search tool's find_string (repository not identified).
+# - 7.2, 8.7, 10.3 = 2048: not confirmed from a source here (the Guide's figure as remembered).
 # A card given by its properties takes its figure from here.
 THREADS_PER_SM = {(7, 0): 2048, (7, 2): 2048, (7, 5): 1024, (8, 0): 2048, (8, 6): 1536, (8, 7): 2048,
                   (8, 9): 1536, (9, 0): 2048, (10, 0): 2048, (10, 3): 2048, (12, 0): 1536}
