@@ -170,6 +170,12 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
                         "machine's cores; 1: one after another, in one process)")
 
 
+def _add_memory_budget(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--memory-budget", type=_checked("memory_budget", parse_bytes), default=None,
+                   help="e.g. 16GiB: runs above it end as OOM (CUDA: a memory fraction; CPU: the exact tracker; "
+                        "predict: the memory the caching allocator may have)")
+
+
 def add_run_options(p: argparse.ArgumentParser) -> None:
     from membench.spec import LaunchSpec, MeasureSpec, RunSpec, default
 
@@ -178,8 +184,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     timeout, nproc = default(LaunchSpec, "timeout_s"), default(RunSpec, "nproc_per_node")
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
                    help="where to train: cuda, cpu (exact tracker), or auto: cuda when torch sees a GPU (default)")
-    p.add_argument("--memory-budget", type=_checked("memory_budget", parse_bytes), default=None,
-                   help="e.g. 16GiB: runs above it end as OOM (CUDA: a memory fraction; CPU: the exact tracker)")
+    _add_memory_budget(p)
     p.add_argument("--steps", type=_checked("steps"), default=steps,
                    help=f"timed steps after warm-up (default {steps})")
     p.add_argument("--warmup", type=_checked("warmup"), default=warmup, help=f"untimed steps first (default {warmup})")
@@ -357,6 +362,7 @@ def _predict_plan(args, batch_size: int) -> dict:
     return dict(workload=args.workload, techniques=args.techniques, batch_size=batch_size,
                 target_device=args.device, nproc_per_node=world, check=False, timeline=False,
                 warmup=args.warmup, gpu=args.gpu if args.device == "cuda" else None,
+                **({"memory_budget": args.memory_budget} if getattr(args, "memory_budget", None) else {}),
                 **_model_options(args))
 
 
@@ -401,8 +407,9 @@ def print_predictions(results: list, args, attention: str | None = None, why: st
     target = gpu(results[0].spec.run.gpu if results else args.gpu) if args.device == "cuda" else None
     if target is not None:  # each run's whole-device estimate per rank and its sources: what the answer reads
         from membench.predict.device import device_lines
+        from membench.predict.fragmentation import lines as fragmented
 
-        lines = device_lines(results, target)
+        lines = device_lines(results, target) + fragmented(results)
         if lines:
             print("\n" + "\n".join(lines))
     print()
@@ -560,6 +567,7 @@ def _add_predict_command(sub) -> None:
     p = sub.add_parser("predict", help="predict each technique's peak CUDA memory with no GPU (fake tensors)")
     add_workload_options(p)
     add_target_options(p)
+    _add_memory_budget(p)
     p.add_argument("--out", type=_path, default=None,
                    help="where predictions go (default results/predicted/<machine>/<device>-<workload>-bs<N>)")
     p.set_defaults(func=cmd_predict)

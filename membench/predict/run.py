@@ -24,7 +24,7 @@ from membench.allocator.account import with_reset
 from membench.allocator.events import TraceEvent
 from membench.common.errors import UserError
 from membench.measure import Session
-from membench.predict import compiled, device, gpus, steady, streams
+from membench.predict import compiled, device, fragmentation, gpus, steady, streams
 from membench.predict.emulate import fake, versions
 from membench.predict.emulate.autocast import cuda_policy
 from membench.predict.emulate.kernels import CudaKernels
@@ -283,6 +283,7 @@ def _label(traced: Traced, spec: RunSpec, stack: Stack,
         if spec.memory_budget is None:  # more than the GPU holds, unbounded: replayed under it (predict/device.py)
             memory.on_card = device.on_card(events, allocator_settings(stack), memory.peak_reserved_bytes,
                                             gpus.gpu(spec.gpu).memory_gb, device.run_mesh(spec))
+        memory.fragmented = fragmentation.for_run(events, allocator_settings(stack), spec, memory)
         if on_streams is not None:
             names, by_stream = on_streams
             memory.streams = streams.stream_uses(names, by_stream, reserved.reserved_by_stream_at_peak)
