@@ -489,7 +489,7 @@ def _fit_world_size(args, budget: int) -> int:
     print(world_answer(fits, budget))
     print(f"PREDICTED (no timing) per rank at --batch-size {args.batch_size} per rank for {args.gpu or 'the default '}"
           "GPU: the whole-device estimate (reserved + CUDA context + NCCL buffers); world sizes 1, 2, 4, ... then "
-          "bisected over multiples of 8 (or every count below 8).")
+          "bisected between the last over and the first fit (over multiples of 8 where those are more than 8 apart).")
     return 0
 
 

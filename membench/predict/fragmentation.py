@@ -79,8 +79,9 @@ def named(events: list, settings: AllocatorSettings, capacity: int, memory, budg
 
 def line(name: str, f: Fragmented) -> str:
     """One run's sentence: what fits, how much is fragmentation, where it runs out, what the settings tried do."""
-    where = (f"it runs out before the measured step (construction or warm-up), with "
-             f"{fmt_bytes(f.allocated_at_oom_bytes)} allocated" if f.oom_before_step else "it runs out in the step")
+    where = (f"it runs out before the measured step, with {fmt_bytes(f.allocated_at_oom_bytes)} allocated "
+             "(construction or warm-up: membench builds the whole model on the device, then a distributed technique "
+             "shards it)" if f.oom_before_step else "it runs out in the step")
     tried = "; ".join(f"{t.settings}: " + ("out of memory" if t.oom else
                                            f"fits, reserving {fmt_bytes(t.peak_reserved_bytes)}") for t in f.tried)
     fits = next((t.settings for t in f.tried if not t.oom), None)
@@ -89,7 +90,7 @@ def line(name: str, f: Fragmented) -> str:
     return (f"  {name}: peak allocated {fmt_bytes(f.peak_allocated_bytes)} fits the {fmt_bytes(f.capacity_bytes)} the "
             f"allocator can have, reserved {fmt_bytes(f.peak_reserved_bytes)} does not: "
             f"{fmt_bytes(f.fragmentation_bytes)} of it is fragmentation (reserved, never allocated at once in the "
-            "step); "
+            "step: split or cached blocks); "
             f"{where}; {tried + '; ' if tried else ''}{verdict}")
 
 
