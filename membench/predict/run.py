@@ -376,9 +376,10 @@ def _made_on_host(data, tracker: StorageTracker):
 
 def _add_reserved(memory: Memory, trace: list[TraceEvent], stack: Stack, budget: int | None,
                   round_to: int = CUDA_BLOCK) -> ReservedSummary:
-    """Reserved memory: the step's allocations, in order from the model's construction on, through the caching
-    allocator simulator with the run's allocator settings (the user's PYTORCH_CUDA_ALLOC_CONF plus the stack's,
-    e.g. expandable-segments). A budget acts as a memory fraction, as it does on a real GPU."""
+    """Reserved memory: the step's allocations, in order from the model's construction on (peaks reset where the
+    measured step begins), through the caching allocator simulator with the run's allocator settings (the user's
+    PYTORCH_CUDA_ALLOC_CONF plus the stack's, e.g. expandable-segments). A budget acts as a memory fraction, as it
+    does on a real GPU."""
     from membench.allocator import Tracked, reserved_summary
 
     # Held against the tracker's count, event by event, where it rounds as the allocator does (account.py).
