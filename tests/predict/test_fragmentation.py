@@ -59,3 +59,17 @@ def test_a_small_model_under_a_small_budget_says_so_with_the_expandable_figure()
     lines = fragmentation.lines([record])
     assert any(line.startswith("FRAGMENTATION") for line in lines)
     assert any("of it is fragmentation" in line and "expandable_segments:True:" in line for line in lines)
+
+
+def test_construction_that_overflows_is_named_before_the_step():
+    """As the 70B shape under fsdp: construction holds more than the card (60 MiB at once against 50) and frees it
+    before the measured step, whose own peak is 10 MiB. Unbounded, reserved stays at 60 MiB (the 60 MiB segment is
+    cached, and the step's 10 MiB request splits it); under 50 MiB the first request already fails, before the
+    step, with nothing allocated, and no allocator setting changes that (no setting makes 60 MiB fit in 50)."""
+    events = [TraceEvent.alloc("model", 60 * MiB), TraceEvent.free("model"), RESET, TraceEvent.alloc("act", 10 * MiB)]
+    memory = SimpleNamespace(allocator_peak_allocated_bytes=10 * MiB, peak_reserved_bytes=60 * MiB)
+    f = fragmentation.named(events, AllocatorSettings(), 50 * MiB, memory, budget=False, placement="top-down")
+    assert f.oom_before_step and f.allocated_at_oom_bytes == 0 and f.fragmentation_bytes == 50 * MiB
+    assert [t.oom for t in f.tried] == [True, True, True]
+    assert "runs out before the measured step" in fragmentation.line("fsdp", f)
+    assert fragmentation.line("fsdp", f).endswith("no setting tried makes it fit")
