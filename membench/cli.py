@@ -54,8 +54,9 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def add_workload_options(p: argparse.ArgumentParser, batch: bool = True) -> None:
-    """What runs: the options every subcommand that builds a training step takes."""
+def add_workload_options(p: argparse.ArgumentParser, batch: bool | str = True) -> None:
+    """What runs: the options every subcommand that builds a training step takes. batch: a help text instead of
+    True declares --batch-size with no default (fit: only for --by world-size)."""
     from membench.spec import DEFAULT_BATCH_SIZE, DEFAULT_TECHNIQUES, DEFAULT_WORKLOAD, OPTIMIZERS, RunSpec, default
     from membench.workloads import BUILTIN
 
@@ -64,8 +65,9 @@ def add_workload_options(p: argparse.ArgumentParser, batch: bool = True) -> None
                         f"needs membench[hf]), or package.module:factory, imported from the working directory "
                         f"(default: {DEFAULT_WORKLOAD})")
     if batch:
-        p.add_argument("--batch-size", type=_checked("batch_size"), default=DEFAULT_BATCH_SIZE,
-                       help=f"samples per optimizer step (default {DEFAULT_BATCH_SIZE})")
+        default_batch = DEFAULT_BATCH_SIZE if batch is True else None
+        p.add_argument("--batch-size", type=_checked("batch_size"), default=default_batch,
+                       help=f"samples per optimizer step (default {DEFAULT_BATCH_SIZE})" if batch is True else batch)
     p.add_argument("--techniques", default=None,
                    help=f"comma-separated; '+' stacks techniques in one run (default {DEFAULT_TECHNIQUES}, without "
                         "those the workload cannot take); the baseline always runs. See `membench techniques`.")
@@ -172,6 +174,12 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
                         "machine's cores; 1: one after another, in one process)")
 
 
+def _add_memory_budget(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--memory-budget", type=_checked("memory_budget", parse_bytes), default=None,
+                   help="e.g. 16GiB: runs above it end as OOM (CUDA: a memory fraction; CPU: the exact tracker; "
+                        "predict: the memory the caching allocator may have)")
+
+
 def add_run_options(p: argparse.ArgumentParser) -> None:
     from membench.spec import LaunchSpec, MeasureSpec, RunSpec, default
 
@@ -180,8 +188,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     timeout, nproc = default(LaunchSpec, "timeout_s"), default(RunSpec, "nproc_per_node")
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
                    help="where to train: cuda, cpu (exact tracker), or auto: cuda when torch sees a GPU (default)")
-    p.add_argument("--memory-budget", type=_checked("memory_budget", parse_bytes), default=None,
-                   help="e.g. 16GiB: runs above it end as OOM (CUDA: a memory fraction; CPU: the exact tracker)")
+    _add_memory_budget(p)
     p.add_argument("--steps", type=_checked("steps"), default=steps,
                    help=f"timed steps after warm-up (default {steps})")
     p.add_argument("--warmup", type=_checked("warmup"), default=warmup, help=f"untimed steps first (default {warmup})")
@@ -355,6 +362,7 @@ def _predict_plan(args, batch_size: int) -> dict:
     return dict(workload=args.workload, techniques=args.techniques, batch_size=batch_size,
                 target_device=args.device, nproc_per_node=world, check=False, timeline=False,
                 warmup=args.warmup, gpu=args.gpu.name if args.device == "cuda" and args.gpu else None,
+                **({"memory_budget": args.memory_budget} if getattr(args, "memory_budget", None) else {}),
                 **_model_options(args))
 
 
@@ -401,8 +409,9 @@ def print_predictions(results: list, args, attention: str | None = None, why: st
     target = (predicted_for(results[0].spec.run) if results else args.gpu) if args.device == "cuda" else None
     if target is not None:  # each run's whole-device estimate per rank and its sources: what the answer reads
         from membench.predict.device import device_lines
+        from membench.predict.fragmentation import lines as fragmented
 
-        lines = device_lines(results, target)
+        lines = device_lines(results, target) + fragmented(results)
         if lines:
             print("\n" + "\n".join(lines))
     print()
@@ -428,8 +437,13 @@ def cmd_fit(args) -> int:
 
     budget = parse_bytes(args.budget)
     by = args.by or ("reserved" if args.device == "cuda" else "allocated")
-    if by in ("reserved", "device") and args.device != "cuda":
+    if by in ("reserved", "device", "world-size") and args.device != "cuda":
         raise UserError(f"--by {by} needs --device cuda: reserved memory is the CUDA caching allocator's")
+    if (by == "world-size") != (args.batch_size is not None):
+        raise UserError("--by world-size needs --batch-size (samples per rank), and only it takes one: fit searches "
+                        "the batch otherwise")
+    if by == "world-size":
+        return _fit_world_size(args, budget)
     # Planned at --accum-steps samples, a batch every technique takes (accumulation splits it into micro-batches);
     # each technique's search then runs over the multiples of the smallest batch it takes. The child process
     # (the only one that imports torch) plans, searches and says whether this machine has a CUDA GPU.
@@ -452,6 +466,32 @@ def cmd_fit(args) -> int:
     print_fits(fits, budget, by, args, checked, answer["cannot_see"], target)
     if answer.get("arch"):
         print(answer["arch"])
+    return 0
+
+
+def _fit_world_size(args, budget: int) -> int:
+    """fit --by world-size: the fewest ranks per technique whose whole-device estimate per rank is within the budget."""
+    from tabulate import tabulate
+
+    from membench.common.units import fmt_bytes
+    from membench.launch.probe import call_isolated
+    from membench.predict.fit.world import WorldFit, world_answer
+
+    if args.mesh is not None:
+        raise UserError("--by world-size searches the world size of one FSDP dimension: give no --mesh")
+    request = {"plan": _predict_plan(args, args.batch_size), "budget": budget, "by": "world-size"}
+    answer = call_isolated("fit", request, args.timeout, f"fitting {args.workload!r}")
+    fits = [WorldFit(**f) for f in answer["world_fits"]]
+    rows = [[f.run, f.world_size or "-", fmt_bytes(f.peak) if f.world_size else "-",
+             f"{f.over_world}: {fmt_bytes(f.over_peak)}" if f.over_world and f.over_peak is not None else "-",
+             f.predictions] for f in fits]
+    print(tabulate(rows, headers=["run", "fewest ranks (predicted)", "per-rank whole device", "most ranks over: peak",
+                                  "predictions"], tablefmt="simple", disable_numparse=True))
+    print()
+    print(world_answer(fits, budget))
+    print(f"PREDICTED (no timing) per rank at --batch-size {args.batch_size} per rank for {args.gpu.name if args.gpu else 'the default '}"
+          "GPU: the whole-device estimate (reserved + CUDA context + NCCL buffers); world sizes 1, 2, 4, ... then "
+          "bisected between the last over and the first fit (over multiples of 8 where those are more than 8 apart).")
     return 0
 
 
@@ -556,6 +596,7 @@ def _add_predict_command(sub) -> None:
     p = sub.add_parser("predict", help="predict each technique's peak CUDA memory with no GPU (fake tensors)")
     add_workload_options(p)
     add_target_options(p)
+    _add_memory_budget(p)
     p.add_argument("--out", type=_path, default=None,
                    help="where predictions go (default results/predicted/<machine>/<device>-<workload>-bs<N>)")
     p.set_defaults(func=cmd_predict)
@@ -582,16 +623,17 @@ def _add_check_command(sub) -> None:
 def _add_fit_and_replay_commands(sub) -> None:
     """fit and replay: the largest batch under a budget; a snapshot through the allocator simulator."""
     p = sub.add_parser("fit", help="the largest batch per technique under a memory budget, from predictions")
-    add_workload_options(p, batch=False)
+    add_workload_options(p, batch="samples per rank, with --by world-size only (fit searches the batch otherwise)")
     add_target_options(p)
     p.add_argument("--budget", required=True, help="memory budget, e.g. 24GiB (GiB = 2**30) or 80GB")
     p.add_argument("--max-batch", type=_checked("max_batch"), default=65536,
                    help="stop searching here (default 65536)")
-    p.add_argument("--by", choices=("reserved", "allocated", "device"), default=None,
+    p.add_argument("--by", choices=("reserved", "allocated", "device", "world-size"), default=None,
                    help="which predicted peak must fit: reserved (what decides CUDA out-of-memory; the default for "
                         "--device cuda, from the allocator simulator), allocated (the default for --device cpu) or "
                         "device (reserved + the CUDA context + NCCL's buffers per rank, as predict's whole-device "
-                        "estimate: for a budget of the whole card)")
+                        "estimate: for a budget of the whole card); world-size: at --batch-size per rank, the "
+                        "fewest ranks whose whole device per rank is within the budget")
     p.add_argument("--no-confirm", action="store_true", help="on a GPU, do not confirm predictions with real runs")
     p.add_argument("--out", type=_path, default=None, help="where confirmation runs go (default results/fit)")
     p.set_defaults(func=cmd_fit)

@@ -174,11 +174,41 @@ def _arch(jobs: list[Job]) -> str | None:
     return arch_note(predicted_for(jobs[0].run)) if jobs and jobs[0].run.device == "cuda" else None
 
 
+def world_request(request: dict) -> dict:
+    """`membench fit --by world-size` in the child: each technique's smallest world size within the budget per rank
+    (predict/fit/world.py), each prediction shown on stderr as the search goes."""
+    from membench.predict.fit.world import rank_peak, smallest_world
+    from membench.predict.run import predict
+    from membench.techniques import resolve
+
+    budget = request["budget"]
+
+    def peak_at(job: Job) -> int | None:
+        record = predict(job)
+        if record.status != "ok":
+            raise UserError(f"cannot fit {job.name} at {job.run.nproc_per_node} ranks: {record.error}")
+        return rank_peak(record)
+
+    fits = []
+    with reusing_models():
+        for job in plan(**request["plan"], in_process=True):
+            def probe(world: int, peak: int | None, name=job.name) -> None:
+                verdict = "fits" if peak is not None and peak <= budget else "over"
+                print(f"fit {name}: {world} ranks -> {fmt_bytes(peak or 0)} per rank ({verdict})", file=sys.stderr,
+                      flush=True)
+
+            distributed = resolve(job.run, target_device=job.run.device).distributed
+            fits.append(smallest_world(job, budget, peak_at, distributed, probe))
+    return {"world_fits": [dataclasses.asdict(f) for f in fits], "cannot_see": list(CANNOT_SEE)}
+
+
 def fit_request(request: dict) -> dict:
     """In the child process of `membench fit` (launch.probe.call_isolated): plan the runs (loading the user's code),
     fit each (request["jobs"] at a time: in_forks), showing every prediction on stderr as the search goes;
     the answer is the fits and their jobs."""
     budget, by = request["budget"], request["by"]
+    if by == "world-size":
+        return world_request(request)
 
     def probe(job: Job, peak: int) -> None:  # each prediction takes a second or more: show the search as it goes
         verdict = "fits" if peak <= budget else "over"

@@ -99,7 +99,11 @@ def _gb(gpu: Gpu) -> str:
 
 
 def answer(records: list[RunRecord], gpu: Gpu) -> str:
-    """One line: whether the baseline fits `gpu`, by how much, and what fits when it does not."""
+    """One line: whether the baseline fits `gpu`, by how much, and what fits when it does not; under a
+    --memory-budget, whether each run's reserved memory fits the budget."""
+    budget = next((r.spec.run.memory_budget for r in records if r.spec.run.memory_budget), None)
+    if budget is not None:
+        return _under_budget(records, budget)
     fits = fitting(records, capacity(gpu))
     per_rank = " per rank" if any((r.world_size or 1) > 1 for r in records) else ""
     where = _gb(gpu)
@@ -123,6 +127,18 @@ def answer(records: list[RunRecord], gpu: Gpu) -> str:
         low = max(others, key=lambda f: f.margin)
         return f"{head}; no listed technique fits: the lowest, {low.record.name}, is {fmt_bytes(-low.margin)} over."
     return head + "."
+
+
+def _under_budget(records: list[RunRecord], budget: int) -> str:
+    """Each run's reserved memory against the budget the simulated allocator had (a memory fraction)."""
+    said = []
+    for r in records:
+        m = r.memory
+        if r.status != "ok" or m is None or m.peak_reserved_bytes is None:
+            continue
+        said.append(f"{r.name} runs out of memory" + (" (fragmentation: see above)" if m.fragmented else "")
+                    if m.reserved_oom else f"{r.name} fits ({fmt_bytes(budget - m.peak_reserved_bytes)} to spare)")
+    return f"--memory-budget {fmt_bytes(budget)} for the caching allocator: " + "; ".join(said) + "."
 
 
 # Answers said on a line of their own, not folded with the values assumed: a compiled model predicted eager

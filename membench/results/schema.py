@@ -102,6 +102,29 @@ class OnCard:
 
 
 @dataclass
+class SettingsTried:
+    """The same trace replayed under the same memory with other caching-allocator settings."""
+
+    settings: str  # PYTORCH_CUDA_ALLOC_CONF text
+    peak_reserved_bytes: int  # under the memory available (up to the failing allocation where it ran out)
+    oom: bool
+
+
+@dataclass
+class Fragmented:
+    """A CUDA prediction whose measured step's peak allocated fits the memory the allocator can have but whose
+    reserved memory does not (predict/fragmentation.py): how much is fragmentation, and other settings tried."""
+
+    capacity_bytes: int  # what the allocator can have: the card less the context and NCCL, or --memory-budget
+    peak_allocated_bytes: int  # the measured step's, in whole blocks (max_memory_allocated)
+    peak_reserved_bytes: int  # unbounded
+    fragmentation_bytes: int  # peak reserved less peak allocated: held by the allocator, never in use at once
+    oom_before_step: bool  # under the capacity it ran out before the measured step (construction or warm-up)
+    allocated_at_oom_bytes: int  # allocated when it ran out, the failing request not included
+    tried: list[SettingsTried] = field(default_factory=list)
+
+
+@dataclass
 class Memory:
     """Peak memory of the measured step(s), the phase and step it happened in, and its make-up by category."""
 
@@ -136,6 +159,7 @@ class Memory:
     attention: Attention | None = None  # CUDA predictions: the attention kernel assumed for each kind of call
     streams: list[StreamUse] | None = None  # predictions of several CUDA streams: each stream's share
     on_card: OnCard | None = None  # CUDA predictions that reserve more than the GPU holds: replayed under it
+    fragmented: Fragmented | None = None  # CUDA predictions whose allocated fits and reserved does not
 
 
 @dataclass
