@@ -489,7 +489,8 @@ def _fit_world_size(args, budget: int) -> int:
                                   "predictions"], tablefmt="simple", disable_numparse=True))
     print()
     print(world_answer(fits, budget))
-    print(f"PREDICTED (no timing) per rank at --batch-size {args.batch_size} per rank for {args.gpu.name if args.gpu else 'the default '}"
+    card = args.gpu.name if args.gpu else "the default "
+    print(f"PREDICTED (no timing) per rank at --batch-size {args.batch_size} per rank for {card}"
           "GPU: the whole-device estimate (reserved + CUDA context + NCCL buffers); world sizes 1, 2, 4, ... then "
           "bisected between the last over and the first fit (over multiples of 8 where those are more than 8 apart).")
     return 0
