@@ -1,6 +1,6 @@
 """Predictions before and after a change, field by field: a refactoring must leave every one byte-identical.
 
-    python benchmarks/compare_records.py run OUT [--only TEXT] [--tables] [--gpu-runs ARCHIVE]
+    python benchmarks/compare_records.py run OUT [--only TEXT] [--tables] [--truth DIR] [--gpu-runs ARCHIVE]
     python benchmarks/compare_records.py compare BEFORE AFTER [--keep-cannot-see]
 
 `run` runs a fixed list of `membench predict` and `membench fit` commands (CASES: gpt-tiny, vit-tiny and small
@@ -83,7 +83,7 @@ def _run(argv: list[str], out: Path, name: str) -> None:
     print(f"{out.name}/{name}: exit {proc.returncode}", flush=True)
 
 
-def run(out: Path, only: str | None, tables: bool, gpu_runs: list[Path]) -> int:
+def run(out: Path, only: str | None, tables: bool, gpu_runs: list[Path], truth: Path | None) -> int:
     for case, args in CASES:
         if only and only not in case:
             continue
@@ -91,7 +91,8 @@ def run(out: Path, only: str | None, tables: bool, gpu_runs: list[Path]) -> int:
         extra = ["--jobs", "1"] + (["--out", str(folder)] if args[0] == "predict" else [])
         _run([sys.executable, "-m", "membench", *args, *extra], folder, "stdout.txt")
     if tables:
-        _run([sys.executable, str(ROOT / "benchmarks" / "validate_predictions.py")], out / "tables",
+        _run([sys.executable, str(ROOT / "benchmarks" / "validate_predictions.py"),
+              *(["--truth", str(truth)] if truth else [])], out / "tables",
              "validate_predictions.txt")
         if gpu_runs:
             _run([sys.executable, str(ROOT / "benchmarks" / "validate_gpu_runs.py"), *map(str, gpu_runs),
@@ -149,13 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--tables", action="store_true", help="also the validation scripts' tables")
     r.add_argument("--gpu-runs", type=Path, action="append", default=[],
                    help="an archive for validate_gpu_runs.py (results/gpu-runs/*.tar.xz; repeatable)")
+    r.add_argument("--truth", type=Path, help="validate_predictions.py's --truth (../shared/gpu-truth)")
     c = commands.add_parser("compare", help="compare two folders that `run` wrote")
     c.add_argument("before", type=Path)
     c.add_argument("after", type=Path)
     c.add_argument("--keep-cannot-see", action="store_true", help="compare the records' cannot_see lists too")
     args = parser.parse_args(argv)
     if args.command == "run":
-        return run(args.out, args.only, args.tables, args.gpu_runs)
+        return run(args.out, args.only, args.tables, args.gpu_runs, args.truth)
     for folder in (args.before, args.after):
         if not folder.is_dir():
             parser.error(f"{folder}: not a folder (give two folders `run` wrote)")
