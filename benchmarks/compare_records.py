@@ -36,7 +36,7 @@ ALL = "accum,ckpt,opt-in-bwd,amp-bf16,amp-fp16,bf16,sac"
 CASES = [
     ("gpt-tiny", ["predict", "--workload", "gpt-tiny", "--batch-size", "8", "--techniques", ALL]),
     ("gpt-tiny-clip", ["predict", "--workload", "gpt-tiny", "--batch-size", "8", "--clip-grad-norm", "1.0",
-                       "--techniques", "amp-fp16,bf16,opt-in-bwd"]),
+                       "--techniques", "amp-fp16,bf16,ckpt"]),
     ("gpt-tiny-h200", ["predict", "--workload", "gpt-tiny", "--batch-size", "8", "--gpu", "H200",
                        "--techniques", "amp-bf16,ckpt"]),
     ("gpt-tiny-t4", ["predict", "--workload", "gpt-tiny", "--batch-size", "8", "--gpu", "T4",
@@ -47,6 +47,8 @@ CASES = [
                           "--techniques", "ckpt"]),
     ("gpt-tiny-fsdp", ["predict", "--workload", "gpt-tiny", "--batch-size", "8", "--world-size", "2",
                        "--techniques", "fsdp,fsdp+amp-bf16"]),
+    ("gpt-tiny-fsdp-clip", ["predict", "--workload", "gpt-tiny", "--batch-size", "8", "--world-size", "2",
+                            "--clip-grad-norm", "1.0", "--techniques", "fsdp"]),
     ("vit-tiny", ["predict", "--workload", "vit-tiny", "--batch-size", "8", "--techniques", ALL]),
     ("vit-tiny-t4", ["predict", "--workload", "vit-tiny", "--batch-size", "8", "--gpu", "T4", "--clip-grad-norm",
                      "1.0", "--techniques", "amp-fp16,ckpt"]),
