@@ -88,7 +88,8 @@ def _run(argv: list[str], out: Path, name: str) -> None:
 
 def _mask_seconds_column(path: Path) -> None:
     """The tables' last column, the seconds each prediction took ("predict s"), masked."""
-    path.write_text(re.sub(r"  \d+(\.\d+)?\n", "  <s>\n", path.read_text()))
+    # right-aligned: the spaces before it vary with the number's width, so they go too
+    path.write_text(re.sub(r"  +(\d+(\.\d+)?|<s>)\n", "  <s>\n", path.read_text()))
 
 
 def run(out: Path, only: str | None, tables: bool, gpu_runs: list[Path], truth: Path | None) -> int:

@@ -60,6 +60,12 @@ def composite_kernel_replaced(op_name: str, kernel):
         destroy_library(library)
 
 
+# checked: 2.14.1 (torch._ops.OpOverload: what torch.ops.aten.NAME.OVERLOAD is)
+def is_aten_op(func) -> bool:
+    """Whether func is an op of the dispatcher (an OpOverload), not a Python function standing for one."""
+    return isinstance(func, torch._ops.OpOverload)
+
+
 # --- whether an op decomposes (CompositeImplicitAutograd): the storage tracker under inference_mode ----------
 # checked: 2.14.1 (OpOverload.decompose runs that kernel)
 def per_op(answer):
@@ -527,6 +533,29 @@ def capturable_on_cpu():
     finally:
         for module in patched:
             module._get_capturable_supported_devices = original
+
+
+# --- clip_grad_norm_'s foreach choice on the CPU that stands for a GPU (predict/run.py) ---------------------------
+# clip_grad_norm_(foreach=None) takes _foreach_norm for a device's gradients where
+# torch.utils._foreach_utils._has_foreach_support holds: the device supports foreach (the CPU does) and each tensor's
+# type is in `_foreach_supported_types` (torch.Tensor; DTensor once torch.distributed.tensor is imported), which
+# leaves FakeTensor out: a CUDA prediction would norm each gradient on its own where a CUDA run takes one
+# _foreach_norm per device and dtype. checked: 2.14.1
+@contextlib.contextmanager
+def foreach_takes_fake_tensors():
+    """While active, torch's foreach support check counts fake tensors as the plain tensors they stand for."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils import _foreach_utils
+
+    supported = _foreach_utils._foreach_supported_types
+    added = FakeTensor not in supported
+    if added:
+        supported.append(FakeTensor)
+    try:
+        yield
+    finally:
+        if added:
+            supported.remove(FakeTensor)
 
 
 # --- the kernel SDPA picks (benchmarks/gpu_acceptance.py) ------------------------------------------------------------

@@ -25,8 +25,8 @@ from membench.common.errors import UserError
 from membench.measure import Session
 from membench.predict import compiled, device, gpus, steady, streams
 from membench.predict.emulate import fake, versions
-from membench.predict.emulate.autocast import cuda_policy
-from membench.predict.emulate.kernels import CudaKernels
+from membench.predict.emulate.kernels import CudaKernels, cuda_gpu
+from membench.predict.emulate.sdpa import CudaSdpa
 from membench.predict.ranks import predict_ranks
 from membench.results import Memory, RunRecord, result_path, write_record
 from membench.spec import Job, RunSpec
@@ -84,7 +84,6 @@ class _Prepared(Technique):
     def configure(self, state) -> None:
         if self.cuda and optimizers.cuda_defaults_to_foreach(self.spec.optimizer):
             state.optimizer_options.setdefault("foreach", True)
-        state.clip_foreach_on_cuda = self.cuda  # predict/emulate/foreach_norm.py
 
 
 class _WithRealRanks(Technique):
@@ -154,8 +153,8 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     on_streams = None
     compiled_note = compiled.note(meta_model)
     eager = private.dynamo_eager() if compiled_note else contextlib.nullcontext()
-    with eager, _fake_world(ranks, gpu, rank) as (values, attention):
-        session = _fake_session(run, stack, workload, meta_model, gpu, round_to,
+    with eager, _fake_world(ranks, gpu, rank) as (values, kernels):
+        session = _fake_session(run, stack, workload, meta_model, kernels, round_to,
                                 trace=trace or cuda or derive_warmup, tags=tags)
         with _no_collector_within_steps():
             session.build()
@@ -169,8 +168,8 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
         return predict_traced(job, round_to, trace=trace, derive_warmup=False, rank=rank)
     _label(traced, spec, stack, on_streams)
     traced.assumed = [*values.answered(), *filter(None, [compiled_note])]
-    if attention is not None:
-        traced.memory.attention = attention.summary()
+    if kernels is not None:
+        traced.memory.attention = kernels.find(CudaSdpa).sites.summary()
     return traced
 
 
@@ -208,30 +207,36 @@ def _model_on_meta(run: RunSpec, stack: Stack, workload: Workload, ranks: int | 
 
 @contextlib.contextmanager
 def _fake_world(ranks: int | None, gpu: gpus.Gpu | None, rank: int = 0):
-    """Fake tensors, a fake process group of `ranks` (this process playing `rank`), and for a CUDA GPU CUDA's
-    autocast policy instead of CPU's."""
+    """Fake tensors, a fake process group of `ranks` (this process playing `rank`), and for a CUDA GPU the device as
+    the registered emulations make it (yielded: their CudaKernels, else None)."""
     group = fake.fake_process_group(ranks, rank) if ranks else contextlib.nullcontext()
-    policy = cuda_policy(gpu) if gpu is not None else contextlib.nullcontext()
-    # The fake CPU tensors stand for CUDA ones, which capturable optimizers accept.
-    capturable = private.capturable_on_cpu() if gpu is not None else contextlib.nullcontext()
-    with group, fake.fake_tensors() as values, policy as attention, capturable:
-        yield values, attention
+    device = cuda_gpu(gpu) if gpu is not None else contextlib.nullcontext()
+    # The fake CPU tensors stand for CUDA ones, which capturable optimizers and clip_grad_norm_'s foreach path take.
+    cuda_tensors = _cuda_tensors() if gpu is not None else contextlib.nullcontext()
+    with group, fake.fake_tensors() as values, device as kernels, cuda_tensors:
+        yield values, kernels
 
 
-def _fake_session(run: RunSpec, stack: Stack, workload: Workload, meta_model, gpu: gpus.Gpu | None,
+@contextlib.contextmanager
+def _cuda_tensors():
+    with private.capturable_on_cpu(), private.foreach_takes_fake_tensors():
+        yield
+
+
+def _fake_session(run: RunSpec, stack: Stack, workload: Workload, meta_model, kernels: CudaKernels | None,
                   round_to: int, trace: bool, tags: streams.StreamTags | None) -> Session:
     """The same Session a run measures with, on the fake model, under the exact tracker in round_to-byte blocks;
-    for a CUDA GPU (`gpu`) with what its kernels allocate besides their outputs (cuBLAS's workspaces, scratch)."""
-    prepared = _Prepared(run, fake.materialize(meta_model), cuda=gpu is not None)
+    for a CUDA GPU (`kernels`) with what its kernels allocate besides their outputs (cuBLAS's workspaces, scratch)."""
+    prepared = _Prepared(run, fake.materialize(meta_model), cuda=kernels is not None)
     techniques = (prepared, *(_WithRealRanks(t) if t.distributed else t for t in stack.techniques))
     meter = CpuMeter(round_to=round_to, trace=trace)
-    if gpu is not None:
-        meter.tracker.kernels = CudaKernels(gpu)
+    if kernels is not None:
+        meter.tracker.kernels = kernels
     if tags is not None:
         meter.tracker.stream_of = tags.current
     data = _collected_between(batches(workload, run))
     return Session(run, dataclasses.replace(stack, techniques=techniques), workload, meter,
-                   _made_on_host(data, meter.tracker) if gpu is not None else data, track_host=False)
+                   _made_on_host(data, meter.tracker) if kernels is not None else data, track_host=False)
 
 
 def _warm_up(session: Session, primed: steady.Primed | None, warmup: int) -> None:

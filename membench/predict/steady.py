@@ -128,7 +128,7 @@ class Written:
 
     events: list[TraceEvent]
     measured_from: int  # where its measured step begins
-    kernel_calls: list  # predict/emulate/reductions.KernelCall, each where it is in `events`
+    kernel_calls: list  # predict/emulate/registry.KernelCall, each where it is in `events`
 
 
 def write_warmup(primed: Primed, seen: Seen, trace: list[TraceEvent], measured_from: int, garbage: list[int],

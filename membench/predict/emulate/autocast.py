@@ -24,9 +24,6 @@ from pathlib import Path
 
 import torch
 
-from membench.predict.emulate.dropout import cuda_dropout
-from membench.predict.emulate.linear import cuda_linear
-from membench.predict.emulate.sdpa import cuda_sdpa
 from membench.private import AUTOCAST_CPU_KEYS, destroy_library, exclude_dispatch_keys, ops_with_kernel_for
 
 LOWER_PRECISION_FP = (
@@ -252,16 +249,8 @@ def _kernels(casts: _Casts) -> dict[str, object]:
 
 
 @contextlib.contextmanager
-def cuda_policy(gpu=None):
-    """While active, torch.autocast("cpu", ...) applies CUDA's autocast policy (see the module's docstring), and
-    scaled_dot_product_attention, dropout and linear run as on `gpu` (predict/emulate/sdpa.py, dropout.py,
-    linear.py); yields the attention calls seen (sdpa.Sites)."""
-    with cuda_sdpa(gpu) as sites, cuda_dropout(), cuda_linear(), _autocast_policy():
-        yield sites
-
-
-@contextlib.contextmanager
-def _autocast_policy():
+def cuda_policy():
+    """While active, torch.autocast("cpu", ...) applies CUDA's autocast policy (see the module's docstring)."""
     casts = _Casts()
     kernels = _kernels(casts)
     library = torch.library.Library("aten", "IMPL")

@@ -22,13 +22,18 @@ from __future__ import annotations
 
 import torch
 
+from membench.predict.emulate.registry import ALL_OPS, Emulation, emulation
 from membench.private import LIFT_FRESH
 
 
-class HostTensors:
+@emulation
+class HostTensors(Emulation):
     """After each op of a CUDA prediction: excludes from the tracker's count the host tensors the op made."""
 
-    def made(self, func, args, out, tracker) -> None:
+    ops = ALL_OPS
+    order = 90  # after every other: what they counted of the op's outputs is excluded here
+
+    def after(self, func, args, kwargs, out, tracker) -> None:
         if not isinstance(out, torch.Tensor) or out.dim() != 0:
             return
         if func is LIFT_FRESH or _all_host(args, tracker):

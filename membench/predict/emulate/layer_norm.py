@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from membench.common.vocab import OTHER
+from membench.predict.emulate.registry import Emulation, emulation
 
 aten = torch.ops.aten
 COPY_MODULE = "(layer_norm contiguous copy)"
@@ -38,9 +39,20 @@ def _copy(t: torch.Tensor, tracker) -> torch.Tensor:
     return copy
 
 
-def layer_norm_copies(func, args, kwargs, out, tracker) -> None:
+@emulation
+class LayerNormCopies(Emulation):
     """After a CUDA prediction's native_layer_norm or its backward: its copies allocated before its outputs (which
     this counts), and freed in the kernel's order."""
+
+    ops = frozenset({aten.native_layer_norm.default, aten.native_layer_norm_backward.default})
+    order = 60
+
+    def after(self, func, args, kwargs, out, tracker) -> None:
+        layer_norm_copies(func, args, kwargs, out, tracker)
+
+
+def layer_norm_copies(func, args, kwargs, out, tracker) -> None:
+    """The copies of one call (see LayerNormCopies)."""
     if func is aten.native_layer_norm.default:
         read = [_arg(args, kwargs, i, name) for i, name in ((0, "input"), (2, "weight"), (3, "bias"))]
         grad_out = None
