@@ -1,8 +1,8 @@
 """Every private (underscore) torch API membench uses, in one place, with the torch versions it was checked on.
 
 A torch upgrade that moves one of these breaks here, not in a dozen modules. "Checked" means this project's test
-suite ran green against it: torch 2.14.1 (CI, CPU). The GPU machines run torch 2.11; the CUDA entries below have
-not yet run on a GPU (no GPU has been lent to this project's sessions so far).
+suite ran green against it: torch 2.14.1 (CI, CPU). The CUDA entries ran on one NVIDIA H200 with torch 2.11.0+cu130
+(benchmarks/gpu_acceptance.py's checks and measured runs: results/gpu-acceptance/, results/gpu-runs/).
 """
 
 from __future__ import annotations
@@ -467,7 +467,8 @@ def fake_store():
 
 
 # --- the CUDA caching allocator's history and OOM observer (trackers/cuda.py) -------------------------------------
-# torch.cuda.memory._record_memory_history / _snapshot: what pytorch.org/memory_viz reads. Not yet run on a GPU.
+# torch.cuda.memory._record_memory_history / _snapshot: what pytorch.org/memory_viz reads. Ran on the H200 (torch
+# 2.11.0): the runs in results/gpu-runs/ recorded their snapshots through these.
 def record_memory_history(**kwargs) -> None:
     torch.cuda.memory._record_memory_history(**kwargs)
 
@@ -482,7 +483,7 @@ def attach_out_of_memory_observer(observer) -> None:
 
 # Labels on the history (torch.cuda.memory._set_memory_metadata: the calling thread's later trace entries carry it as
 # user_metadata; _annotate_tensor: an "annotate" entry naming a live block), checked on torch 2.14.1's source (CPU):
-# both exist there and are no-ops with backend:cudaMallocAsync. Not yet run on a GPU.
+# both exist there and are no-ops with backend:cudaMallocAsync. Whether the H200's torch 2.11 had them: not checked.
 def history_labels_supported() -> bool:
     memory = torch.cuda.memory
     return (hasattr(memory, "_set_memory_metadata") and hasattr(memory, "_annotate_tensor")
