@@ -150,8 +150,8 @@ def _cast_call(casts: _Casts, op, args, kwargs, to_type: torch.dtype, lower: tor
     them (aten/src/ATen/autocast_mode.h, `WrapFunction_`: `(*F)(cached_cast(to_type, args, device_type)...)`).
 
     - The casts are made last argument first: the pack expands into the arguments of one function call, whose
-      evaluation order C++ leaves to the compiler, and GCC (torch's Linux wheels) evaluates them right to left. An
-      H200's traces (torch 2.11) show it for every nn.Linear under autocast: bias, then weight, then input.
+      evaluation order C++ leaves to the compiler, and GCC (torch's Linux wheels) evaluates them right to left; the
+      traces in results/gpu-traces/ (torch 2.11) show it for every nn.Linear under autocast: bias, weight, input.
     - A tensor list argument (einsum's operands) is cast first to last, by the loop inside its `cached_cast`.
     - The casts are temporaries of that call, destroyed at its end in the reverse of the order they were made: the
       first argument's first; a list's vector destroys its elements first to last (a real GPU trace of a bf16

@@ -17,7 +17,7 @@ and the feature dropouts (dropout2d, ...) are left as they are.
 CUDA's `native_dropout` allocates its mask before its output (aten/src/ATen/native/cuda/Dropout.cu, `dropout_cuda`:
 `mask = at::empty_like(self, ...bool)`, then `ret = at::empty_like(self)`), where the fake kernel makes the output
 first; a CUDA prediction counts them in CUDA's order (`CudaDropout.after`), which decides which
-cached blocks each one takes (the H200's hf:gpt2 trace shows each dropout's 1.5 MiB mask before its 6 MiB output).
+cached blocks each one takes (the hf:gpt2 trace in results/gpu-traces/ shows each dropout's mask before its output).
 Only in training with p < 1: the shortcuts for train=False (a clone, then a mask of ones) and p == 1 (zeros, then a
 mask of zeros) make the output first, as the fake kernel does.
 """

@@ -6,8 +6,8 @@ ones it keeps on the GPU, and was counted as one more 512-byte block of GPU memo
 - Adam, AdamW and Adafactor keep each parameter's step count, `state["step"]`, on the CPU unless the optimizer is
   fused or capturable (torch/optim/adam.py `_init_group`: `torch.tensor(0.0, dtype=_get_scalar_dtype(),
   device="cpu")`; _adafactor.py: `torch.tensor(0.0, dtype=_get_scalar_dtype())`); fused and capturable ones make
-  it with `torch.zeros((), device=p.device)`, on the GPU. vit_l_16 has 296 parameters: 151,552 B counted too many
-  before.
+  it with `torch.zeros((), device=p.device)`, on the GPU: one 512-byte block per parameter would be counted too
+  many.
 - Their foreach step makes `torch.tensor(1.0, device="cpu")` each step, to add to those counts.
 
 The rule: a 0-dim tensor made from Python data (`torch.tensor`, `torch.as_tensor`: ATen's `lift_fresh`) is a host

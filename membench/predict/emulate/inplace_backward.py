@@ -8,9 +8,8 @@ measurement under the tracker) would count memory that a plain run never allocat
 - gather's backward (`gather_backward`) and that of max/min/median/kthvalue/mode along a dim
   (`value_selecting_reduction_backward`) make a zero-filled tensor and scatter the gradient into it. A plain run
   scatters in place; a subclass-like one calls the out-of-place `scatter_add` / `scatter`, which allocates a
-  second tensor of the input's size while the first is alive. Seen on a real GPU trace (CS336 "medium", context
-  256: the cross-entropy's gather over 4 x 256 x 10,000 fp32 logits): the out-of-place copy put the prediction's
-  peak 40,960,000 bytes above the GPU's.
+  second tensor of the input's size while the first is alive, which the real GPU traces benchmarks/
+  validate_predictions.py reads (the cross-entropy's gather over the logits) do not hold.
 
 - The autograd engine sums the gradients that reach one input of a node (InputBuffer::accumulate in
   torch/csrc/autograd/input_buffer.cpp) in place into the first one when it holds that gradient's last reference,

@@ -14,8 +14,8 @@ first (aten/src/ATen/native/cuda/layer_norm_kernel.cu, torch 2.11 to 2.14):
 kernel, so a prediction misses these. They arise where LayerNorm reads a permuted tensor: a residual sum whose
 first operand is nn.MultiheadAttention's batch-first output (a transposed view) keeps that layout
 (TensorIterator follows its first operand's strides), so torchvision's ViT gives every LayerNorm after the first a
-non-contiguous input. The H200's vit_b_16 traces (torch 2.11) allocate a 9,682,944 B copy (the fp32 [16, 197, 768]
-input) before each such LayerNorm's output and free it after rstd, forward and backward.
+non-contiguous input. The vit_b_16 traces in results/gpu-traces/ (torch 2.11) allocate an input-sized copy before
+each such LayerNorm's output and free it after rstd, forward and backward.
 """
 
 from __future__ import annotations

@@ -6,10 +6,9 @@ nn.MultiheadAttention hands its in-projection, torchvision's ViT's included) goe
 then added in place, `output.add_(bias)`, unless the bias is "tensor-subclass-like"
 (aten/src/ATen/TensorSubclassLikeUtils.h), when it is added out of place. Every tensor is one while a dispatch mode
 is active, so a prediction (fake tensors, the storage tracker) made a second output-sized tensor for a moment at
-each such layer where the GPU makes none. Seen on an H200 (torch 2.11): vit-small's plain step allocates, per
-in-projection, the input's copy, the [65, 4, 1152] product and the packed projection's contiguous copy; the
-prediction one more 1,198,080 B product between the last two. Which cached blocks later requests split depends on
-it: the prediction's peak allocated was 399,360 B under the GPU's.
+each such layer where the GPU makes none (vit-small's traces in results/gpu-traces/, torch 2.11: per
+in-projection, the input's copy, the product and the packed projection's contiguous copy, and no second product).
+Which cached blocks later requests split depends on it, and so the peak allocated.
 
 While a CUDA prediction runs (`CudaLinear`), `aten::linear` runs that code as a plain run does (the branches of
 torch 2.14; the environment's TORCH_LINEAR_FLATTEN_3D=1 too), the bias added in place on the matmul path. It is

@@ -1,7 +1,7 @@
 """What CUDA kernels take from the caching allocator inside the kernel, besides their outputs, and free at once.
 
-Fake tensors run no kernel, so a CUDA prediction adds these (`KernelScratch`, called by
-predict/emulate/kernels.py's `CudaKernels` after each op), in the order a GPU allocates and frees them. They raise
+Fake tensors run no kernel, so a CUDA prediction adds these (each a registered emulation's `scratch`,
+predict/emulate/registry.py), in the order a GPU allocates and frees them. They raise
 the peak only by their own size for a moment, but they change which cached blocks the allocator splits, and so the
 unsplit remainders `max_memory_allocated()` counts and the segments it reserves. Five kinds, as torch 2.11 runs
 them (the version of the real traces benchmarks/validate_predictions.py checks, whose recorded steps show exactly
@@ -20,11 +20,11 @@ these allocations):
   `orig_indices`, an `arange` of positions, and cub's temporary storage, aten/src/ATen/cuda/cub.cu), and frees
   them when it returns.
 - **`_safe_softmax`** (the math attention path's softmax): a composite whose CUDA run makes a bool mask of its
-  input, a row mask and a zero scalar after its output (`safe_softmax_scratch`; on the H200's Llama-shape trace, a
-  64 MiB mask per layer that gave that run its 64 MiB segments).
+  input, a row mask and a zero scalar after its output (`safe_softmax_scratch`; the input-sized mask per layer
+  decides which segments a run reserves).
 - **cumsum and cumprod of another dtype** (a bool mask's cumsum, as transformers' packed-sequence check makes):
   `impl_func_cum_ops` (ReduceOps.cpp) scans `self.to(result.scalar_type())`, a copy after the result, freed as it
-  returns; fake tensors run only the op's meta function. 32 KiB in each forward of the H200's Llama-shape trace.
+  returns; fake tensors run only the op's meta function.
 - **nn.Embedding's backward** (`embedding_dense_backward`, predict/emulate/embedding.py): past 3,072 indices it
   sorts them and sums each index's rows in partial segments, with buffers on both sides of its gradient's
   allocation (`OUTPUTS` marks where; fit keeps the two parts apart).
