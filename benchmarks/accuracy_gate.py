@@ -108,14 +108,14 @@ def hf_doc_rows(only: str | None) -> dict[str, dict]:
 
 def plant(mib: int) -> None:
     """Every cuBLAS workspace a prediction makes `mib` MiB larger: an error planted in one emulation."""
-    from membench.predict.emulate import kernels
+    from membench.predict.emulate import cublas
 
-    made = kernels.CublasWorkspaces.__init__
+    made = cublas.CublasWorkspaces.__init__
 
     def planted(self, nbytes: int, lt_nbytes: int = 0):
         made(self, nbytes + mib * 2**20, lt_nbytes)
 
-    kernels.CublasWorkspaces.__init__ = planted
+    cublas.CublasWorkspaces.__init__ = planted
 
 
 def further_off(now: dict, then: dict) -> list[str]:

@@ -153,17 +153,18 @@ def _predicted_sdpa_scratch(dtype) -> tuple[str, int]:
 
     from membench.predict.beside import target_for
     from membench.predict.emulate import fake
-    from membench.predict.emulate.autocast import cuda_policy
-    from membench.predict.emulate.kernels import CudaKernels
+    from membench.predict.emulate.kernels import cuda_gpu
+    from membench.predict.emulate.sdpa import CudaSdpa
     from membench.predict.gpus import GPUS
     from membench.trackers.storage import StorageTracker
 
     p = torch.cuda.get_device_properties(torch.cuda.current_device())
     gpu = GPUS[target_for("cuda", p, torch.cuda.get_device_name()).gpu]
-    with cuda_policy(gpu) as sites, fake.fake_tensors():
+    with cuda_gpu(gpu, workspace_bytes=0) as kernels, fake.fake_tensors():
+        sites = kernels.find(CudaSdpa).sites
         q, k, v = (torch.randn(4, 4, 256, 64, dtype=dtype, requires_grad=True) for _ in range(3))
         tracker = StorageTracker(round_to=512)
-        tracker.kernels = CudaKernels(gpu, workspace_bytes=0)
+        tracker.kernels = kernels
         with tracker:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             kept = tracker.current

@@ -41,8 +41,7 @@ from membench.allocator.replay import actual_of, replay  # noqa: E402
 from membench.allocator.snapshot import ALLOC, FREE, initial_state, load_snapshot  # noqa: E402
 from membench.predict import gpus
 from membench.predict.emulate import fake
-from membench.predict.emulate.autocast import cuda_policy  # noqa: E402
-from membench.predict.emulate.kernels import CudaKernels  # noqa: E402
+from membench.predict.emulate.kernels import CudaKernels, cuda_gpu  # noqa: E402
 from membench.trackers.storage import StorageTracker  # noqa: E402
 
 DEFAULT_TRUTH = Path(__file__).resolve().parents[1].parent / "shared" / "gpu-truth"
@@ -75,7 +74,7 @@ def predicted_trace(truth: Path, ctx: int, training: bool, autocast: bool) -> li
     # Built on meta and made fake, as `membench predict` builds (initialisers that loop on values cannot run fake).
     meta = fake.build_on_meta(lambda: BasicsTransformerLM(vocab_size=VOCAB, context_length=ctx, d_model=1024,
                                                           num_layers=24, num_heads=16, d_ff=4096))
-    with fake.fake_tensors(), cuda_policy():
+    with fake.fake_tensors(), cuda_gpu():
         tracker = StorageTracker(round_to=512, trace=True)
         tracker.kernels = CudaKernels(TRACE_GPU, TRACE_WORKSPACE)
         with tracker:

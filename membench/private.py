@@ -1,8 +1,8 @@
 """Every private (underscore) torch API membench uses, in one place, with the torch versions it was checked on.
 
 A torch upgrade that moves one of these breaks here, not in a dozen modules. "Checked" means this project's test
-suite ran green against it: torch 2.14.1 (CI, CPU). The GPU machines run torch 2.11; the CUDA entries below have
-not yet run on a GPU (no GPU has been lent to this project's sessions so far).
+suite ran green against it: torch 2.14.1 (CI, CPU). The CUDA entries ran on one NVIDIA H200 with torch 2.11.0+cu130
+(benchmarks/gpu_acceptance.py's checks and measured runs: results/gpu-acceptance/, results/gpu-runs/).
 """
 
 from __future__ import annotations
@@ -58,6 +58,12 @@ def composite_kernel_replaced(op_name: str, kernel):
         yield
     finally:
         destroy_library(library)
+
+
+# checked: 2.14.1 (torch._ops.OpOverload: what torch.ops.aten.NAME.OVERLOAD is)
+def is_aten_op(func) -> bool:
+    """Whether func is an op of the dispatcher (an OpOverload), not a Python function standing for one."""
+    return isinstance(func, torch._ops.OpOverload)
 
 
 # --- whether an op decomposes (CompositeImplicitAutograd): the storage tracker under inference_mode ----------
@@ -461,7 +467,8 @@ def fake_store():
 
 
 # --- the CUDA caching allocator's history and OOM observer (trackers/cuda.py) -------------------------------------
-# torch.cuda.memory._record_memory_history / _snapshot: what pytorch.org/memory_viz reads. Not yet run on a GPU.
+# torch.cuda.memory._record_memory_history / _snapshot: what pytorch.org/memory_viz reads. Ran on the H200 (torch
+# 2.11.0): the runs in results/gpu-runs/ recorded their snapshots through these.
 def record_memory_history(**kwargs) -> None:
     torch.cuda.memory._record_memory_history(**kwargs)
 
@@ -476,7 +483,7 @@ def attach_out_of_memory_observer(observer) -> None:
 
 # Labels on the history (torch.cuda.memory._set_memory_metadata: the calling thread's later trace entries carry it as
 # user_metadata; _annotate_tensor: an "annotate" entry naming a live block), checked on torch 2.14.1's source (CPU):
-# both exist there and are no-ops with backend:cudaMallocAsync. Not yet run on a GPU.
+# both exist there and are no-ops with backend:cudaMallocAsync. Whether the H200's torch 2.11 had them: not checked.
 def history_labels_supported() -> bool:
     memory = torch.cuda.memory
     return (hasattr(memory, "_set_memory_metadata") and hasattr(memory, "_annotate_tensor")
@@ -527,6 +534,29 @@ def capturable_on_cpu():
     finally:
         for module in patched:
             module._get_capturable_supported_devices = original
+
+
+# --- clip_grad_norm_'s foreach choice on the CPU that stands for a GPU (predict/run.py) ---------------------------
+# clip_grad_norm_(foreach=None) takes _foreach_norm for a device's gradients where
+# torch.utils._foreach_utils._has_foreach_support holds: the device supports foreach (the CPU does) and each tensor's
+# type is in `_foreach_supported_types` (torch.Tensor; DTensor once torch.distributed.tensor is imported), which
+# leaves FakeTensor out: a CUDA prediction would norm each gradient on its own where a CUDA run takes one
+# _foreach_norm per device and dtype. checked: 2.14.1
+@contextlib.contextmanager
+def foreach_takes_fake_tensors():
+    """While active, torch's foreach support check counts fake tensors as the plain tensors they stand for."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils import _foreach_utils
+
+    supported = _foreach_utils._foreach_supported_types
+    added = FakeTensor not in supported
+    if added:
+        supported.append(FakeTensor)
+    try:
+        yield
+    finally:
+        if added:
+            supported.remove(FakeTensor)
 
 
 # --- the kernel SDPA picks (benchmarks/gpu_acceptance.py) ------------------------------------------------------------

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from membench import optimizers, private
+from membench import optimizers
 from membench.spec import RunSpec
 from membench.workloads import Batch, Workload
 
@@ -36,9 +36,6 @@ class TrainState:
         t.to(device) for t in batch)
     on_model: Callable[[nn.Module], None] | None = None  # a technique that replaces the parameters calls it again
     device_mesh: object | None = None  # sharded techniques' torch DeviceMesh, built once (techniques/mesh.py)
-    # The CUDA prediction: clip fake gradients as torch clips real CUDA ones (one _foreach_norm per device and
-    # dtype), which clip_grad_norm_'s check of the tensors' type refuses for FakeTensors (foreach=None).
-    clip_foreach_on_cuda: bool = False
 
     def make_optimizer(self, params, **overrides) -> torch.optim.Optimizer:
         """The run's optimizer (--optimizer) over params. Options a technique sets (foreach, fused) reach only an
@@ -81,8 +78,7 @@ def train_step(state: TrainState, batch: Batch, phase: Callable[[str], ContextMa
             # The gradients the optimizers step on: the model's own, or host copies (opt-offload moves them first).
             grads = [p for opt in state.optimizers for group in opt.param_groups for p in group["params"]
                      if p.grad is not None]
-            foreach = True if state.clip_foreach_on_cuda and all(private.is_fake(p.grad) for p in grads) else None
-            nn.utils.clip_grad_norm_(grads, state.spec.clip_grad_norm, foreach=foreach)
+            nn.utils.clip_grad_norm_(grads, state.spec.clip_grad_norm)
         if state.step_optimizers:
             for opt in state.optimizers:
                 state.step_optimizer(opt)

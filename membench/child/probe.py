@@ -20,6 +20,7 @@ if __name__ == "__main__":
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -39,12 +40,12 @@ from membench.predict.fit import Fit, default_jobs, fit_batch
 from membench.predict.run import (
     CANNOT_SEE,
     CannotPredict,
+    ModelCache,
     check_predictable,
     default_predict_dir,
     predict_all,
     predict_traced,
     refuse_over_measurements,
-    reusing_models,
 )
 from membench.results import RunRecord, archive
 from membench.spec import Job, RunSpec
@@ -137,12 +138,12 @@ def _predict_into(request: dict, out: Path) -> dict:
             print(record.traceback, file=sys.stderr, flush=True)
 
     workers = _workers(request.get("jobs"), len(jobs), "techniques predicted one at a time")
-    with reusing_models():  # one worker's (or the serial loop's) predictions share the workload's meta model
-        if workers > 1:
-            records = in_forks(jobs, lambda job: predict_all([job], out, on_start=start, on_done=done)[0], workers,
-                               request["plan"].get("workload"), "predicting")
-        else:
-            records = predict_all(jobs, out, on_start=start, on_done=done)
+    cache = ModelCache()  # one worker's (or the serial loop's) predictions share the workload's meta model
+    if workers > 1:
+        records = in_forks(jobs, lambda job: predict_all([job], out, on_start=start, on_done=done, cache=cache)[0],
+                           workers, request["plan"].get("workload"), "predicting")
+    else:
+        records = predict_all(jobs, out, on_start=start, on_done=done, cache=cache)
     attentions = [r.memory.attention for r in records if r.memory is not None and r.memory.attention is not None]
     # Folded here, where torch is imported already: the CLI's process prints it without importing torch.
     return {"names": [job.name for job in jobs], "out": str(out), "attention": describe(attentions),
@@ -183,22 +184,23 @@ def world_request(request: dict) -> dict:
 
     budget = request["budget"]
 
+    cache = ModelCache()  # every world size tried starts from one meta model
+
     def peak_at(job: Job) -> int | None:
-        record = predict(job)
+        record = predict(job, cache=cache)
         if record.status != "ok":
             raise UserError(f"cannot fit {job.name} at {job.run.nproc_per_node} ranks: {record.error}")
         return rank_peak(record)
 
     fits = []
-    with reusing_models():
-        for job in plan(**request["plan"], in_process=True):
-            def probe(world: int, peak: int | None, name=job.name) -> None:
-                verdict = "fits" if peak is not None and peak <= budget else "over"
-                print(f"fit {name}: {world} ranks -> {fmt_bytes(peak or 0)} per rank ({verdict})", file=sys.stderr,
-                      flush=True)
+    for job in plan(**request["plan"], in_process=True):
+        def probe(world: int, peak: int | None, name=job.name) -> None:
+            verdict = "fits" if peak is not None and peak <= budget else "over"
+            print(f"fit {name}: {world} ranks -> {fmt_bytes(peak or 0)} per rank ({verdict})", file=sys.stderr,
+                  flush=True)
 
-            distributed = resolve(job.run, target_device=job.run.device).distributed
-            fits.append(smallest_world(job, budget, peak_at, distributed, probe))
+        distributed = resolve(job.run, target_device=job.run.device).distributed
+        fits.append(smallest_world(job, budget, peak_at, distributed, probe))
     return {"world_fits": [dataclasses.asdict(f) for f in fits], "cannot_see": list(CANNOT_SEE)}
 
 
@@ -222,22 +224,23 @@ def fit_request(request: dict) -> dict:
         except CannotPredict as exc:
             raise UserError(f"cannot fit {job.name}: {exc}") from None
 
+    traced = functools.partial(predict_traced, cache=ModelCache())  # every batch tried starts from one meta model
+
     def fit_one(job: Job) -> Fit:
         if by != "device":
-            return fit_batch(job, budget, by, predict_traced, request["max_batch"], on_probe=probe)
+            return fit_batch(job, budget, by, traced, request["max_batch"], on_probe=probe)
         # The whole device: reserved memory under the budget less what the rank holds outside the allocator
         outside = outside_allocator(job.run)
-        fit = fit_batch(job, budget - outside, "reserved", predict_traced, request["max_batch"],
+        fit = fit_batch(job, budget - outside, "reserved", traced, request["max_batch"],
                         on_probe=lambda j, reserved: probe(j, reserved + outside))
         return dataclasses.replace(fit, peak=None if fit.peak is None else fit.peak + outside,
                                    over_peak=None if fit.over_peak is None else fit.over_peak + outside)
 
     workers = _workers(request.get("jobs"), len(jobs), "techniques fitted one at a time")
-    with reusing_models():  # every batch the search tries starts from the same meta model
-        if workers > 1:
-            fits = in_forks(jobs, fit_one, workers, request["plan"].get("workload"), "fitting")
-        else:
-            fits = [fit_one(job) for job in jobs]
+    if workers > 1:
+        fits = in_forks(jobs, fit_one, workers, request["plan"].get("workload"), "fitting")
+    else:
+        fits = [fit_one(job) for job in jobs]
     from membench.predict.gpus import local_gpu_name
 
     # Asked once the workers are done (naming the GPU starts CUDA's driver, after which a fork could not use CUDA):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import gc
 import os
 import time
@@ -26,8 +27,8 @@ from membench.common.errors import UserError
 from membench.measure import Session
 from membench.predict import compiled, device, fragmentation, gpus, steady, streams
 from membench.predict.emulate import fake, versions
-from membench.predict.emulate.autocast import cuda_policy
-from membench.predict.emulate.kernels import CudaKernels
+from membench.predict.emulate.kernels import CudaKernels, cuda_gpu
+from membench.predict.emulate.sdpa import CudaSdpa
 from membench.predict.ranks import predict_ranks
 from membench.results import Memory, RunRecord, result_path, write_record
 from membench.spec import Job, RunSpec
@@ -42,26 +43,15 @@ if TYPE_CHECKING:
 
 CUDA_BLOCK = 512  # the caching allocator rounds every allocation up to a multiple of this
 
+# One short line each; the evidence and the numbers behind them: docs/predict.md, "What a prediction cannot see".
 CANNOT_SEE = (
     "CUDA context and loaded kernels (in driver_used, not in allocated)",
-    "library workspaces outside the caching allocator (cuDNN, NCCL); cuBLAS's are counted (one per handle: the "
-    "main thread's, and the autograd thread's once backward runs a matmul)",
-    "scratch CUDA kernels take from the caching allocator and free at once, other than sums' and means' split "
-    "reductions, accumulating index_put_'s sort, nn.Embedding's backward sort and segments, cumsum's cast and the "
-    "math attention's _safe_softmax masks, which are counted (predict/emulate/reductions.py): other reductions' "
-    "(max/min, norms, var/std), cuDNN convolutions' workspaces, the order autocast's cache frees its casts in",
-    "reserved memory is simulated (membench.allocator), from allocations whose sizes are exact but whose order on a "
-    "GPU can differ (kernel choice, streams); CUDA graphs and cudaMallocAsync are not modelled; which of several "
-    "equal cached blocks a request reuses depends on the addresses the CUDA driver gives segments, which a CPU "
-    "cannot know: it can move peak allocated by unsplit remainders (under 1 MiB each; 491,520 B on one of eight "
-    "real traces) and peak reserved by a segment (40 MiB on another); a prediction places each new segment below "
-    "the earlier ones, as the H200 runs' driver did, where other drivers lay them out ascending; one driver "
-    "placed the same requests differently from one run to the next (20 MiB of reserved apart on an H200)",
-    "kernel choice: CUDA kernels may save other tensors than the CPU ones (cuDNN convolutions); attention runs "
-    "the kernel torch's rules choose for the GPU (the installed release's where they were read: 2.11, 2.12, "
-    "2.14; else 2.14's; printed), but cuDNN attention's engine workspace beyond its frontend's is not derivable "
-    "(what an H200 took with cuDNN 9.19: 256 B a call, and grouped-query backward's per-head dK and dV), and "
-    "nn.MultiheadAttention's inference fast path keeps only its output",
+    "library workspaces outside the caching allocator (cuDNN, NCCL)",
+    "scratch of kernels not modelled: other reductions (max/min, norms, var/std), cuDNN convolutions' workspaces",
+    "reserved memory is simulated: a GPU's allocation order and its driver's segment addresses can differ; CUDA "
+    "graphs and cudaMallocAsync are not modelled",
+    "kernel choice: what cuDNN convolutions save, cuDNN attention's engine workspace, nn.MultiheadAttention's "
+    "inference fast path",
     "ops whose output size depends on data, and model code that branches on tensor values",
 )
 
@@ -85,7 +75,6 @@ class _Prepared(Technique):
     def configure(self, state) -> None:
         if self.cuda and optimizers.cuda_defaults_to_foreach(self.spec.optimizer):
             state.optimizer_options.setdefault("foreach", True)
-        state.clip_foreach_on_cuda = self.cuda  # predict/emulate/foreach_norm.py
 
 
 class _WithRealRanks(Technique):
@@ -121,30 +110,40 @@ class Traced:
     assumed: list[str] = dataclasses.field(default_factory=list)  # what was answered without being known
 
 
-def predict_memory(job: Job, round_to: int | None = None, rank: int = 0) -> Memory:
+def predict_memory(job: Job, round_to: int | None = None, rank: int = 0, cache: ModelCache | None = None) -> Memory:
     """The memory of one run as a measurement on job.run.device would report it (peak, phase, breakdown).
 
     The device is the target: "cuda" rounds to 512-byte blocks and uses CUDA's optimizer defaults; "cpu" predicts
     what the exact CPU tracker measures (round_to=1), which is how the predictor is tested against real runs.
     Measured by the same Session as a real run, on fake tensors.
     """
-    return predict_traced(job, round_to, trace=job.run.device == "cuda", rank=rank).memory
+    return predict_traced(job, round_to, trace=job.run.device == "cuda", rank=rank, cache=cache).memory
 
 
 def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, derive_warmup: bool = True,
-                   rank: int = 0) -> Traced:
+                   rank: int = 0, cache: ModelCache | None = None) -> Traced:
     """predict_memory, keeping the allocation trace (fit derives other batch sizes from a few of them).
 
     derive_warmup: write the warm-up step's allocations from the measured step's instead of running it, where
     membench.predict.steady can (half the time; checked, and run after all where a check fails).
-    rank: the rank of a distributed run the process plays (predict/ranks.py: each rank whose shards differ)."""
+    rank: the rank of a distributed run the process plays (predict/ranks.py: each rank whose shards differ).
+    cache: the workloads and meta models of the command's earlier configurations (None: built afresh)."""
+    traced = _predict_once(job, round_to, trace, derive_warmup, rank, cache)
+    if traced is None:  # a check refused the written warm-up step: run it instead
+        traced = _predict_once(job, round_to, trace, False, rank, cache)
+    return traced
+
+
+def _predict_once(job: Job, round_to: int | None, trace: bool, derive_warmup: bool, rank: int,
+                  cache: ModelCache | None) -> Traced | None:
+    """predict_traced, or None where the warm-up step was to be written and a check refused to write it."""
     spec = job.run
     cuda = spec.device == "cuda"
     round_to = round_to or (CUDA_BLOCK if cuda else 1)
     run = dataclasses.replace(spec, device="cpu", memory_budget=None)  # fake tensors live on cpu
-    stack, workload = _what_runs(run, spec.device)
+    stack, workload = _what_runs(run, spec.device, cache)
     ranks = world_size(spec, stack)
-    meta_model = _model_on_meta(run, stack, workload, ranks)
+    meta_model = _model_on_meta(run, stack, workload, ranks, cache)
     warmup = min(job.measure.warmup, 1)  # after one step the optimizer state exists: the steady state
     gpu = gpus.predicted_for(spec) if cuda else None
     # A separate cuBLASLt workspace (torch before 2.13) comes with a thread's first biased addmm, which priming
@@ -155,8 +154,8 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     on_streams = None
     compiled_note = compiled.note(meta_model)
     eager = private.dynamo_eager() if compiled_note else contextlib.nullcontext()
-    with eager, _fake_world(ranks, gpu, rank) as (values, attention):
-        session = _fake_session(run, stack, workload, meta_model, gpu, round_to,
+    with eager, _fake_world(ranks, gpu, rank) as (values, kernels):
+        session = _fake_session(run, stack, workload, meta_model, kernels, round_to,
                                 trace=trace or cuda or derive_warmup, tags=tags)
         with _no_collector_within_steps():
             session.build()
@@ -166,20 +165,20 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
             if tags is not None:
                 on_streams = tags.names(session.state.model), session.meter.tracker.bytes_by_stream()
         session.detach()
-    if traced is None:  # a check refused the written warm-up step: run it instead
-        return predict_traced(job, round_to, trace=trace, derive_warmup=False, rank=rank)
+    if traced is None:
+        return None
     _label(traced, spec, stack, on_streams)
     traced.assumed = [*values.answered(), *filter(None, [compiled_note])]
-    if attention is not None:
-        traced.memory.attention = attention.summary()
+    if kernels is not None:
+        traced.memory.attention = kernels.find(CudaSdpa).sites.summary()
     return traced
 
 
-def _what_runs(run: RunSpec, target: str) -> tuple[Stack, Workload]:
+def _what_runs(run: RunSpec, target: str, cache: ModelCache | None) -> tuple[Stack, Workload]:
     """The stack and workload, refused where a prediction on CPU cannot stand for them."""
     stack = resolve(run, target_device=target)
     check_predictable(stack)
-    workload = _workload(run)
+    workload = cache.workload(run) if cache is not None else load_workload(run.workload, run.seq_len)
     stack.validate(run, workload)
     return stack, workload
 
@@ -198,41 +197,49 @@ def check_predictable(stack: Stack) -> None:
                                 "membench run, which trains it there")
 
 
-def _model_on_meta(run: RunSpec, stack: Stack, workload: Workload, ranks: int | None):
+def _model_on_meta(run: RunSpec, stack: Stack, workload: Workload, ranks: int | None, cache: ModelCache | None):
     """The model on meta, nothing allocated yet; a technique may build it its own way (another dtype)."""
     if ranks:
         import torch.distributed.fsdp  # noqa: F401 - imported before the tracker starts, so it sees FSDP's frees
     meta_build = lambda: fake.build_on_meta(workload.build_model)  # noqa: E731
     meta_model = next((m for t in stack.techniques if (m := t.build_model(meta_build, "meta")) is not None), None)
-    return meta_model or _default_model(run, meta_build)
+    if meta_model is not None:
+        return meta_model
+    return cache.model(run, meta_build) if cache is not None else meta_build()
 
 
 @contextlib.contextmanager
 def _fake_world(ranks: int | None, gpu: gpus.Gpu | None, rank: int = 0):
-    """Fake tensors, a fake process group of `ranks` (this process playing `rank`), and for a CUDA GPU CUDA's
-    autocast policy instead of CPU's."""
+    """Fake tensors, a fake process group of `ranks` (this process playing `rank`), and for a CUDA GPU the device as
+    the registered emulations make it (yielded: their CudaKernels, else None)."""
     group = fake.fake_process_group(ranks, rank) if ranks else contextlib.nullcontext()
-    policy = cuda_policy(gpu) if gpu is not None else contextlib.nullcontext()
-    # The fake CPU tensors stand for CUDA ones, which capturable optimizers accept.
-    capturable = private.capturable_on_cpu() if gpu is not None else contextlib.nullcontext()
-    with group, fake.fake_tensors() as values, policy as attention, capturable:
-        yield values, attention
+    device = cuda_gpu(gpu) if gpu is not None else contextlib.nullcontext()
+    # The fake CPU tensors stand for CUDA ones, which capturable optimizers and clip_grad_norm_'s foreach path take.
+    cuda_tensors = _cuda_tensors() if gpu is not None else contextlib.nullcontext()
+    with group, fake.fake_tensors() as values, device as kernels, cuda_tensors:
+        yield values, kernels
 
 
-def _fake_session(run: RunSpec, stack: Stack, workload: Workload, meta_model, gpu: gpus.Gpu | None,
+@contextlib.contextmanager
+def _cuda_tensors():
+    with private.capturable_on_cpu(), private.foreach_takes_fake_tensors():
+        yield
+
+
+def _fake_session(run: RunSpec, stack: Stack, workload: Workload, meta_model, kernels: CudaKernels | None,
                   round_to: int, trace: bool, tags: streams.StreamTags | None) -> Session:
     """The same Session a run measures with, on the fake model, under the exact tracker in round_to-byte blocks;
-    for a CUDA GPU (`gpu`) with what its kernels allocate besides their outputs (cuBLAS's workspaces, scratch)."""
-    prepared = _Prepared(run, fake.materialize(meta_model), cuda=gpu is not None)
+    for a CUDA GPU (`kernels`) with what its kernels allocate besides their outputs (cuBLAS's workspaces, scratch)."""
+    prepared = _Prepared(run, fake.materialize(meta_model), cuda=kernels is not None)
     techniques = (prepared, *(_WithRealRanks(t) if t.distributed else t for t in stack.techniques))
     meter = CpuMeter(round_to=round_to, trace=trace)
-    if gpu is not None:
-        meter.tracker.kernels = CudaKernels(gpu)
+    if kernels is not None:
+        meter.tracker.kernels = kernels
     if tags is not None:
         meter.tracker.stream_of = tags.current
     data = _collected_between(batches(workload, run))
     return Session(run, dataclasses.replace(stack, techniques=techniques), workload, meter,
-                   _made_on_host(data, meter.tracker) if gpu is not None else data, track_host=False)
+                   _made_on_host(data, meter.tracker) if kernels is not None else data, track_host=False)
 
 
 def _warm_up(session: Session, primed: steady.Primed | None, warmup: int) -> None:
@@ -261,9 +268,10 @@ def _measured_step(session: Session, primed: steady.Primed | None, round_to: int
         return Traced(memory, trace, measured_from, round_to, calls)
     gc.collect()  # what the step left for the collector: a run's next step frees it as it begins
     garbage = [e.key for e in tracker.trace[len(trace):] if e.kind == "free"]
+    step = steady.MeasuredStep(trace, measured_from, garbage, memory.peak_allocated_bytes, start_bytes, round_to,
+                               calls)
     try:
-        written = steady.write_warmup(primed, seen, trace, measured_from, garbage, memory.peak_allocated_bytes,
-                                      start_bytes, round_to, calls)
+        written = steady.write_warmup(primed, seen, step)
     except steady.CannotWrite:
         return None
     return Traced(memory, written.events, written.measured_from, round_to, written.kernel_calls)
@@ -289,40 +297,27 @@ def _label(traced: Traced, spec: RunSpec, stack: Stack,
             memory.streams = streams.stream_uses(names, by_stream, reserved.reserved_by_stream_at_peak)
 
 
-# While predict_all (or fit) runs: each workload loaded, and its model built on meta, once (reusing_models).
-_REUSED: dict[tuple, tuple] | None = None
+class ModelCache:
+    """The configurations of one command sharing their workload and its meta model: each workload loaded, and its
+    model built on meta, once; a configuration that builds the model the default way (no technique builds it
+    another way) starts from a deep copy of the one built first, so what it predicts is what a fresh process
+    predicts (tests/test_reuse.py compares the records). Passed to predict_traced (predict_all and fit make one)."""
 
+    def __init__(self):
+        self.workloads: dict[tuple, Workload] = {}
+        self.models: dict[tuple, object] = {}
 
-@contextlib.contextmanager
-def reusing_models():
-    """Within, the configurations of one command share their workload and its meta model: a configuration that
-    builds the model the default way (no technique builds it another way) starts from a deep copy of the one built
-    first, so what it predicts is what a fresh process predicts (tests/test_reuse.py compares the records)."""
-    global _REUSED
-    outer, _REUSED = _REUSED, {} if _REUSED is None else _REUSED
-    try:
-        yield
-    finally:
-        _REUSED = outer
+    def workload(self, spec: RunSpec) -> Workload:
+        key = (spec.workload, spec.seq_len)
+        if key not in self.workloads:
+            self.workloads[key] = load_workload(spec.workload, spec.seq_len)
+        return self.workloads[key]
 
-
-def _workload(spec: RunSpec):
-    key = ("workload", spec.workload, spec.seq_len)
-    if _REUSED is None:
-        return load_workload(spec.workload, spec.seq_len)
-    if key not in _REUSED:
-        _REUSED[key] = load_workload(spec.workload, spec.seq_len)
-    return _REUSED[key]
-
-
-def _default_model(spec: RunSpec, build):
-    """The model built the default way on meta: built, or a copy of the one built for an earlier configuration."""
-    if _REUSED is None:
-        return build()
-    key = ("model", spec.workload, spec.seq_len)
-    if key not in _REUSED:
-        _REUSED[key] = build()
-    return copy.deepcopy(_REUSED[key])
+    def model(self, spec: RunSpec, build):
+        key = (spec.workload, spec.seq_len)
+        if key not in self.models:
+            self.models[key] = build()
+        return copy.deepcopy(self.models[key])
 
 
 def _derivable(spec: RunSpec, stack: Stack, warmup: int, ranks: int | None) -> bool:
@@ -410,7 +405,7 @@ class CannotPredict(Exception):
     """A run a prediction cannot stand for: its status is error, with this reason (not a bug: no traceback)."""
 
 
-def predict(job: Job, round_to: int | None = None) -> RunRecord:
+def predict(job: Job, round_to: int | None = None, cache: ModelCache | None = None) -> RunRecord:
     """A result record like a worker's, marked as a prediction. Failures become a status, as with real runs;
     a failure that is a membench bug keeps its traceback in the record (and `membench predict` prints it)."""
     started = time.time()
@@ -419,12 +414,12 @@ def predict(job: Job, round_to: int | None = None) -> RunRecord:
     try:
         stack = resolve(job.run, target_device=job.run.device)
         record.numerics = stack.numerics  # whether it changes precision, for the report (it has no check)
-        traced = predict_traced(job, round_to, trace=job.run.device == "cuda")
+        traced = predict_traced(job, round_to, trace=job.run.device == "cuda", cache=cache)
         stated = versions.notice() if job.run.device == "cuda" else None  # rules not checked on this torch
         record.memory, record.assumed = traced.memory, [*traced.assumed, *filter(None, [stated])] or None
         record.world_size = world_size(job.run, stack) or 1
         if record.world_size > 1:  # each rank whose shards differ (uneven shards), rank 0 first
-            record.ranks = predict_ranks(job, round_to, record.memory, predict_memory)
+            record.ranks = predict_ranks(job, round_to, record.memory, functools.partial(predict_memory, cache=cache))
     except UserError:
         raise
     except (CannotPredict, fake.NeedsValues) as exc:
@@ -437,19 +432,20 @@ def predict(job: Job, round_to: int | None = None) -> RunRecord:
     return record
 
 
-def predict_all(jobs: list[Job], out_dir: Path | None, on_done=None, on_start=None) -> list[RunRecord]:
-    """Each job predicted in turn in this process, sharing the workload's model (reusing_models)."""
+def predict_all(jobs: list[Job], out_dir: Path | None, on_done=None, on_start=None,
+                cache: ModelCache | None = None) -> list[RunRecord]:
+    """Each job predicted in turn in this process, sharing the workload's model (`cache`, else one of their own)."""
+    cache = cache if cache is not None else ModelCache()
     results = []
-    with reusing_models():
-        for job in jobs:
-            if on_start:
-                on_start(job)
-            record = predict(job)
-            if out_dir is not None:
-                write_record(result_path(out_dir, job.name), record)
-            if on_done:
-                on_done(job, record)
-            results.append(record)
+    for job in jobs:
+        if on_start:
+            on_start(job)
+        record = predict(job, cache=cache)
+        if out_dir is not None:
+            write_record(result_path(out_dir, job.name), record)
+        if on_done:
+            on_done(job, record)
+        results.append(record)
     return results
 
 

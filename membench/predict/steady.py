@@ -119,7 +119,29 @@ def watching(session: Session):
 
 
 class CannotWrite(Exception):
-    """Why a warm-up step cannot be written from the measured step (then it is run): one of write_warmup's checks."""
+    """Why a warm-up step cannot be written from the measured step (then it is run): one of `check`'s checks."""
+
+
+@dataclass
+class MeasuredStep:
+    """The primed prediction's trace and what its measured step showed: what the warm-up step is written from."""
+
+    trace: list[TraceEvent]  # construction, priming, then the measured step from measured_from
+    measured_from: int
+    garbage: list[int]  # keys the measured step allocated that the cycle collector freed after it, in that order
+    peak_bytes: int  # the measured step's peak, in round_to-byte blocks
+    start_bytes: int  # what was live at its start, likewise
+    round_to: int
+    calls: list = field(default_factory=list)  # the trace's kernel calls (predict/emulate/registry.KernelCall)
+
+
+@dataclass
+class Plan:
+    """How a warm-up step is written, once `check` has found that it can be: the batch each step replaces, and what
+    the first step makes and keeps, by where it is made."""
+
+    replaced: dict[int, int]  # key the measured step let go of (the earlier batch) -> the key it made in its place
+    inserts: list[tuple[int, int, list[TraceEvent]]]  # (index in the measured step, order there, events), sorted
 
 
 @dataclass
@@ -128,38 +150,45 @@ class Written:
 
     events: list[TraceEvent]
     measured_from: int  # where its measured step begins
-    kernel_calls: list  # predict/emulate/reductions.KernelCall, each where it is in `events`
+    kernel_calls: list  # predict/emulate/registry.KernelCall, each where it is in `events`
 
 
-def write_warmup(primed: Primed, seen: Seen, trace: list[TraceEvent], measured_from: int, garbage: list[int],
-                 peak_bytes: int, start_bytes: int, round_to: int, calls: list | None = None) -> Written:
-    """The trace a prediction that ran its warm-up step would have made, with its kernel calls (from `calls`: the
-    trace's); CannotWrite, with the check that failed, where that cannot be written.
+def write_warmup(primed: Primed, seen: Seen, step: MeasuredStep) -> Written:
+    """The trace a prediction that ran its warm-up step would have made, with its kernel calls; CannotWrite, with
+    the check that failed, where that cannot be written."""
+    return write(primed, step, check(primed, seen, step))
 
-    trace: construction, priming, then the measured step from measured_from. garbage: keys the measured step
-    allocated that the cycle collector freed after it, in the order it freed them. peak_bytes, start_bytes: the
-    measured step's peak and what was live at its start, in round_to-byte blocks."""
-    measured = trace[measured_from:]
+
+def check(primed: Primed, seen: Seen, step: MeasuredStep) -> Plan:
+    """Whether the first step differs from the measured one only by what priming made (see the module's docstring),
+    and how to write it; CannotWrite, saying which check failed, where it does not."""
+    measured = step.trace[step.measured_from:]
     made = {e.key: e.size for e in measured if e.kind == "alloc"}
-    garbage_keys = set(garbage)
+    garbage = set(step.garbage)
     # What a step replaces (the batch: the data loader lets go of the last one as it makes the next) is made by
     # one step and freed by the next; in the primed prediction the one before the measured step's is the batch
     # session.skip made. Paired in the order they were made, size for size, with what the measured step made and
     # kept.
-    earlier = {e.key: e.size for e in trace[primed.start:measured_from] if e.kind == "alloc"}
+    earlier = {e.key: e.size for e in step.trace[primed.start:step.measured_from] if e.kind == "alloc"}
     freed_before = [e.key for e in measured if e.kind == "free" and e.key not in made]
-    kept = [e for e in _outliving(measured) if e.key not in garbage_keys]
+    kept = [e for e in _outliving(measured) if e.key not in garbage]
     if any(key not in earlier for key in freed_before):
         raise CannotWrite("the measured step freed storages made before it")
     made_order = sorted(freed_before)  # keys count up as storages are made
     if [earlier[key] for key in made_order] != [e.size for e in kept]:
         raise CannotWrite("the measured step made storages that outlive it, as a first step does")
-    replaced = {old: new.key for old, new in zip(made_order, kept)}
     # A run's measured step starts with the warm-up's garbage still live (the collector frees it as the step takes
     # its batch); a peak no higher than that start would be there, and the primed step cannot see it.
-    if peak_bytes <= start_bytes + sum(-(-made[k] // round_to) * round_to for k in garbage):
+    blocks = lambda size: -(-size // step.round_to) * step.round_to  # noqa: E731
+    if step.peak_bytes <= step.start_bytes + sum(blocks(made[k]) for k in step.garbage):
         raise CannotWrite("the measured step's peak is not above what a warm-up step would leave at its start")
-    inserts: list[tuple[int, int, list[TraceEvent]]] = []  # (index in the measured step, order at that index, events)
+    return Plan({old: new.key for old, new in zip(made_order, kept)}, _inserts(primed, seen, step.measured_from))
+
+
+def _inserts(primed: Primed, seen: Seen, measured_from: int) -> list[tuple[int, int, list[TraceEvent]]]:
+    """What a first step makes and keeps, where in the measured step it makes it: each optimizer's state where it
+    first stepped, each workspace where its thread's first matmul ran; CannotWrite where one of them did not."""
+    inserts = []
     for optimizer in primed.optimizers:
         state = primed.state[optimizer]
         if not state:
@@ -174,7 +203,16 @@ def write_warmup(primed: Primed, seen: Seen, trace: list[TraceEvent], measured_f
         if thread not in seen.first_use:
             raise CannotWrite(f"no matmul ran on the {thread} thread")
         inserts.append((seen.first_use[thread] - measured_from, 1, [event]))
-    inserts.sort(key=lambda x: x[:2])
+    return sorted(inserts, key=lambda x: x[:2])
+
+
+def write(primed: Primed, step: MeasuredStep, plan: Plan) -> Written:
+    """The warm-up step written as `check` planned it: the measured step's events under new keys, with what the
+    first step makes and keeps inserted, and no earlier batch to let go of; then the warm-up's garbage collected,
+    and the measured step letting go of the warm-up's batch."""
+    trace, measured_from = step.trace, step.measured_from
+    measured = trace[measured_from:]
+    inserts = list(plan.inserts)
     offset = 1 + max(e.key for e in trace)  # the warm-up's storages: the measured step's, under new keys
     warmup: list[TraceEvent] = []
     # Where a kernel call at each event of the measured step is in the warm-up: before what is inserted there (a
@@ -184,20 +222,21 @@ def write_warmup(primed: Primed, seen: Seen, trace: list[TraceEvent], measured_f
         at_in_warmup.append(primed.start + len(warmup))
         while inserts and inserts[0][0] <= index:
             warmup.extend(inserts.pop(0)[2])
-        if event.key not in replaced:  # a first step has no earlier batch to let go of
+        if event.key not in plan.replaced:  # a first step has no earlier batch to let go of
             warmup.append(TraceEvent(event.kind, event.key + offset, event.size, event.stream))
     for _, _, events in inserts:
         warmup.extend(events)
     prefix = trace[:primed.start] + warmup
-    collected = [TraceEvent.free(key + offset) for key in garbage]
-    step = [TraceEvent.free(replaced[e.key] + offset) if e.key in replaced else e for e in measured]
-    calls = calls or []
+    collected = [TraceEvent.free(key + offset) for key in step.garbage]
+    measured_step = [TraceEvent.free(plan.replaced[e.key] + offset) if e.key in plan.replaced else e
+                     for e in measured]
     shift = len(prefix) + len(collected) - measured_from
+    calls = step.calls
     written_calls = ([c for c in calls if c.at < primed.start]
                      + [dataclasses.replace(c, at=at_in_warmup[c.at - measured_from]) for c in calls
                         if c.at >= measured_from]
                      + [dataclasses.replace(c, at=c.at + shift) for c in calls if c.at >= measured_from])
-    return Written(prefix + collected + step, len(prefix), written_calls)
+    return Written(prefix + collected + measured_step, len(prefix), written_calls)
 
 
 def _outliving(events: list[TraceEvent]) -> list[TraceEvent]:

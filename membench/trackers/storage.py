@@ -62,7 +62,7 @@ class StorageTracker(TorchDispatchMode):
         super().__init__()
         self.trace: list[TraceEvent] | None = [] if trace else None
         # Beside the trace: calls whose allocations depend on more than their outputs' sizes (CUDA kernel scratch,
-        # predict/emulate/reductions.KernelCall), kept so that fit can work them out at other batch sizes.
+        # predict/emulate/registry.KernelCall), kept so that fit can work them out at other batch sizes.
         self.kernel_calls: list | None = [] if trace else None
         self.kernels = None  # a CUDA prediction's predict.emulate.kernels.CudaKernels: called around every op
         # A prediction of several streams (predict/streams.py): the stream an allocation would be made on now, as a

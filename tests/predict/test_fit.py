@@ -262,7 +262,7 @@ def test_kernel_scratch_only_larger_batches_take_is_worked_out_again_at_each_bat
     the gradient, and makes a real prediction's allocations at 64 event for event, and its peak."""
     from membench.api import plan
     from membench.predict import gpus
-    from membench.predict.emulate.reductions import KernelScratch
+    from membench.predict.emulate.registry import KernelScratch
     from membench.predict.fit import AffineTrace
     from membench.predict.run import allocator_settings
     from membench.techniques import resolve

@@ -109,7 +109,8 @@ def test_write_warmup_by_hand():
                     ("free", 12), ("free", 11))
     primed = steady.Primed(start=1, optimizers=[7], state={7: _events(("alloc", 2, 100))}, state_params={7: {5}})
     seen = steady.Seen(steps={7: (8, {5})})
-    written = steady.write_warmup(primed, seen, trace, 3, garbage=[13], peak_bytes=4758, start_bytes=208, round_to=1)
+    written = steady.write_warmup(primed, seen, steady.MeasuredStep(trace, 3, garbage=[13], peak_bytes=4758,
+                                                                    start_bytes=208, round_to=1))
     assert written.events == _events(("alloc", 1, 100),
                                      ("alloc", 24, 8), ("alloc", 25, 4000), ("alloc", 26, 50), ("alloc", 27, 600),
                                      ("alloc", 2, 100), ("free", 26), ("free", 25),
@@ -119,4 +120,5 @@ def test_write_warmup_by_hand():
     assert written.measured_from == 8
     # A peak no higher than the warm-up's garbage on top of the start: the written trace would miss it.
     with pytest.raises(steady.CannotWrite, match="peak is not above what a warm-up step would leave"):
-        steady.write_warmup(primed, seen, trace, 3, garbage=[13], peak_bytes=808, start_bytes=208, round_to=1)
+        steady.check(primed, seen, steady.MeasuredStep(trace, 3, garbage=[13], peak_bytes=808, start_bytes=208,
+                                                       round_to=1))

@@ -3,7 +3,7 @@
 Fake tensors run each op's meta kernel, which makes its outputs and nothing else, and not always with the layout the
 CUDA kernel gives them. For the three fused backends a CUDA prediction can choose (predict/emulate/sdpa_choice.py)
 this module makes the outputs as the CUDA kernels do (`AttentionKernels.rewrite`) and, around them, the
-allocations and frees each kernel makes through the caching allocator, in its order (`AttentionKernels.run`):
+allocations and frees each kernel makes through the caching allocator, in its order (`AttentionKernels.after`):
 
 - **flash** (`_scaled_dot_product_flash_attention[_backward]`, attention.cu / attention_backward.cu and
   flash_attn/flash_api.cpp's `mha_fwd` / `mha_bwd`): forward, the output, a fp32 log-sum-exp [B, H, Lq], a 16-byte
@@ -42,9 +42,9 @@ from dataclasses import dataclass
 import torch
 
 from membench.common.vocab import OTHER
+from membench.predict.emulate.registry import SCRATCH_MODULE, Emulation, emulation
 
 aten = torch.ops.aten
-SCRATCH_MODULE = "(CUDA kernel scratch)"
 FLASH_FWD = aten._scaled_dot_product_flash_attention.default
 FLASH_BWD = aten._scaled_dot_product_flash_attention_backward.default
 EFFICIENT_FWD = aten._scaled_dot_product_efficient_attention.default
@@ -230,8 +230,8 @@ def cudnn_engine_backward_bytes(query, key, value) -> int:
     """The engine's part of the backward workspace: CUDNN_ENGINE_WORKSPACE_BYTES, and under grouped-query attention
     (fewer key/value heads than query heads) the frontend's dK and dV of every query head before they are summed
     per key/value head (`dK_fullhead`, `dV_fullhead`: [B, Hq, Skv, D] in the inputs' dtype, virtual in the
-    frontend's graph for dense inputs, so the engine's to hold). The Llama shape's trace on the H200 ([4, 16, 1024,
-    64] queries over 4 key/value heads, bf16): 262,144 + 16,777,216 B of the frontend's, 2 x 8,388,608 + 256 B more."""
+    frontend's graph for dense inputs, so the engine's to hold), as the Llama shape's grouped-query trace in
+    results/gpu-traces/ (torch 2.11, cuDNN 9.19) holds them."""
     b, h, _, d = query.shape
     s_kv, h_kv, d_v = key.shape[2], key.shape[1], value.shape[3]
     fullhead = b * h * s_kv * (d + d_v) * query.element_size() if h_kv != h else 0
@@ -433,17 +433,18 @@ HOST_OUTPUTS = {EFFICIENT_FWD: (2, 3)}  # the memory-efficient forward's seed an
 OP_OF = {impl: op for op, impl in IMPLEMENTATIONS.items()}  # the storage tracker calls `run` with the replacement
 
 
-class AttentionKernels:
+@emulation
+class AttentionKernels(Emulation):
     """The fused attention ops of a CUDA prediction on `gpu`: their CUDA outputs, allocations and frees."""
 
-    def __init__(self, gpu):
-        self.gpu = gpu
+    ops = frozenset({*IMPLEMENTATIONS, *OP_OF})  # the ops, and the implementations `rewrite` runs for them
+    order = 20
 
-    def rewrite(self, func):
-        """The op's CUDA implementation on fake tensors, or None for any other op."""
-        return IMPLEMENTATIONS.get(func)
+    def rewrite(self, func, args, kwargs):
+        """The op's CUDA implementation on fake tensors."""
+        return IMPLEMENTATIONS.get(func, func)
 
-    def run(self, func, args, kwargs, out, tracker) -> None:
+    def after(self, func, args, kwargs, out, tracker) -> None:
         """Tracks the op's outputs and its scratch in the kernel's order (the tracker counts the rest after)."""
         func = OP_OF.get(func, func)
         events = EVENTS.get(func)

@@ -24,9 +24,6 @@ from pathlib import Path
 
 import torch
 
-from membench.predict.emulate.dropout import cuda_dropout
-from membench.predict.emulate.linear import cuda_linear
-from membench.predict.emulate.sdpa import cuda_sdpa
 from membench.private import AUTOCAST_CPU_KEYS, destroy_library, exclude_dispatch_keys, ops_with_kernel_for
 
 LOWER_PRECISION_FP = (
@@ -153,8 +150,8 @@ def _cast_call(casts: _Casts, op, args, kwargs, to_type: torch.dtype, lower: tor
     them (aten/src/ATen/autocast_mode.h, `WrapFunction_`: `(*F)(cached_cast(to_type, args, device_type)...)`).
 
     - The casts are made last argument first: the pack expands into the arguments of one function call, whose
-      evaluation order C++ leaves to the compiler, and GCC (torch's Linux wheels) evaluates them right to left. An
-      H200's traces (torch 2.11) show it for every nn.Linear under autocast: bias, then weight, then input.
+      evaluation order C++ leaves to the compiler, and GCC (torch's Linux wheels) evaluates them right to left; the
+      traces in results/gpu-traces/ (torch 2.11) show it for every nn.Linear under autocast: bias, weight, input.
     - A tensor list argument (einsum's operands) is cast first to last, by the loop inside its `cached_cast`.
     - The casts are temporaries of that call, destroyed at its end in the reverse of the order they were made: the
       first argument's first; a list's vector destroys its elements first to last (a real GPU trace of a bf16
@@ -252,16 +249,8 @@ def _kernels(casts: _Casts) -> dict[str, object]:
 
 
 @contextlib.contextmanager
-def cuda_policy(gpu=None):
-    """While active, torch.autocast("cpu", ...) applies CUDA's autocast policy (see the module's docstring), and
-    scaled_dot_product_attention, dropout and linear run as on `gpu` (predict/emulate/sdpa.py, dropout.py,
-    linear.py); yields the attention calls seen (sdpa.Sites)."""
-    with cuda_sdpa(gpu) as sites, cuda_dropout(), cuda_linear(), _autocast_policy():
-        yield sites
-
-
-@contextlib.contextmanager
-def _autocast_policy():
+def cuda_policy():
+    """While active, torch.autocast("cpu", ...) applies CUDA's autocast policy (see the module's docstring)."""
     casts = _Casts()
     kernels = _kernels(casts)
     library = torch.library.Library("aten", "IMPL")

@@ -3,9 +3,8 @@ hands them `c10::cuda::CUDACachingAllocator`), worked out from cub's own code: t
 one allocation (cub's `AliasTemporaries`: each part rounded up to 256 bytes, plus 255 for the base's alignment) and
 the tile sizes of the tuning policy it picks for the GPU. Used by kernel scratch that sorts (accumulating
 index_put_ in reductions.py, nn.Embedding's backward in embedding.py). The look-back passes' sizes were checked by
-compiling torch's calls against the headers of CCCL 3.0.1 (CUDA 13.0), 2.8.2 and 2.5.0, and against the H200's
-traces (torch 2.11.0+cu130: 1,279 B at 4,096 and 8,192 items); CCCL before 2.4 (CUDA 12.4 and older) is not
-followed.
+compiling torch's calls against the headers of CCCL 3.0.1 (CUDA 13.0), 2.8.2 and 2.5.0, and against the traces in
+results/gpu-traces/ (torch 2.11.0+cu130); CCCL before 2.4 (CUDA 12.4 and older) is not followed.
 """
 
 from __future__ import annotations

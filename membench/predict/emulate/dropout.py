@@ -7,7 +7,7 @@ multiplied into the input and kept for backward, four bytes per element in fp32,
 CUDA GPU runs on CPU fake tensors, so without this it keeps the CPU's noise: for an attention dropout (batch x heads
 x queries x keys) that is three extra bytes per element, in every layer.
 
-While `cuda_dropout()` is active, `aten::dropout` (what nn.Dropout, F.dropout and torch.dropout reach) runs
+While a CUDA prediction runs (`CudaDropout`), `aten::dropout` (what nn.Dropout, F.dropout and torch.dropout reach) runs
 Dropout.cpp's `dropout` as it runs for a CUDA tensor: `native_dropout` where the fused kernel is acceptable (whose
 CPU kernel also returns a boolean mask), the unfused path otherwise. It is registered at the dispatcher (replacing
 the op's CompositeImplicitAutograd kernel), not as a torch function mode, so it also holds where a mode would be
@@ -16,19 +16,17 @@ and the feature dropouts (dropout2d, ...) are left as they are.
 
 CUDA's `native_dropout` allocates its mask before its output (aten/src/ATen/native/cuda/Dropout.cu, `dropout_cuda`:
 `mask = at::empty_like(self, ...bool)`, then `ret = at::empty_like(self)`), where the fake kernel makes the output
-first; a CUDA prediction counts them in CUDA's order (`count_mask_first`, from the kernel hook), which decides which
-cached blocks each one takes (the H200's hf:gpt2 trace shows each dropout's 1.5 MiB mask before its 6 MiB output).
+first; a CUDA prediction counts them in CUDA's order (`CudaDropout.after`), which decides which
+cached blocks each one takes (the hf:gpt2 trace in results/gpu-traces/ shows each dropout's mask before its output).
 Only in training with p < 1: the shortcuts for train=False (a clone, then a mask of ones) and p == 1 (zeros, then a
 mask of zeros) make the output first, as the fake kernel does.
 """
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
-from membench.private import composite_kernel_replaced
+from membench.predict.emulate.registry import Emulation, emulation
 
 
 def _dropout(input: torch.Tensor, p: float, train: bool) -> torch.Tensor:
@@ -40,19 +38,23 @@ def _dropout(input: torch.Tensor, p: float, train: bool) -> torch.Tensor:
     return input * torch.zeros((), dtype=input.dtype, device=input.device)  # p == 1
 
 
-def count_mask_first(func, args, out, tracker) -> None:
-    """After a CUDA prediction's `native_dropout`: count its mask before its output, as Dropout.cu allocates them."""
-    if func is not torch.ops.aten.native_dropout.default or not isinstance(out, tuple) or len(out) != 2:
-        return
-    p = args[1] if len(args) > 1 else None
-    train = args[2] if len(args) > 2 else None
-    if train is False or p == 1:
-        return
-    tracker.track(out[1])
+@emulation
+class CudaDropout(Emulation):
+    """aten::dropout as CUDA runs it (the fused kernel's one-byte mask), and native_dropout's mask counted before
+    its output, as Dropout.cu allocates them."""
 
+    ops = frozenset({torch.ops.aten.native_dropout.default})
+    order = 50
+    composite = "dropout"
 
-@contextlib.contextmanager
-def cuda_dropout():
-    """While active, a training dropout keeps a boolean mask, as CUDA's fused dropout does."""
-    with composite_kernel_replaced("dropout", _dropout):
-        yield
+    def kernel(self, input: torch.Tensor, p: float, train: bool) -> torch.Tensor:
+        return _dropout(input, p, train)
+
+    def after(self, func, args, kwargs, out, tracker) -> None:
+        if not isinstance(out, tuple) or len(out) != 2:
+            return
+        p = args[1] if len(args) > 1 else None
+        train = args[2] if len(args) > 2 else None
+        if train is False or p == 1:
+            return
+        tracker.track(out[1])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from membench.predict.emulate.registry import Emulation, emulation
 from membench.private import per_op
 
 aten = torch.ops.aten
@@ -47,13 +48,18 @@ def _fp32_outputs(op) -> tuple[int, ...]:
     return _BY_OP.get(op, ())
 
 
-class CudaDtypes:
+@emulation
+class CudaDtypes(Emulation):
     """The op a CUDA prediction runs instead of one whose outputs CUDA makes in another dtype."""
 
-    def __init__(self):
+    ops = FP32_OPS
+    order = 40
+
+    def __init__(self, gpu):
+        super().__init__(gpu)
         self._wrapped: dict = {}
 
-    def rewrite(self, func, args):
+    def rewrite(self, func, args, kwargs):
         positions = _fp32_outputs(func)
         if not positions or not args or not isinstance(args[0], torch.Tensor) or args[0].dtype not in HALF:
             return func

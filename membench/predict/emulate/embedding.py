@@ -36,6 +36,7 @@ from membench.predict.emulate.cub import (
     cub_sort_pairs_temp_bytes,
     cub_unique_by_key_temp_bytes,
 )
+from membench.predict.emulate.registry import OUTPUTS, Emulation, emulation
 
 EMBEDDING_BACKWARD = frozenset({torch.ops.aten.embedding_dense_backward.default})
 SORT_ABOVE = 3072  # Embedding.cu: up to this many indices, the feature kernel needs no sort
@@ -96,3 +97,16 @@ def _sums(segments: int, partial_segments: int, num_weights: int, dim: int, size
                 free("partial_to_segment_idx")]
     return [alloc("grad_weight_per_segment", partial_segments * dim * accumulate_size),
             free("grad_weight_per_segment")]
+
+
+@emulation
+class EmbeddingBackward(Emulation):
+    """embedding_dense_backward's sort and segments, on both sides of its gradient's allocation."""
+
+    ops = EMBEDDING_BACKWARD
+    order = 80
+    outputs_amid = True
+
+    def scratch(self, func, args, kwargs, out) -> list[TraceEvent]:
+        before, after = embedding_backward_scratch(args, kwargs, self.gpu)
+        return [*before, OUTPUTS, *after]

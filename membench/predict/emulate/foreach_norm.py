@@ -15,6 +15,9 @@ import math
 
 import torch
 
+from membench.allocator.events import TraceEvent
+from membench.predict.emulate.registry import OUTPUTS, Emulation, emulation
+
 aten = torch.ops.aten
 FOREACH_NORMS = frozenset({aten._foreach_norm.Scalar})
 CHUNK = 65536  # kChunkSize
@@ -51,3 +54,18 @@ def foreach_norm_scratch(func, args, kwargs) -> int:
     opmath = torch.float64 if dtype == torch.float64 else torch.float32  # at::opmath_type: half and bf16 -> float
     chunks = max(-(-t.numel() // CHUNK) for t in tensors)
     return len(tensors) * chunks * opmath.itemsize
+
+
+@emulation
+class ForeachNorm(Emulation):
+    """_foreach_norm's `output_per_tensor`, taken before its outputs are made and freed as it returns."""
+
+    ops = FOREACH_NORMS
+    order = 80
+    outputs_amid = True
+
+    def scratch(self, func, args, kwargs, out) -> list[TraceEvent]:
+        size = foreach_norm_scratch(func, args, kwargs)
+        if not size:
+            return [OUTPUTS]
+        return [TraceEvent.alloc("output_per_tensor", size), OUTPUTS, TraceEvent.free("output_per_tensor")]

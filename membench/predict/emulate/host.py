@@ -6,8 +6,8 @@ ones it keeps on the GPU, and was counted as one more 512-byte block of GPU memo
 - Adam, AdamW and Adafactor keep each parameter's step count, `state["step"]`, on the CPU unless the optimizer is
   fused or capturable (torch/optim/adam.py `_init_group`: `torch.tensor(0.0, dtype=_get_scalar_dtype(),
   device="cpu")`; _adafactor.py: `torch.tensor(0.0, dtype=_get_scalar_dtype())`); fused and capturable ones make
-  it with `torch.zeros((), device=p.device)`, on the GPU. vit_l_16 has 296 parameters: 151,552 B counted too many
-  before.
+  it with `torch.zeros((), device=p.device)`, on the GPU: one 512-byte block per parameter would be counted too
+  many.
 - Their foreach step makes `torch.tensor(1.0, device="cpu")` each step, to add to those counts.
 
 The rule: a 0-dim tensor made from Python data (`torch.tensor`, `torch.as_tensor`: ATen's `lift_fresh`) is a host
@@ -22,13 +22,18 @@ from __future__ import annotations
 
 import torch
 
+from membench.predict.emulate.registry import ALL_OPS, Emulation, emulation
 from membench.private import LIFT_FRESH
 
 
-class HostTensors:
+@emulation
+class HostTensors(Emulation):
     """After each op of a CUDA prediction: excludes from the tracker's count the host tensors the op made."""
 
-    def made(self, func, args, out, tracker) -> None:
+    ops = ALL_OPS
+    order = 90  # after every other: what they counted of the op's outputs is excluded here
+
+    def after(self, func, args, kwargs, out, tracker) -> None:
         if not isinstance(out, torch.Tensor) or out.dim() != 0:
             return
         if func is LIFT_FRESH or _all_host(args, tracker):

@@ -8,9 +8,8 @@ measurement under the tracker) would count memory that a plain run never allocat
 - gather's backward (`gather_backward`) and that of max/min/median/kthvalue/mode along a dim
   (`value_selecting_reduction_backward`) make a zero-filled tensor and scatter the gradient into it. A plain run
   scatters in place; a subclass-like one calls the out-of-place `scatter_add` / `scatter`, which allocates a
-  second tensor of the input's size while the first is alive. Seen on a real GPU trace (CS336 "medium", context
-  256: the cross-entropy's gather over 4 x 256 x 10,000 fp32 logits): the out-of-place copy put the prediction's
-  peak 40,960,000 bytes above the GPU's.
+  second tensor of the input's size while the first is alive, which the real GPU traces benchmarks/
+  validate_predictions.py reads (the cross-entropy's gather over the logits) do not hold.
 
 - The autograd engine sums the gradients that reach one input of a node (InputBuffer::accumulate in
   torch/csrc/autograd/input_buffer.cpp) in place into the first one when it holds that gradient's last reference,
@@ -29,7 +28,7 @@ made by the same node), an over-prediction; and a gradient a node passes on unch
 both still hold it is summed in place here where the engine would not (that second reference is in C++, out of
 Python's sight), an under-prediction. Only fake tensors are
 rewritten: their values do not exist, so nothing a real run computes can change; and only in a CUDA prediction
-(predict/emulate/kernels.py calls it), as a CPU run is measured by the tracker itself, paths and all.
+(a registered emulation), as a CPU run is measured by the tracker itself, paths and all.
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ import weakref
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from membench.predict.emulate.registry import ALL_OPS, Emulation, emulation
 from membench.private import current_autograd_node, in_backward, is_fake, storage_use_count
 
 aten = torch.ops.aten
@@ -54,14 +54,18 @@ INPLACE = {
 }
 
 
-class BackwardPaths:
+@emulation
+class BackwardPaths(Emulation):
     """Remembers, in backward, the zero-filled tensor a formula just made and which node made each tensor; see the
     module's docstring."""
 
+    ops = ALL_OPS  # any op may use the zero-filled tensor first, and so make it no longer private
+    order = 30
     # The engine of torch since pytorch#88339 (November 2022); a prediction of older software's run turns it off.
     engine_sums_in_place = True
 
-    def __init__(self):
+    def __init__(self, gpu=None):
+        super().__init__(gpu)
         self._fresh = None  # weakref to it: a strong one would keep it alive, and its memory counted, too long
         self._node = None  # the autograd node that ran the latest op in backward (held: its id stays its own)
         self._epoch = 0  # bumped whenever that node changes
@@ -97,7 +101,7 @@ class BackwardPaths:
                 and old.dtype == new.dtype and old.device == new.device and _dense(old)
                 and storage_use_count(old) <= 2)  # its tensor's reference and the one asking: no view shares it
 
-    def made(self, func, out) -> None:
+    def after(self, func, args, kwargs, out, tracker) -> None:
         """After each op: in backward, when its fake tensors were made, and the zeros of a formula."""
         # a formula's one gradient, or its several (layer_norm's, conv's, ...)
         made = [t for t in (out if isinstance(out, (tuple, list)) else (out,))

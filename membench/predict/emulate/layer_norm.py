@@ -14,8 +14,8 @@ first (aten/src/ATen/native/cuda/layer_norm_kernel.cu, torch 2.11 to 2.14):
 kernel, so a prediction misses these. They arise where LayerNorm reads a permuted tensor: a residual sum whose
 first operand is nn.MultiheadAttention's batch-first output (a transposed view) keeps that layout
 (TensorIterator follows its first operand's strides), so torchvision's ViT gives every LayerNorm after the first a
-non-contiguous input. The H200's vit_b_16 traces (torch 2.11) allocate a 9,682,944 B copy (the fp32 [16, 197, 768]
-input) before each such LayerNorm's output and free it after rstd, forward and backward.
+non-contiguous input. The vit_b_16 traces in results/gpu-traces/ (torch 2.11) allocate an input-sized copy before
+each such LayerNorm's output and free it after rstd, forward and backward.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from membench.common.vocab import OTHER
+from membench.predict.emulate.registry import Emulation, emulation
 
 aten = torch.ops.aten
 COPY_MODULE = "(layer_norm contiguous copy)"
@@ -38,9 +39,20 @@ def _copy(t: torch.Tensor, tracker) -> torch.Tensor:
     return copy
 
 
-def layer_norm_copies(func, args, kwargs, out, tracker) -> None:
+@emulation
+class LayerNormCopies(Emulation):
     """After a CUDA prediction's native_layer_norm or its backward: its copies allocated before its outputs (which
     this counts), and freed in the kernel's order."""
+
+    ops = frozenset({aten.native_layer_norm.default, aten.native_layer_norm_backward.default})
+    order = 60
+
+    def after(self, func, args, kwargs, out, tracker) -> None:
+        layer_norm_copies(func, args, kwargs, out, tracker)
+
+
+def layer_norm_copies(func, args, kwargs, out, tracker) -> None:
+    """The copies of one call (see LayerNormCopies)."""
     if func is aten.native_layer_norm.default:
         read = [_arg(args, kwargs, i, name) for i, name in ((0, "input"), (2, "weight"), (3, "bias"))]
         grad_out = None

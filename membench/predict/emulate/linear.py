@@ -6,26 +6,23 @@ nn.MultiheadAttention hands its in-projection, torchvision's ViT's included) goe
 then added in place, `output.add_(bias)`, unless the bias is "tensor-subclass-like"
 (aten/src/ATen/TensorSubclassLikeUtils.h), when it is added out of place. Every tensor is one while a dispatch mode
 is active, so a prediction (fake tensors, the storage tracker) made a second output-sized tensor for a moment at
-each such layer where the GPU makes none. Seen on an H200 (torch 2.11): vit-small's plain step allocates, per
-in-projection, the input's copy, the [65, 4, 1152] product and the packed projection's contiguous copy; the
-prediction one more 1,198,080 B product between the last two. Which cached blocks later requests split depends on
-it: the prediction's peak allocated was 399,360 B under the GPU's.
+each such layer where the GPU makes none (vit-small's traces in results/gpu-traces/, torch 2.11: per
+in-projection, the input's copy, the product and the packed projection's contiguous copy, and no second product).
+Which cached blocks later requests split depends on it, and so the peak allocated.
 
-While `cuda_linear()` is active, `aten::linear` runs that code as a plain run does (the branches of torch 2.14;
-the environment's TORCH_LINEAR_FLATTEN_3D=1 too), the bias added in place on the matmul path. It is registered at
-the dispatcher, replacing the op's CompositeImplicitAutograd kernel (private.composite_kernel_replaced), so it also
-holds in backward, where checkpointing recomputes the forward.
-"""
+While a CUDA prediction runs (`CudaLinear`), `aten::linear` runs that code as a plain run does (the branches of
+torch 2.14; the environment's TORCH_LINEAR_FLATTEN_3D=1 too), the bias added in place on the matmul path. It is
+registered at the dispatcher, replacing the op's CompositeImplicitAutograd kernel
+(private.composite_kernel_replaced), so it also holds in backward, where checkpointing recomputes the forward. """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 
 import torch
 
-from membench.private import composite_kernel_replaced
+from membench.predict.emulate.registry import Emulation, emulation
 
 
 def _flatten_nd_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -52,8 +49,11 @@ def _linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return output
 
 
-@contextlib.contextmanager
-def cuda_linear():
-    """While active, aten::linear adds a bias on its matmul path in place, as a plain run does."""
-    with composite_kernel_replaced("linear", _linear):
-        yield
+@emulation
+class CudaLinear(Emulation):
+    """aten::linear adds a bias on its matmul path in place, as a plain run does."""
+
+    composite = "linear"
+
+    def kernel(self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return _linear(input, weight, bias)

@@ -1,7 +1,7 @@
 """What CUDA kernels take from the caching allocator inside the kernel, besides their outputs, and free at once.
 
-Fake tensors run no kernel, so a CUDA prediction adds these (`KernelScratch`, called by
-predict/emulate/kernels.py's `CudaKernels` after each op), in the order a GPU allocates and frees them. They raise
+Fake tensors run no kernel, so a CUDA prediction adds these (each a registered emulation's `scratch`,
+predict/emulate/registry.py), in the order a GPU allocates and frees them. They raise
 the peak only by their own size for a moment, but they change which cached blocks the allocator splits, and so the
 unsplit remainders `max_memory_allocated()` counts and the segments it reserves. Five kinds, as torch 2.11 runs
 them (the version of the real traces benchmarks/validate_predictions.py checks, whose recorded steps show exactly
@@ -20,11 +20,11 @@ these allocations):
   `orig_indices`, an `arange` of positions, and cub's temporary storage, aten/src/ATen/cuda/cub.cu), and frees
   them when it returns.
 - **`_safe_softmax`** (the math attention path's softmax): a composite whose CUDA run makes a bool mask of its
-  input, a row mask and a zero scalar after its output (`safe_softmax_scratch`; on the H200's Llama-shape trace, a
-  64 MiB mask per layer that gave that run its 64 MiB segments).
+  input, a row mask and a zero scalar after its output (`safe_softmax_scratch`; the input-sized mask per layer
+  decides which segments a run reserves).
 - **cumsum and cumprod of another dtype** (a bool mask's cumsum, as transformers' packed-sequence check makes):
   `impl_func_cum_ops` (ReduceOps.cpp) scans `self.to(result.scalar_type())`, a copy after the result, freed as it
-  returns; fake tensors run only the op's meta function. 32 KiB in each forward of the H200's Llama-shape trace.
+  returns; fake tensors run only the op's meta function.
 - **nn.Embedding's backward** (`embedding_dense_backward`, predict/emulate/embedding.py): past 3,072 indices it
   sorts them and sums each index's rows in partial segments, with buffers on both sides of its gradient's
   allocation (`OUTPUTS` marks where; fit keeps the two parts apart).
@@ -45,13 +45,10 @@ from dataclasses import dataclass
 import torch
 
 from membench.allocator.events import TraceEvent
-from membench.common.vocab import OTHER
 from membench.predict.emulate.cub import cub_sort_pairs_temp_bytes, num_bits
-from membench.predict.emulate.embedding import EMBEDDING_BACKWARD, embedding_backward_scratch
-from membench.predict.emulate.foreach_norm import FOREACH_NORMS, foreach_norm_scratch
+from membench.predict.emulate.registry import Emulation, emulation
 
 aten = torch.ops.aten
-SCRATCH_MODULE = "(CUDA kernel scratch)"
 
 # --- reductions: Reduce.cuh ---------------------------------------------------------------------------------------
 
@@ -350,119 +347,56 @@ def safe_softmax_scratch(args, kwargs, out, gpu) -> list[TraceEvent]:
     return events + [alloc("zero", out.element_size()), free("zero"), free("masked_rows"), free("masked")]
 
 
-# --- the hook -----------------------------------------------------------------------------------------------------
+# --- the emulations -----------------------------------------------------------------------------------------------
 
 
-# the ops whose kernels may take scratch
-CANDIDATES = SUMS | MEANS | CUMULATIVE | INDEX_PUTS | FOREACH_NORMS | SAFE_SOFTMAX | EMBEDDING_BACKWARD
-OUTPUTS_AMID = EMBEDDING_BACKWARD | FOREACH_NORMS  # the ops that allocate their outputs after some of their scratch
-OUTPUTS = TraceEvent("alloc", "(the op's outputs)")  # where, among such an op's scratch events
+@emulation
+class SplitReductions(Emulation):
+    """Sums' and means' staging buffer and semaphores (Reduce.cuh)."""
 
+    ops = SUMS | MEANS
+    order = 80
 
-@dataclass(frozen=True)
-class KernelCall:
-    """A call that may take scratch, as a trace keeps it: where in the trace its scratch events begin, how many
-    there are (none, at these sizes), and the layouts of its tensors, from which fit works out its scratch at other
-    batch sizes (the scratch is not affine in the batch: a kernel splits a reduction only past some size)."""
-
-    at: int
-    count: int
-    func: object
-    layout: tuple  # layout_of((args, kwargs, out))
-    part: int = 0  # of an op of OUTPUTS_AMID: 0 before its outputs are allocated, 1 after
-
-
-def layout_of(value):
-    """A value with each tensor replaced by its layout: ("tensor", shape, strides, offset, dtype, storage bytes)."""
-    if isinstance(value, torch.Tensor):
-        return ("tensor", tuple(value.shape), tuple(value.stride()), value.storage_offset(), value.dtype,
-                value.untyped_storage().nbytes())
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(layout_of(v) for v in value))
-    if isinstance(value, dict):
-        return ("dict", tuple((k, layout_of(v)) for k, v in value.items()))
-    return value
-
-
-def from_layout(layout):
-    """layout_of's value again, with meta tensors of those layouts (nothing allocated)."""
-    if isinstance(layout, tuple) and layout and layout[0] == "tensor":
-        _, shape, stride, offset, dtype, nbytes = layout
-        base = torch.empty(nbytes // dtype.itemsize, dtype=dtype, device="meta")
-        return base.as_strided(shape, stride, offset)
-    if isinstance(layout, tuple) and layout and layout[0] in ("list", "tuple"):
-        items = [from_layout(v) for v in layout[1]]
-        return items if layout[0] == "list" else tuple(items)
-    if isinstance(layout, tuple) and layout and layout[0] == "dict":
-        return {k: from_layout(v) for k, v in layout[1]}
-    return layout
-
-
-class KernelScratch:
-    """What each op's CUDA kernel takes from the caching allocator and frees before it returns, on `gpu`."""
-
-    def __init__(self, gpu):
-        self.gpu = gpu
-
-    def events(self, func, args, kwargs, out) -> list[TraceEvent]:
-        """Its allocations and frees keyed by name, in the kernel's order ([] for most ops), with OUTPUTS where the
-        kernel allocates its outputs amid them (the ops of OUTPUTS_AMID; the others allocate them first)."""
-        if func in SUMS or func in MEANS:
-            sizes = reduction_scratch(func, args, kwargs or {}, out, self.gpu)
-            if not sizes:
-                return []
-            return [TraceEvent.alloc("buffer", sizes[0]), TraceEvent.alloc("semaphores", sizes[1]),
-                    TraceEvent.free("semaphores"), TraceEvent.free("buffer")]
-        if func in INDEX_PUTS:
-            return index_put_scratch(func, args, kwargs or {}, self.gpu)
-        if func in CUMULATIVE:  # impl_func_cum_ops (ReduceOps.cpp) scans self.to(result's dtype): a copy if it differs
-            scanned = args[0]
-            if scanned.dim() and scanned.numel() and scanned.dtype != out.dtype:
-                return [TraceEvent.alloc("cast", scanned.numel() * out.element_size()), TraceEvent.free("cast")]
+    def scratch(self, func, args, kwargs, out) -> list[TraceEvent]:
+        sizes = reduction_scratch(func, args, kwargs, out, self.gpu)
+        if not sizes:
             return []
-        if func in SAFE_SOFTMAX:
-            return safe_softmax_scratch(args, kwargs or {}, out, self.gpu)
-        if func in EMBEDDING_BACKWARD:  # predict/emulate/embedding.py
-            before, after = embedding_backward_scratch(args, kwargs or {}, self.gpu)
-            return [*before, OUTPUTS, *after]
-        if func in FOREACH_NORMS:  # predict/emulate/foreach_norm.py
-            size = foreach_norm_scratch(func, args, kwargs or {})  # before the outputs are made
-            if not size:
-                return [OUTPUTS]
-            return [TraceEvent.alloc("output_per_tensor", size), OUTPUTS, TraceEvent.free("output_per_tensor")]
+        return [TraceEvent.alloc("buffer", sizes[0]), TraceEvent.alloc("semaphores", sizes[1]),
+                TraceEvent.free("semaphores"), TraceEvent.free("buffer")]
+
+
+@emulation
+class IndexPutSort(Emulation):
+    """Accumulating index_put_'s linear index and sort (Indexing.cu)."""
+
+    ops = INDEX_PUTS
+    order = 80
+
+    def scratch(self, func, args, kwargs, out) -> list[TraceEvent]:
+        return index_put_scratch(func, args, kwargs, self.gpu)
+
+
+@emulation
+class CumulativeCast(Emulation):
+    """cumsum's and cumprod's copy of an input of another dtype: impl_func_cum_ops (ReduceOps.cpp) scans
+    self.to(result's dtype)."""
+
+    ops = CUMULATIVE
+    order = 80
+
+    def scratch(self, func, args, kwargs, out) -> list[TraceEvent]:
+        scanned = args[0]
+        if scanned.dim() and scanned.numel() and scanned.dtype != out.dtype:
+            return [TraceEvent.alloc("cast", scanned.numel() * out.element_size()), TraceEvent.free("cast")]
         return []
 
-    def events_of(self, call: KernelCall, layout: tuple | None = None) -> list[TraceEvent]:
-        """The scratch events of a kept call, or of the same call with other layouts (fit's other batch sizes)."""
-        args, kwargs, out = from_layout(call.layout if layout is None else layout)
-        return _parts(call.func, self.events(call.func, args, kwargs, out))[call.part]
 
-    def run(self, func, args, kwargs, out, tracker) -> None:
-        """Allocates and frees them through the tracker, with the op's outputs where the kernel allocates them:
-        first (before the kernel runs), or at OUTPUTS."""
-        if func not in CANDIDATES:
-            return
-        live = {}
-        layout = None
-        for part, events in enumerate(_parts(func, self.events(func, args, kwargs, out))):
-            if part or func not in OUTPUTS_AMID:
-                tracker.track_outputs(out)
-            at = len(tracker.trace) if tracker.trace is not None else 0
-            for event in events:
-                if event.kind == "alloc":  # held only in `live`, so that deleting it there frees it
-                    live[event.key] = torch.empty(event.size, dtype=torch.uint8)
-                    tracker.track(live[event.key], OTHER, SCRATCH_MODULE)
-                else:
-                    del live[event.key]  # its storage's last reference: the tracker sees it freed now
-            if tracker.kernel_calls is not None:
-                layout = layout or layout_of((tuple(args), dict(kwargs or {}), out))
-                tracker.kernel_calls.append(KernelCall(at, len(tracker.trace) - at, func, layout, part))
+@emulation
+class SafeSoftmaxMasks(Emulation):
+    """The math attention path's _safe_softmax: its masks and zero (attention.cpp)."""
 
+    ops = SAFE_SOFTMAX
+    order = 80
 
-def _parts(func, events: list[TraceEvent]) -> list[list[TraceEvent]]:
-    """A kernel's events in the parts its outputs' allocation divides them into: one, unless it allocates its
-    outputs amid its scratch."""
-    if func not in OUTPUTS_AMID:
-        return [events]
-    at = events.index(OUTPUTS)
-    return [events[:at], events[at + 1:]]
+    def scratch(self, func, args, kwargs, out) -> list[TraceEvent]:
+        return safe_softmax_scratch(args, kwargs, out, self.gpu)

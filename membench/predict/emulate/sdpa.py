@@ -1,19 +1,20 @@
 """scaled_dot_product_attention and nn.MultiheadAttention as a CUDA GPU runs them, on CPU fake tensors.
 
 On CPU, scaled_dot_product_attention runs the CPU's fused kernel or the math path, chosen by CPU rules; what a GPU
-keeps depends on the kernel CUDA would choose for it. While `cuda_sdpa(gpu)` is active, `aten::scaled_dot_product_
-attention` (what F.scaled_dot_product_attention, Hugging Face's SDPA attention and nn.MultiheadAttention reach)
-runs attention.cpp's CUDA branch instead: the backend torch would choose on `gpu` (predict/emulate/sdpa_choice.py),
-then that backend's op, with the preparation attention.cpp gives it (a boolean mask made additive, -65504 for cuDNN
-and -inf for the others; flash's head size padded to a multiple of 8 and the output sliced back; memory-efficient
-attention's mask padded to a multiple of 8 keys in memory and expanded). The fused ops' outputs and scratch are
-then CUDA's (predict/emulate/attention_kernels.py, through the storage tracker's kernel hook); the math path
-(`_scaled_dot_product_attention_math`, composite) runs op by op as on any device, keeping the fp32 attention
-weights of 16-bit inputs and, with dropout, CUDA's one-byte dropout mask (predict/emulate/dropout.py).
+keeps depends on the kernel CUDA would choose for it. While a CUDA prediction runs (`CudaSdpa`),
+`aten::scaled_dot_product_attention` (what F.scaled_dot_product_attention, Hugging Face's SDPA attention and
+nn.MultiheadAttention reach) runs attention.cpp's CUDA branch instead: the backend torch would choose on `gpu`
+(predict/emulate/sdpa_choice.py), then that backend's op, with the preparation attention.cpp gives it (a boolean
+mask made additive, -65504 for cuDNN and -inf for the others; flash's head size padded to a multiple of 8 and the
+output sliced back; memory-efficient attention's mask padded to a multiple of 8 keys in memory and expanded). The
+fused ops' outputs and scratch are then CUDA's (predict/emulate/attention_kernels.py, through the storage tracker's
+kernel hook); the math path (`_scaled_dot_product_attention_math`, composite) runs op by op as on any device,
+keeping the fp32 attention weights of 16-bit inputs and, with dropout, CUDA's one-byte dropout mask
+(predict/emulate/dropout.py).
 
 It is registered at the dispatcher (the op's CompositeImplicitAutograd kernel), not as a torch function mode, so
 it also holds where a mode would be off: in backward, where checkpointing recomputes a forward. Each call's choice
-is kept (`Sites`), for the prediction's record and output.
+is kept (`CudaSdpa.sites`), for the prediction's record and output.
 
 nn.MultiheadAttention reaches scaled_dot_product_attention in training and whenever its inference fast path is not
 taken. Not followed: that fast path (`torch._native_multi_head_attention`, taken without autograd, outside
@@ -23,16 +24,15 @@ autocast), one op to a fake tensor, whose meta kernel makes only the output, whe
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, field
 
 import torch
 
-from membench.predict import gpus
 from membench.predict.emulate import versions
+from membench.predict.emulate.registry import Emulation, emulation
 from membench.predict.emulate.sdpa_choice import Call, Choice, Operand, Settings, choose, rules_release
-from membench.private import composite_kernel_replaced, no_dispatch_modes
+from membench.private import no_dispatch_modes
 from membench.results.schema import Attention, AttentionSite
 
 aten = torch.ops.aten
@@ -109,9 +109,6 @@ def describe(attentions: list[Attention]) -> str | None:
             + "; ".join(f"{backend} for {', '.join(texts)}" for backend, texts in by_backend.items()))
 
 
-_ACTIVE: list[Sites] = []  # the innermost cuda_sdpa's sites
-
-
 def _operand(t: torch.Tensor | None) -> Operand | None:
     return None if t is None else Operand.of(t)
 
@@ -143,9 +140,10 @@ def _efficient_mask(mask: torch.Tensor, query, key) -> torch.Tensor:
     return mask.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
 
 
-def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    """at::scaled_dot_product_attention as it runs on the target GPU (attention.cpp, CUDA)."""
-    sites = _ACTIVE[-1]
+def _sdpa(sites: Sites, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+          enable_gqa=False):
+    """at::scaled_dot_product_attention as it runs on the target GPU (attention.cpp, CUDA); the call kept in
+    `sites`."""
     call = Call(Operand.of(query), Operand.of(key), Operand.of(value), _operand(attn_mask), float(dropout_p),
                 bool(is_causal), bool(enable_gqa), torch.is_grad_enabled())
     settings = sites.settings = Settings.of_process()
@@ -207,13 +205,21 @@ def math_mask_add(func, args, kwargs):
     return func
 
 
-@contextlib.contextmanager
-def cuda_sdpa(gpu=None):
-    """While active, attention runs as it would on `gpu` (default: the default --gpu); yields the Sites seen."""
-    sites = Sites(gpus.GPUS[gpus.DEFAULT_GPU] if gpu is None else gpu)
-    _ACTIVE.append(sites)
-    try:
-        with composite_kernel_replaced("scaled_dot_product_attention", _sdpa):
-            yield sites
-    finally:
-        _ACTIVE.remove(sites)
+@emulation
+class CudaSdpa(Emulation):
+    """Attention as it would run on the GPU (the kernel CUDA's rules choose; `sites`: the calls seen), and the math
+    path's mask added in place."""
+
+    ops = frozenset({aten.add.Tensor})
+    order = 10
+    composite = "scaled_dot_product_attention"
+
+    def __init__(self, gpu):
+        super().__init__(gpu)
+        self.sites = Sites(gpu)
+
+    def kernel(self, *args, **kwargs):
+        return _sdpa(self.sites, *args, **kwargs)
+
+    def rewrite(self, func, args, kwargs):
+        return math_mask_add(func, args, kwargs)

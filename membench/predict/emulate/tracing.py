@@ -3,9 +3,9 @@ FakeTensor as tracing (`is_fake_tensor`), and then takes the paths it keeps for 
 run on real tensors never takes. The one that moves memory: masking_utils' `find_packed_sequence_indices` keeps its
 packed-sequence tensor instead of reading that there is one sequence per row, so `create_causal_mask` builds the
 full [batch, 1, q, kv] boolean mask instead of leaving SDPA `is_causal=True`; SDPA then converts the mask to a float
-bias per layer, which memory-efficient attention keeps for backward (hf:gpt2 at batch 4, sequence 512: 4 MiB a
-layer, 48 MiB on an H200, 1% of its peak). While a prediction runs, transformers sees no fake tensor, so it reads
-values where a run reads them (predict/emulate/values.py answers those reads, and names them)."""
+bias per layer, which memory-efficient attention keeps for backward (batch x q x kv elements a layer). While a
+prediction runs, transformers sees no fake tensor, so it reads values where a run reads them
+(predict/emulate/values.py answers those reads, and names them)."""
 
 from __future__ import annotations
 

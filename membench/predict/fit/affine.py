@@ -7,7 +7,7 @@ from typing import NamedTuple
 from membench.allocator import simulate
 from membench.allocator.events import TraceEvent
 from membench.predict.device import SEGMENT_PLACEMENT
-from membench.predict.emulate.reductions import KernelCall
+from membench.predict.emulate.registry import KernelCall
 from membench.predict.run import Traced
 
 
@@ -52,7 +52,7 @@ class AffineTrace:
     @classmethod
     def derive(cls, a: Traced, batch_a: int, b: Traced, batch_b: int, settings, scratch=None) -> AffineTrace:
         """The affine trace through a and b; NotAffine (saying why) where there is none. scratch: the prediction's
-        predict/emulate/reductions.KernelScratch (its GPU), for traces that kept kernel calls."""
+        predict/emulate/registry.KernelScratch (its GPU), for traces that kept kernel calls."""
         (events_a, calls_a, from_a), (events_b, calls_b, from_b) = _apart(a), _apart(b)
         if len(events_a) != len(events_b) or from_a != from_b:
             raise NotAffine(f"batch {batch_a} makes {len(events_a)} allocations and frees, batch {batch_b} makes "

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from membench.common.errors import UserError
 from membench.predict import gpus
-from membench.predict.emulate.reductions import KernelScratch
+from membench.predict.emulate.registry import KernelScratch
 from membench.predict.fit.affine import AffineTrace, NotAffine
 from membench.predict.run import Traced, allocator_settings
 from membench.predict.verdict import Fit  # read by the CLI without torch

@@ -21,8 +21,8 @@ from membench.predict.emulate.attention_kernels import (
     efficient_workspace_bytes,
     flash_split_kv,
 )
-from membench.predict.emulate.autocast import cuda_policy
-from membench.predict.emulate.kernels import CudaKernels
+from membench.predict.emulate.kernels import CudaKernels, cuda_gpu
+from membench.predict.emulate.sdpa import CudaSdpa
 from membench.trackers.storage import StorageTracker
 
 H100, A100, L4, T4, V100 = (gpus.gpu(n) for n in ("H100", "A100", "L4", "T4", "V100"))
@@ -44,7 +44,8 @@ def _events(trace, sizes: dict) -> list[str]:
 def attention(gpu, dtype=torch.bfloat16, grad="dense", d=D, **kwargs):
     """(forward events, backward events, bytes kept after the forward, backend) of one call on q, k, v made
     [B, L, H, d] and viewed [B, H, L, d], with a dense output gradient or (grad="sum") out.sum()'s."""
-    with cuda_policy(gpu) as sites, fake.fake_tensors():
+    with cuda_gpu(gpu) as device, fake.fake_tensors():
+        sites = device.find(CudaSdpa).sites
         q, k, v = (torch.empty(B, L, H, d, dtype=dtype).transpose(1, 2).requires_grad_() for _ in range(3))
         g = torch.empty(B, L, H, d, dtype=dtype).transpose(1, 2) if grad == "dense" else None
         tracker = StorageTracker(trace=True)
@@ -81,7 +82,7 @@ def test_outputs_nothing_saves_are_let_go_first_to_last_as_atens_tuple_is():
     # In a non-reentrant checkpoint's first forward autograd saves nothing (its saved-tensor hooks pack none), so
     # only the output outlives the call: ATen's std::tuple of the rest is destroyed first to last, the stats before
     # the seed and offset (a Python tuple lets go last to first), as the H200's Llama-shape trace shows.
-    with cuda_policy(H100), fake.fake_tensors():
+    with cuda_gpu(H100), fake.fake_tensors():
         q, k, v = (torch.empty(B, L, H, D, dtype=torch.bfloat16).transpose(1, 2).requires_grad_() for _ in range(3))
         tracker = StorageTracker(trace=True)
         tracker.kernels = CudaKernels(H100, workspace_bytes=0)
@@ -200,7 +201,7 @@ def test_fp32_memory_efficient_backward_makes_delta_out_of_the_kernel():
 def test_a_boolean_mask_is_made_additive_before_the_kernel(gpu):
     # attention.cpp: where(~mask, -65504 (cuDNN) or -inf, 0): the zero (a one-element tensor on the mask's device,
     # or a host tensor for cuDNN), the inverted mask (10,000 B), the additive mask in the query's dtype.
-    with cuda_policy(gpu), fake.fake_tensors():
+    with cuda_gpu(gpu), fake.fake_tensors():
         q, k, v = (torch.empty(B, L, H, D, dtype=torch.float16).transpose(1, 2) for _ in range(3))
         mask = torch.ones(L, L, dtype=torch.bool)
         tracker = StorageTracker(trace=True)

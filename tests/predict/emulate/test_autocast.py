@@ -14,7 +14,8 @@ from membench.common.vocab import OTHER
 from membench.predict import gpus
 from membench.predict.emulate import fake
 from membench.predict.emulate.autocast import FP32, FP32_SET_OPT_DTYPE, LOWER_PRECISION_FP, PROMOTE, cuda_policy
-from membench.predict.emulate.kernels import CUBLAS_MODULE, CudaKernels
+from membench.predict.emulate.cublas import CUBLAS_MODULE
+from membench.predict.emulate.kernels import CudaKernels
 from membench.trackers.storage import StorageTracker
 from tests.helpers import sized_events
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from membench.predict import gpus, run
-from membench.predict.emulate import fake, kernels
-from membench.predict.emulate.kernels import CudaKernels, takes_cublaslt
+from membench.predict.emulate import cublas, fake
+from membench.predict.emulate.cublas import takes_cublaslt
+from membench.predict.emulate.kernels import CudaKernels
 from membench.predict.run import predict_memory
 from membench.trackers.storage import StorageTracker
 from tests.helpers import spec
@@ -68,6 +69,6 @@ def test_a_prediction_holds_one_cublaslt_workspace_per_thread_that_ran_a_biased_
     that many MiB above the unified prediction's."""
     job = spec("gpt-tiny", techniques, batch_size=4, device="cuda", gpu="H200")
     unified = predict_memory(job).peak_allocated_bytes
-    monkeypatch.setattr(kernels, "cublaslt_workspace_bytes", lambda release: MiB)
+    monkeypatch.setattr(cublas, "cublaslt_workspace_bytes", lambda release: MiB)
     monkeypatch.setattr(run.gpus, "cublaslt_workspace_bytes", lambda release: MiB)
     assert predict_memory(job).peak_allocated_bytes == unified + threads * MiB

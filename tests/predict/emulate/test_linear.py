@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from membench.predict import gpus
 from membench.predict.emulate import fake
 from membench.predict.emulate.kernels import CudaKernels
-from membench.predict.emulate.linear import cuda_linear
+from membench.predict.emulate.linear import CudaLinear
+from membench.private import composite_kernel_replaced
 from membench.trackers.storage import StorageTracker
 
 L, B, E = 65, 4, 384  # vit-small's in-projection: [L, B, E] in, packed q, k, v [L, B, 3E] out
@@ -21,7 +22,8 @@ L, B, E = 65, 4, 384  # vit-small's in-projection: [L, B, E] in, packed q, k, v 
 def events(step, plain: bool) -> list[str]:
     """The allocations (+bytes) and frees (-bytes) `step` makes on fake tensors, as a CUDA prediction sees them (no
     cuBLAS workspace), with or without the plain run's linear."""
-    with fake.fake_tensors(), (cuda_linear() if plain else contextlib.nullcontext()):
+    plain_linear = composite_kernel_replaced("linear", CudaLinear(None).kernel) if plain else contextlib.nullcontext()
+    with fake.fake_tensors(), plain_linear:
         tracker = StorageTracker(trace=True)
         tracker.kernels = CudaKernels(gpus.gpu("H200"), workspace_bytes=0, lt_workspace_bytes=0)
         with tracker:
@@ -68,7 +70,7 @@ def test_values_and_gradients_are_torchs():
                  (x.transpose(1, 0)[..., None, :], w, b)):
         expected = F.linear(*args)
         grads = torch.autograd.grad(expected.sum(), [w])
-        with cuda_linear():
+        with composite_kernel_replaced("linear", CudaLinear(None).kernel):
             got = F.linear(*args)
             got_grads = torch.autograd.grad(got.sum(), [w])
         assert torch.allclose(got, expected) and torch.allclose(got_grads[0], grads[0])

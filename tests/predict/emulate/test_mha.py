@@ -9,8 +9,8 @@ from torch import nn
 
 from membench.predict import gpus
 from membench.predict.emulate import fake
-from membench.predict.emulate.autocast import cuda_policy
-from membench.predict.emulate.kernels import CudaKernels
+from membench.predict.emulate.kernels import CudaKernels, cuda_gpu
+from membench.predict.emulate.sdpa import CudaSdpa
 from membench.trackers.storage import StorageTracker
 
 B, T, E, HEADS = 2, 16, 64, 4  # head size 16
@@ -19,7 +19,8 @@ B, T, E, HEADS = 2, 16, 64, 4  # head size 16
 def run(gpu_name: str, train: bool, need_weights: bool = False):
     """(allocation sizes in order, backends chosen) of one call on a [B, T, E] bf16 input."""
     gpu = gpus.gpu(gpu_name)
-    with cuda_policy(gpu) as sites, fake.fake_tensors():
+    with cuda_gpu(gpu) as device, fake.fake_tensors():
+        sites = device.find(CudaSdpa).sites
         mha = nn.MultiheadAttention(E, HEADS, batch_first=True, dtype=torch.bfloat16)
         mha.train(train)
         x = torch.empty(B, T, E, dtype=torch.bfloat16, requires_grad=train)

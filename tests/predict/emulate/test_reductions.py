@@ -11,7 +11,8 @@ from membench.predict import gpus
 from membench.predict.emulate import fake
 from membench.predict.emulate.cub import cub_sort_pairs_temp_bytes
 from membench.predict.emulate.kernels import CudaKernels
-from membench.predict.emulate.reductions import SCRATCH_MODULE, KernelScratch, reduction_scratch
+from membench.predict.emulate.reductions import reduction_scratch
+from membench.predict.emulate.registry import SCRATCH_MODULE, KernelScratch
 from membench.trackers.storage import StorageTracker
 from tests.helpers import cuda_trace
 

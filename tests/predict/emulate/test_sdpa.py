@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from membench.allocator.events import TraceEvent
 from membench.predict import gpus
 from membench.predict.emulate import fake
-from membench.predict.emulate.autocast import cuda_policy
-from membench.predict.emulate.kernels import CudaKernels
+from membench.predict.emulate.kernels import CudaKernels, cuda_gpu
+from membench.predict.emulate.sdpa import CudaSdpa
 from membench.trackers.storage import StorageTracker
 
 B, H, L, D = 2, 4, 128, 64
@@ -31,7 +31,7 @@ def _cuda_tracker(cuda: bool) -> StorageTracker:
 
 def _kept_after_forward(cuda: bool, **kwargs) -> int:
     """Bytes an SDPA forward leaves alive (its output and what it saved for backward), q, k, v made before."""
-    policy = cuda_policy() if cuda else torch.enable_grad()
+    policy = cuda_gpu() if cuda else torch.enable_grad()
     with policy, fake.fake_tensors():
         q, k, v = (torch.randn(B, H, L, D, requires_grad=True) for _ in range(3))
         if kwargs.get("attn_mask") == "bool":
@@ -58,7 +58,8 @@ def test_attention_with_or_without_dropout_keeps_the_output_and_a_log_sum_exp(kw
 
 def test_a_mask_that_needs_a_gradient_gets_one_from_memory_efficient_attention():
     # cuDNN refuses a mask that needs a gradient and flash takes no mask; memory-efficient attention computes it.
-    with cuda_policy() as sites, fake.fake_tensors():
+    with cuda_gpu() as device, fake.fake_tensors():
+        sites = device.find(CudaSdpa).sites
         q, k, v = (torch.randn(B, H, L, D, requires_grad=True) for _ in range(3))
         bias = torch.zeros(L, L, requires_grad=True)
         with _cuda_tracker(True):
@@ -78,7 +79,7 @@ def test_softmax_of_a_half_input_reads_it_directly_as_cuda_does(op, dtype):
     # Under autocast, softmax runs in fp32 (dtype=float32 given). CUDA reads a float16 input directly
     # (_softmax with half_to_float): only the fp32 output, 64 x 1000 x 4 = 256,000 bytes. A bfloat16 input (and any
     # input off CUDA) is copied to fp32 first: a second 256,000 bytes for a moment.
-    with cuda_policy(), fake.fake_tensors():
+    with cuda_gpu(), fake.fake_tensors():
         x = torch.randn(64, 1000, dtype=dtype, requires_grad=True)
         tracker = StorageTracker(trace=True)
         with tracker, torch.autocast("cpu", dtype=torch.float16):
@@ -95,7 +96,7 @@ N, C = 256, 1024  # a dropout's input: 262,144 elements
 
 def _dropout_keeps(cuda: bool, dropout, dtype=torch.float32) -> int:
     """Bytes a dropout leaves alive (its output and what it keeps for backward), its input made before."""
-    policy = cuda_policy() if cuda else torch.enable_grad()
+    policy = cuda_gpu() if cuda else torch.enable_grad()
     with policy, fake.fake_tensors():
         x = torch.randn(N, C, dtype=dtype, requires_grad=True)
         tracker = StorageTracker()
@@ -120,7 +121,7 @@ def test_a_training_dropout_keeps_a_boolean_mask_as_cuda_does(dropout, dtype):
 
 def _dropout_allocations(dropout) -> list[int]:
     """The sizes a dropout of a [N, C] fp32 input allocates, in order, on a CUDA prediction's tracker."""
-    with cuda_policy(), fake.fake_tensors():
+    with cuda_gpu(), fake.fake_tensors():
         x = torch.randn(N, C, requires_grad=True)
         tracker = StorageTracker(trace=True)
         tracker.kernels = CudaKernels(gpus.gpu("H100"), workspace_bytes=0)
@@ -152,7 +153,7 @@ def test_checkpointing_recomputes_the_same_fused_dropout_in_backward():
     # boolean mask both times (a torch function mode, off within backward, would recompute the CPU's fp32 noise).
     # Kept after the forward: the output (1 MiB) only, the mask being recomputed.
     def kept():
-        with cuda_policy(), fake.fake_tensors():
+        with cuda_gpu(), fake.fake_tensors():
             x = torch.randn(N, C, requires_grad=True)
             tracker = StorageTracker()
             with tracker:
@@ -170,7 +171,7 @@ def test_checkpointed_attention_with_dropout_is_recomputed_as_it_ran():
     # accepts them (a torch function mode would be off there: a CheckpointError in `membench predict --workload
     # hf:gpt2 --techniques ckpt`). Kept after the forward: the output only.
     def kept() -> int:
-        with cuda_policy(), fake.fake_tensors():
+        with cuda_gpu(), fake.fake_tensors():
             q, k, v = (torch.randn(B, H, L, D, requires_grad=True) for _ in range(3))
             tracker = _cuda_tracker(True)
             with tracker:
@@ -189,7 +190,7 @@ def test_the_math_path_adds_the_mask_in_place_and_its_safe_softmax_takes_its_mas
     # fp64: 1 MiB) get the mask added in place (`attn.add_(mask)`: a plain run's tensors are not subclass-like, the
     # fake ones are), so no second scores tensor; _safe_softmax then makes its output (1 MiB), its bool mask
     # (131,072 B), row mask (1024 B) and zero (8 B), frees those three, and the scores go as attn is reassigned.
-    with cuda_policy(), fake.fake_tensors():
+    with cuda_gpu(), fake.fake_tensors():
         q, k, v = (torch.randn(B, H, L, D, dtype=torch.float64, requires_grad=True) for _ in range(3))
         mask = torch.zeros(L, L, dtype=torch.float64)
         tracker = StorageTracker(trace=True)

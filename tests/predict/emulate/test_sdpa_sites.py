@@ -13,15 +13,16 @@ import torch.nn.functional as F
 from membench.common.typedjson import build_checked, to_plain
 from membench.predict import gpus
 from membench.predict.emulate import fake
-from membench.predict.emulate.autocast import cuda_policy
-from membench.predict.emulate.sdpa import describe
+from membench.predict.emulate.kernels import cuda_gpu
+from membench.predict.emulate.sdpa import CudaSdpa, describe
 from membench.results.schema import Memory
 
 B, H, L, D = 2, 4, 128, 64
 
 
 def _attention(gpu: str, dtype=torch.bfloat16, **kwargs):
-    with cuda_policy(gpus.gpu(gpu)) as sites, fake.fake_tensors():
+    with cuda_gpu(gpus.gpu(gpu)) as device, fake.fake_tensors():
+        sites = device.find(CudaSdpa).sites
         q, k, v = (torch.randn(B, H, L, D, dtype=dtype, requires_grad=True) for _ in range(3))
         F.scaled_dot_product_attention(q, k, v, **kwargs).sum().backward()
         F.scaled_dot_product_attention(q, k, v, **kwargs)  # a second call of the same kind: one site
