@@ -95,6 +95,33 @@ def add_workload_options(p: argparse.ArgumentParser, batch: bool = True) -> None
                       help="the forward alone: eval mode, torch.inference_mode, no backward, no optimizer "
                            "(default techniques: the baseline only)")
     add_sharding_options(p)
+    add_adapter_options(p)
+
+
+def add_adapter_options(p: argparse.ArgumentParser) -> None:
+    from membench.spec import DTYPES, QUANT_TYPES, RunSpec, default
+
+    group = p.add_argument_group("adapters", "lora and qlora: peft's LoraConfig and bitsandbytes' 4-bit base weights")
+    rank, alpha = default(RunSpec, "lora_rank"), default(RunSpec, "lora_alpha")
+    group.add_argument("--lora-rank", type=_checked("lora_rank"), default=rank,
+                       help=f"the adapters' rank r (default {rank}, peft's)")
+    group.add_argument("--lora-alpha", type=_checked("lora_alpha", float), default=alpha,
+                       help=f"lora_alpha: the update is scaled by alpha / r (default {alpha:g}, peft's)")
+    group.add_argument("--lora-dropout", type=_checked("lora_dropout", float), default=default(RunSpec, "lora_dropout"),
+                       help="dropout on the adapters' input (default 0, peft's)")
+    group.add_argument("--lora-targets", default=None, metavar="NAME,...",
+                       help="the linear layers given adapters, by name (q_proj,v_proj) or all-linear (default: peft's "
+                            "modules for the model type, else every linear layer of the blocks)")
+    group.add_argument("--base-dtype", choices=DTYPES, default=None,
+                       help="the dtype the frozen base weights are kept in (default: the stack's, fp32 unless bf16)")
+    group.add_argument("--quant-type", choices=QUANT_TYPES, default=default(RunSpec, "quant_type"),
+                       help="qlora: bitsandbytes' 4-bit format (default nf4)")
+    group.add_argument("--double-quant", action=argparse.BooleanOptionalAction,
+                       default=default(RunSpec, "double_quant"),
+                       help="qlora: quantize the absmax too (bnb_4bit_use_double_quant) (default: on)")
+    group.add_argument("--compute-dtype", choices=DTYPES, default=default(RunSpec, "compute_dtype"),
+                       help="qlora: the dtype each 4-bit matmul dequantizes to and computes in "
+                            "(bnb_4bit_compute_dtype) (default bf16)")
 
 
 def _reshard(text: str) -> bool | int:
@@ -218,7 +245,10 @@ def _model_options(args) -> dict:
     return dict(accum_steps=args.accum_steps, optimizer=args.optimizer, lr=args.lr, seed=args.seed,
                 seq_len=args.seq_len, zero_grad=args.zero_grad, clip_grad_norm=args.clip_grad_norm,
                 inference=args.inference, mesh=args.mesh, param_dtype=args.param_dtype,
-                reduce_dtype=args.reduce_dtype, reshard_after_forward=args.reshard_after_forward)
+                reduce_dtype=args.reduce_dtype, reshard_after_forward=args.reshard_after_forward,
+                lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
+                lora_targets=args.lora_targets, base_dtype=args.base_dtype, quant_type=args.quant_type,
+                double_quant=args.double_quant, compute_dtype=args.compute_dtype)
 
 
 def run_options(args) -> dict:

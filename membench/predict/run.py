@@ -214,7 +214,7 @@ def _fake_world(ranks: int | None, gpu: gpus.Gpu | None, rank: int = 0):
     policy = cuda_policy(gpu) if gpu is not None else contextlib.nullcontext()
     # The fake CPU tensors stand for CUDA ones, which capturable optimizers accept.
     capturable = private.capturable_on_cpu() if gpu is not None else contextlib.nullcontext()
-    with group, fake.fake_tensors() as values, policy as attention, capturable:
+    with group, fake.fake_tensors() as values, policy as attention, capturable, private.fake_module_moves():
         yield values, attention
 
 

@@ -35,6 +35,7 @@ import torch
 from membench.common.vocab import OTHER
 from membench.predict.emulate import attention_kernels, dtypes, reductions
 from membench.predict.emulate.attention_kernels import AttentionKernels
+from membench.predict.emulate.bnb4bit import Bnb4bitKernels
 from membench.predict.emulate.cublas_operands import operand_copies
 from membench.predict.emulate.dropout import count_mask_first
 from membench.predict.emulate.dtypes import CudaDtypes
@@ -116,6 +117,7 @@ class CudaKernels:
         self.attention = AttentionKernels(gpu)
         self.host = HostTensors()
         self.dtypes = CudaDtypes()
+        self.bnb4bit = Bnb4bitKernels(gpu, self.workspaces)  # qlora's 4-bit matmuls (predict/emulate/bnb4bit.py)
 
     def rewrite(self, func, args, kwargs):
         """The op to run instead (in-place where a plain run is; CUDA's outputs for fused attention; with CUDA's
@@ -132,6 +134,7 @@ class CudaKernels:
         self.paths.made(func, out)
         if func in _SPECIAL:  # the hooks below act on these ops only; most ops of a step are none of them
             self._special(func, args, kwargs, out, tracker)
+        self.bnb4bit.after(func, args, kwargs, out, tracker)
         self.host.made(func, args, out, tracker)
 
     def _special(self, func, args, kwargs, out, tracker) -> None:
