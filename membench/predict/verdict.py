@@ -164,8 +164,22 @@ def assumptions(records: list[RunRecord], gpu: Gpu | None, explain: bool, attent
 
 
 def _cost(techniques: tuple[str, ...]) -> str:
+    """Its step-time cost class and, where it does not train the same model, what changes: a technique that fits
+    at no step-time cost is no free lunch when it trains an adapter or in lower precision."""
     cost = cost_of(techniques)
-    return "no step-time cost" if cost == "none" else f"{cost} step-time cost"
+    text = "no step-time cost" if cost == "none" else f"{cost} step-time cost"
+    change = _what_changes(techniques)
+    return f"{text}, but {change}" if change else text
+
+
+def _what_changes(techniques: tuple[str, ...]) -> str:
+    """What a stack trains instead of the baseline's model (lora: "trains an adapter"), or that it changes the
+    numerics on purpose (bf16); "" for a stack that trains the same model."""
+    classes = [REGISTRY[n] for n in techniques if n in REGISTRY]
+    trains = next((c.trains for c in classes if c.trains), "")
+    if trains:
+        return f"trains {trains}"
+    return "changes precision" if any(c.numerics == "precision" for c in classes) else ""
 
 
 def _gpu_in_short(gpu: Gpu) -> str:

@@ -18,18 +18,27 @@ def need(package: str, technique: str) -> None:
         raise UserError(f"technique {technique} needs {package}, which is not installed: {INSTALL_HINT}")
 
 
-# bitsandbytes' CPU backend logs, at import, a warning about an optional kernel package on CPUs with AVX512-BF16.
-_QUIET_LOGGERS = ("bitsandbytes.backends.cpu.ops",)
+# Warnings at import that say nothing about the run: bitsandbytes' CPU backend about an optional kernel package (on
+# CPUs with AVX512-BF16), torch's pytree about Enum constants torchao registers (where peft finds torchao).
+_QUIET_LOGGERS = ("bitsandbytes.backends.cpu.ops", "torch.utils._pytree")
 
 
 def quiet_import(packages) -> None:
     import importlib
     import logging
 
-    for name in _QUIET_LOGGERS:
-        logging.getLogger(name).setLevel(logging.ERROR)
-    for package in packages:
-        importlib.import_module(package)
+    loggers = [logging.getLogger(name) for name in _QUIET_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        for package in packages:
+            importlib.import_module(package)
+            if package == "peft":
+                importlib.import_module("peft.tuners.lora")
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def linear_names(model) -> list[str]:
