@@ -217,8 +217,9 @@ def fit_answer(fits: list[Fit], budget: int, by: str, gpu: Gpu | None) -> str:
     if base.batch:
         spare = f", {fmt_bytes(budget - base.peak)} to spare" if base.peak is not None else ""
         larger = max(others, key=lambda f: f.batch, default=None)
-        more = (f"; the largest batch: {larger.run} at {larger.batch}" if larger is not None
-                and larger.batch > base.batch else "")
+        change = _what_changes(tuple(larger.run.split("+"))) if larger is not None else ""
+        more = (f"; the largest batch: {larger.run} at {larger.batch}{f' (but {change})' if change else ''}"
+                if larger is not None and larger.batch > base.batch else "")
         return f"{head}: the baseline trains at most batch {base.batch}{spare}{more}."
     over = (f": {fmt_bytes(base.over_peak - budget)} over at batch {base.over_batch}"
             if base.over_batch and base.over_peak is not None else "")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import warnings
 
 from membench.common.errors import UserError
 from membench.techniques.base import Technique
@@ -159,7 +160,9 @@ class Lora(Technique):
                             target_modules=target)
         # In place: the PeftModel wrapper is dropped, so the workload's loss and blocks (ckpt, fsdp) see the model
         # they know, its linear layers now peft's lora layers. Under bf16 the adapters stay bf16 too.
-        get_peft_model(state.model, config, autocast_adapter_dtype=self.stack_param_dtype is None)
+        with warnings.catch_warnings():  # peft asks transformers' deprecated is_gradient_checkpointing
+            warnings.simplefilter("ignore", FutureWarning)
+            get_peft_model(state.model, config, autocast_adapter_dtype=self.stack_param_dtype is None)
         if state.on_model is not None:
             state.on_model(state.model)  # the adapters are new parameters: their gradients' hooks
 

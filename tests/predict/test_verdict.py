@@ -98,6 +98,11 @@ def test_fit_answers_the_baseline_largest_batch_or_the_cheapest_that_fits():
     line = fit_answer([none, fit("ckpt", 4, 20 * GiB), fit("opt-offload", 16, 10 * GiB)], 24 * GiB, "reserved", None)
     assert line == ("within 24.00 GiB of predicted peak reserved: the baseline does not fit even its smallest batch: "
                     "6.00 GiB over at batch 1; cheapest listed that fits: ckpt (up to batch 4, medium step-time cost).")
+    # an adapter that fits the most is not the same model: said in a word either way
+    line = fit_answer([fit("baseline", 8, 20 * GiB), fit("qlora", 32, 23 * GiB)], 24 * GiB, "reserved", H100)
+    assert line.endswith("the largest batch: qlora at 32 (but trains an adapter).")
+    line = fit_answer([none, fit("lora", 4, 20 * GiB)], 24 * GiB, "reserved", None)
+    assert line.endswith("cheapest listed that fits: lora (up to batch 4, no step-time cost, but trains an adapter).")
 
 
 @pytest.mark.parametrize("explain", [False, True])
