@@ -10,7 +10,7 @@ from membench.techniques.base import Technique
 
 INSTALL_HINT = 'pip install -e ".[finetune]"'
 ALL_LINEAR = "all-linear"  # peft's INCLUDE_LINEAR_LAYERS_SHORTHAND
-_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def need(package: str, technique: str) -> None:
@@ -129,7 +129,7 @@ class Lora(Technique):
         for package in self.packages:
             need(package, self.name)
         if spec.base_dtype is not None and self.stack_param_dtype is not None and \
-                _DTYPE_NAMES[spec.base_dtype] != self.stack_param_dtype:
+                DTYPE_NAMES[spec.base_dtype] != self.stack_param_dtype:
             raise UserError(f"--base-dtype {spec.base_dtype} contradicts {self.stack_param_dtype} in "
                             f"{'+'.join(spec.techniques)!r}, which trains every parameter in it")
         if spec.lora_targets is not None:
@@ -141,7 +141,7 @@ class Lora(Technique):
 
         if self.spec.base_dtype is None:
             return None
-        return getattr(torch, _DTYPE_NAMES[self.spec.base_dtype])
+        return getattr(torch, DTYPE_NAMES[self.spec.base_dtype])
 
     def build_model(self, build, device):
         dtype = self.base_dtype()

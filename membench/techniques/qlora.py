@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from membench.common.errors import UserError
-from membench.techniques.lora import _DTYPE_NAMES, Lora
+from membench.techniques.lora import DTYPE_NAMES, Lora
 
 
 def skipped_modules(model) -> set[str]:
@@ -47,7 +47,7 @@ class Qlora(Lora):
 
     def validate(self, spec, workload) -> None:
         super().validate(spec, workload)
-        if self.stack_param_dtype is not None and _DTYPE_NAMES[spec.compute_dtype] != self.stack_param_dtype:
+        if self.stack_param_dtype is not None and DTYPE_NAMES[spec.compute_dtype] != self.stack_param_dtype:
             raise UserError(f"--compute-dtype {spec.compute_dtype} contradicts {self.stack_param_dtype} in "
                             f"{'+'.join(spec.techniques)!r}: use --compute-dtype "
                             f"{'bf16' if self.stack_param_dtype == 'bfloat16' else 'fp32'}")
@@ -56,7 +56,7 @@ class Qlora(Lora):
         import torch
 
         if self.spec.base_dtype is None:
-            return getattr(torch, _DTYPE_NAMES[self.spec.compute_dtype])
+            return getattr(torch, DTYPE_NAMES[self.spec.compute_dtype])
         return super().base_dtype()
 
     def prepare_base(self, state) -> None:
@@ -65,7 +65,7 @@ class Qlora(Lora):
         functional = bnb.functional
         tables = dict(functional.name2qmap)  # its code tables, made on the device at the first quantization
         spec, model = self.spec, state.model
-        compute = getattr(torch, _DTYPE_NAMES[spec.compute_dtype])
+        compute = getattr(torch, DTYPE_NAMES[spec.compute_dtype])
         skip = skipped_modules(model)
         for name, module in list(model.named_modules()):
             if type(module) is not torch.nn.Linear or _skipped(name, skip):

@@ -98,3 +98,26 @@ def test_without_the_packages_they_are_refused_with_the_install_hint(monkeypatch
     with pytest.raises(UserError, match=r'^technique qlora needs bitsandbytes, which is not installed: pip install '
                                         r'-e "\.\[finetune\]"$'):
         lora.need("bitsandbytes", "qlora")
+
+
+def test_the_verdict_says_what_an_adapter_trains_and_checks_the_base_stayed_frozen():
+    import torch
+
+    from membench.equivalence import Trained, _adapter_verdict
+    from membench.spec import RunSpec
+    from membench.techniques import resolve
+
+    run = RunSpec(workload=LLAMA, batch_size=2, techniques=("lora",))
+    stack = resolve(run)
+    base, a = torch.zeros(6), torch.zeros(2)
+
+    def trained(base_after, losses):
+        state = {"parameters": {"w": base_after, "w.lora_A": a + 1}, "optimizer state": {"w.lora_A:exp_avg": a}}
+        return Trained({"w": base, "w.lora_A": a}, {}, state, losses, set())
+
+    ref = trained(base, [1.0, 0.9])
+    verdict = _adapter_verdict(run, stack, ref, trained(base, [1.0, 0.85]), 2)
+    assert verdict.verdict == "precision" and verdict.detail.startswith(
+        "trains an adapter, not the baseline's model: 2 of 8 parameters (25%) train, the other 1 tensors stay frozen")
+    moved = _adapter_verdict(run, stack, ref, trained(base + 1, [1.0, 0.85]), 2)
+    assert moved.verdict == "not-equivalent" and "1 frozen base tensors changed (w)" in moved.detail
