@@ -457,21 +457,24 @@ def cmd_fit(args) -> int:
     from membench.spec import Job
 
     budget = parse_bytes(args.budget)
-    by = args.by or ("reserved" if args.device == "cuda" else "allocated")
+    over = "seq-len" if args.by == "seq-len" else "batch"
+    if args.batch_size is not None and over != "seq-len":
+        raise UserError("--batch-size is for fit --by seq-len: otherwise fit searches the batch itself")
+    by = args.by if args.by not in (None, "seq-len") else ("reserved" if args.device == "cuda" else "allocated")
     if by in ("reserved", "device") and args.device != "cuda":
         raise UserError(f"--by {by} needs --device cuda: reserved memory is the CUDA caching allocator's")
     # Planned at --accum-steps samples, a batch every technique takes (accumulation splits it into micro-batches);
     # each technique's search then runs over the multiples of the smallest batch it takes. The child process
     # (the only one that imports torch) plans, searches and says whether this machine has a CUDA GPU.
-    request = {"plan": _predict_plan(args, args.accum_steps), "budget": budget, "by": by,
-               "max_batch": args.max_batch, "jobs": args.jobs}
+    request = {"plan": _predict_plan(args, args.batch_size or args.accum_steps), "budget": budget, "by": by,
+               "over": over, "max_batch": args.max_batch, "jobs": args.jobs}
     printing = _import_meanwhile("tabulate")  # verdict is imported above
     answer = call_isolated("fit", request, args.timeout, f"fitting {args.workload!r}")
     printing.join()
     fits = [Fit(**f) for f in answer["fits"]]
     target = Job.from_dict(answer["jobs"][0]).run.gpu if answer["jobs"] else args.gpu
     checked = confirmation(args, target, answer.get("local_gpu"), answer.get("target"))
-    confirm = checked.startswith("confirmed on this GPU")
+    confirm = checked.startswith("confirmed on this GPU") and over == "batch"  # confirm_on_gpu runs batches
     if confirm:  # real runs on this GPU, each in its own process
         from membench.predict.device import outside_allocator
         from membench.predict.fit import confirm_on_gpu
@@ -496,8 +499,9 @@ def print_fits(fits: list, budget: int, by: str, args, checked: str, cannot_see:
     rows = [[f.run, f.batch, fmt.with_unit(f.peak), f"{f.over_batch}: {fmt.with_unit(f.over_peak)}"
              if f.over_batch else "-", f.probes, f.simulations, "-" if f.confirmed is None else f.confirmed,
              f.note or "-"] for f in fits]
-    print(tabulate(rows, headers=["run", "max batch (predicted)", f"predicted peak {by}", "first batch over: peak",
-                                  "predictions", "simulated", "max batch (measured)", "note"],
+    word = fits[0].over if fits else "batch"
+    print(tabulate(rows, headers=["run", f"max {word} (predicted)", f"predicted peak {by}", f"first {word} over: peak",
+                                  "predictions", "simulated", f"max {word} (measured)", "note"],
                    tablefmt="simple", disable_numparse=True))
     methods = sorted({f.method for f in fits if f.batch})
     if methods:
@@ -621,11 +625,15 @@ def _add_fit_and_replay_commands(sub) -> None:
     p.add_argument("--budget", required=True, help="memory budget, e.g. 24GiB (GiB = 2**30) or 80GB")
     p.add_argument("--max-batch", type=_checked("max_batch"), default=65536,
                    help="stop searching here (default 65536)")
-    p.add_argument("--by", choices=("reserved", "allocated", "device"), default=None,
+    p.add_argument("--by", choices=("reserved", "allocated", "device", "seq-len"), default=None,
                    help="which predicted peak must fit: reserved (what decides CUDA out-of-memory; the default for "
                         "--device cuda, from the allocator simulator), allocated (the default for --device cpu) or "
                         "device (reserved + the CUDA context + NCCL's buffers per rank, as predict's whole-device "
-                        "estimate: for a budget of the whole card)")
+                        "estimate: for a budget of the whole card); seq-len: the longest sequence instead of the "
+                        "largest batch, at --batch-size, by the device's default peak")
+    p.add_argument("--batch-size", type=_checked("batch_size"), default=None,
+                   help="with --by seq-len: the batch the sequence length is fitted at (default: --accum-steps, a "
+                        "batch every technique takes)")
     p.add_argument("--no-confirm", action="store_true", help="on a GPU, do not confirm predictions with real runs")
     p.add_argument("--out", type=_path, default=None, help="where confirmation runs go (default results/fit)")
     p.set_defaults(func=cmd_fit)

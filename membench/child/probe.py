@@ -35,7 +35,7 @@ from membench.launch.pool import WorkerDied, run_in_order
 from membench.launch.sweep import LOCK_NAME, locked
 from membench.predict.device import outside_allocator
 from membench.predict.emulate.sdpa import describe
-from membench.predict.fit import Fit, default_jobs, fit_batch
+from membench.predict.fit import Fit, default_jobs, fit_batch, longest_sequence
 from membench.predict.run import (
     CANNOT_SEE,
     CannotPredict,
@@ -171,12 +171,12 @@ def fit_request(request: dict) -> dict:
     """In the child process of `membench fit` (launch.probe.call_isolated): plan the runs (loading the user's code),
     fit each (request["jobs"] at a time: in_forks), showing every prediction on stderr as the search goes;
     the answer is the fits and their jobs."""
-    budget, by = request["budget"], request["by"]
+    budget, by, over = request["budget"], request["by"], request.get("over", "batch")
 
     def probe(job: Job, peak: int) -> None:  # each prediction takes a second or more: show the search as it goes
         verdict = "fits" if peak <= budget else "over"
-        print(f"fit {job.name}: batch {job.run.batch_size} -> {fmt_bytes(peak)} ({verdict})", file=sys.stderr,
-              flush=True)
+        at = f"seq-len {job.run.seq_len}" if over == "seq-len" else f"batch {job.run.batch_size}"
+        print(f"fit {job.name}: {at} -> {fmt_bytes(peak)} ({verdict})", file=sys.stderr, flush=True)
 
     jobs = plan(**request["plan"], in_process=True)
     for job in jobs:  # before any search: a technique no prediction stands for cannot be fitted either
@@ -186,6 +186,8 @@ def fit_request(request: dict) -> dict:
             raise UserError(f"cannot fit {job.name}: {exc}") from None
 
     def fit_one(job: Job) -> Fit:
+        if over == "seq-len":
+            return longest_sequence(job, budget, by, predict_traced, request["max_batch"], on_probe=probe)
         if by != "device":
             return fit_batch(job, budget, by, predict_traced, request["max_batch"], on_probe=probe)
         # The whole device: reserved memory under the budget less what the rank holds outside the allocator
