@@ -41,4 +41,5 @@ def test_the_fits_line_says_seq_len():
             for t in ((), ("lora",))]
     fits[1].run = "lora"
     assert fit_answer(fits, 5500, "allocated", None).endswith(
-        "the baseline trains at most seq-len 5, 500 B to spare; the largest seq-len: lora at 9 (but trains an adapter).")
+        "the baseline trains at most seq-len 5, 500 B to spare; the largest seq-len: lora at 9 (but trains an "
+        "adapter).")
