@@ -97,6 +97,33 @@ def add_workload_options(p: argparse.ArgumentParser, batch: bool | str = True) -
                       help="the forward alone: eval mode, torch.inference_mode, no backward, no optimizer "
                            "(default techniques: the baseline only)")
     add_sharding_options(p)
+    add_adapter_options(p)
+
+
+def add_adapter_options(p: argparse.ArgumentParser) -> None:
+    from membench.spec import DTYPES, QUANT_TYPES, RunSpec, default
+
+    group = p.add_argument_group("adapters", "lora and qlora: peft's LoraConfig and bitsandbytes' 4-bit base weights")
+    rank, alpha = default(RunSpec, "lora_rank"), default(RunSpec, "lora_alpha")
+    group.add_argument("--lora-rank", type=_checked("lora_rank"), default=rank,
+                       help=f"the adapters' rank r (default {rank}, peft's)")
+    group.add_argument("--lora-alpha", type=_checked("lora_alpha", float), default=alpha,
+                       help=f"lora_alpha: the update is scaled by alpha / r (default {alpha:g}, peft's)")
+    group.add_argument("--lora-dropout", type=_checked("lora_dropout", float), default=default(RunSpec, "lora_dropout"),
+                       help="dropout on the adapters' input (default 0, peft's)")
+    group.add_argument("--lora-targets", default=None, metavar="NAME,...",
+                       help="the linear layers given adapters, by name (q_proj,v_proj) or all-linear (default: peft's "
+                            "modules for the model type, else every linear layer of the blocks)")
+    group.add_argument("--base-dtype", choices=DTYPES, default=None,
+                       help="the dtype the frozen base weights are kept in (default: the stack's, fp32 unless bf16)")
+    group.add_argument("--quant-type", choices=QUANT_TYPES, default=default(RunSpec, "quant_type"),
+                       help="qlora: bitsandbytes' 4-bit format (default nf4)")
+    group.add_argument("--double-quant", action=argparse.BooleanOptionalAction,
+                       default=default(RunSpec, "double_quant"),
+                       help="qlora: quantize the absmax too (bnb_4bit_use_double_quant) (default: on)")
+    group.add_argument("--compute-dtype", choices=DTYPES, default=default(RunSpec, "compute_dtype"),
+                       help="qlora: the dtype each 4-bit matmul dequantizes to and computes in "
+                            "(bnb_4bit_compute_dtype) (default bf16)")
 
 
 def _reshard(text: str) -> bool | int:
@@ -227,7 +254,10 @@ def _model_options(args) -> dict:
     return dict(accum_steps=args.accum_steps, optimizer=args.optimizer, lr=args.lr, seed=args.seed,
                 seq_len=args.seq_len, zero_grad=args.zero_grad, clip_grad_norm=args.clip_grad_norm,
                 inference=args.inference, mesh=args.mesh.text if args.mesh else None, param_dtype=args.param_dtype,
-                reduce_dtype=args.reduce_dtype, reshard_after_forward=args.reshard_after_forward)
+                reduce_dtype=args.reduce_dtype, reshard_after_forward=args.reshard_after_forward,
+                lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
+                lora_targets=args.lora_targets, base_dtype=args.base_dtype, quant_type=args.quant_type,
+                double_quant=args.double_quant, compute_dtype=args.compute_dtype)
 
 
 def run_options(args) -> dict:
@@ -436,26 +466,29 @@ def cmd_fit(args) -> int:
     from membench.spec import Job
 
     budget = parse_bytes(args.budget)
-    by = args.by or ("reserved" if args.device == "cuda" else "allocated")
+    over = "seq-len" if args.by == "seq-len" else "batch"
+    by = args.by if args.by not in (None, "seq-len") else ("reserved" if args.device == "cuda" else "allocated")
     if by in ("reserved", "device", "world-size") and args.device != "cuda":
         raise UserError(f"--by {by} needs --device cuda: reserved memory is the CUDA caching allocator's")
-    if (by == "world-size") != (args.batch_size is not None):
-        raise UserError("--by world-size needs --batch-size (samples per rank), and only it takes one: fit searches "
-                        "the batch otherwise")
+    if by == "world-size" and args.batch_size is None:
+        raise UserError("--by world-size needs --batch-size (samples per rank)")
+    if args.batch_size is not None and by != "world-size" and over != "seq-len":
+        raise UserError("--batch-size is for fit --by world-size (samples per rank) or --by seq-len (the batch the "
+                        "sequence length is fitted at): otherwise fit searches the batch itself")
     if by == "world-size":
         return _fit_world_size(args, budget)
     # Planned at --accum-steps samples, a batch every technique takes (accumulation splits it into micro-batches);
     # each technique's search then runs over the multiples of the smallest batch it takes. The child process
     # (the only one that imports torch) plans, searches and says whether this machine has a CUDA GPU.
-    request = {"plan": _predict_plan(args, args.accum_steps), "budget": budget, "by": by,
-               "max_batch": args.max_batch, "jobs": args.jobs}
+    request = {"plan": _predict_plan(args, args.batch_size or args.accum_steps), "budget": budget, "by": by,
+               "over": over, "max_batch": args.max_batch, "jobs": args.jobs}
     printing = _import_meanwhile("tabulate")  # verdict is imported above
     answer = call_isolated("fit", request, args.timeout, f"fitting {args.workload!r}")
     printing.join()
     fits = [Fit(**f) for f in answer["fits"]]
     target = Job.from_dict(answer["jobs"][0]).run.card if answer["jobs"] else args.gpu
     checked = confirmation(args, target, answer.get("local_gpu"), answer.get("target"))
-    confirm = checked.startswith("confirmed on this GPU")
+    confirm = checked.startswith("confirmed on this GPU") and over == "batch"  # confirm_on_gpu runs batches
     if confirm:  # real runs on this GPU, each in its own process
         from membench.predict.device import outside_allocator
         from membench.predict.fit import confirm_on_gpu
@@ -508,8 +541,9 @@ def print_fits(fits: list, budget: int, by: str, args, checked: str, cannot_see:
     rows = [[f.run, f.batch, fmt.with_unit(f.peak), f"{f.over_batch}: {fmt.with_unit(f.over_peak)}"
              if f.over_batch else "-", f.probes, f.simulations, "-" if f.confirmed is None else f.confirmed,
              f.note or "-"] for f in fits]
-    print(tabulate(rows, headers=["run", "max batch (predicted)", f"predicted peak {by}", "first batch over: peak",
-                                  "predictions", "simulated", "max batch (measured)", "note"],
+    word = fits[0].over if fits else "batch"
+    print(tabulate(rows, headers=["run", f"max {word} (predicted)", f"predicted peak {by}", f"first {word} over: peak",
+                                  "predictions", "simulated", f"max {word} (measured)", "note"],
                    tablefmt="simple", disable_numparse=True))
     methods = sorted({f.method for f in fits if f.batch})
     if methods:
@@ -624,17 +658,19 @@ def _add_check_command(sub) -> None:
 def _add_fit_and_replay_commands(sub) -> None:
     """fit and replay: the largest batch under a budget; a snapshot through the allocator simulator."""
     p = sub.add_parser("fit", help="the largest batch per technique under a memory budget, from predictions")
-    add_workload_options(p, batch="samples per rank, with --by world-size only (fit searches the batch otherwise)")
+    add_workload_options(p, batch="with --by world-size: samples per rank; with --by seq-len: the batch the sequence "
+                                  "length is fitted at (default --accum-steps); fit searches the batch otherwise")
     add_target_options(p)
     p.add_argument("--budget", required=True, help="memory budget, e.g. 24GiB (GiB = 2**30) or 80GB")
     p.add_argument("--max-batch", type=_checked("max_batch"), default=65536,
                    help="stop searching here (default 65536)")
-    p.add_argument("--by", choices=("reserved", "allocated", "device", "world-size"), default=None,
+    p.add_argument("--by", choices=("reserved", "allocated", "device", "world-size", "seq-len"), default=None,
                    help="which predicted peak must fit: reserved (what decides CUDA out-of-memory; the default for "
                         "--device cuda, from the allocator simulator), allocated (the default for --device cpu) or "
                         "device (reserved + the CUDA context + NCCL's buffers per rank, as predict's whole-device "
                         "estimate: for a budget of the whole card); world-size: at --batch-size per rank, the "
-                        "fewest ranks whose whole device per rank is within the budget")
+                        "fewest ranks whose whole device per rank is within the budget; seq-len: the longest "
+                        "sequence instead of the largest batch, at --batch-size, by the device's default peak")
     p.add_argument("--no-confirm", action="store_true", help="on a GPU, do not confirm predictions with real runs")
     p.add_argument("--out", type=_path, default=None, help="where confirmation runs go (default results/fit)")
     p.set_defaults(func=cmd_fit)

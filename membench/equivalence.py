@@ -308,6 +308,9 @@ def _check(spec: RunSpec, stack: Stack, workload: Workload, check_steps: int = 2
         return ref, run
 
     ref, run = both()
+    adapter = _adapter_verdict(spec, stack, ref, run, check_steps)
+    if adapter is not None:
+        return adapter
     diffs, why = _compare(ref, run, tolerance)
     params = next((d for d in diffs if d.part == "parameters"), None)
     loss_diff = max(abs(a - b) for a, b in zip(run.losses, ref.losses))
@@ -341,6 +344,37 @@ def _check(spec: RunSpec, stack: Stack, workload: Workload, check_steps: int = 2
                   f"accumulation trains a different model ({detail})")
     result.verdict, result.detail = verdict, detail
     return result
+
+
+def _adapter_verdict(spec: RunSpec, stack: Stack, ref: Trained, run: Trained, check_steps: int) -> Equivalence | None:
+    """For a stack that trains something else (lora, qlora: techniques.base.Technique.trains), what it trains: its
+    weights cannot match the baseline's, so they are not compared. What is checked is the run's own state: the
+    parameters with optimizer state trained, every other parameter left exactly as it started (frozen)."""
+    trains = next((t.trains for t in stack.techniques if t.trains), "")
+    if not trains:
+        return None
+    params = run.state["parameters"]
+    trained = {key.rpartition(":")[0] for key in run.state["optimizer state"]} & set(params)
+    frozen = [n for n in params if n not in trained]
+    moved = [n for n in frozen if not torch.equal(run.start[n], params[n])]
+    count = sum(params[n].numel() for n in trained)
+    total = sum(p.numel() for p in params.values())
+    loss_diff = max(abs(a - b) for a, b in zip(run.losses, ref.losses))
+    share = f"{count:,} of {total:,} parameters ({100 * count / max(total, 1):.2g}%)"
+    if moved:
+        verdict = "not-equivalent"
+        detail = (f"trains {trains}, yet {len(moved)} frozen base tensors changed ({', '.join(moved[:3])}): only the "
+                  f"adapters may train")
+    else:
+        verdict = "precision"
+        detail = (f"trains {trains}, not the baseline's model: {share} train, the other {len(frozen)} tensors stay "
+                  f"frozen (checked unchanged); weights not compared with the baseline's; loss differs by up to "
+                  f"{loss_diff:.3g} over {check_steps} steps")
+    return Equivalence(verdict=verdict, mode="precision", detail=detail,
+                       compared=f"the run's parameters before and after {check_steps} {spec.optimizer} steps, "
+                                "and its losses against the baseline's",
+                       max_abs_loss_diff=loss_diff, losses=run.losses, reference_losses=ref.losses,
+                       random_ops=sorted(ref.random_ops | run.random_ops) or None)
 
 
 @dataclass

@@ -575,3 +575,26 @@ def sdp_priority_order() -> list[int] | None:
     """torch's SDPA backend priority order as the process has it (sdpa_kernel(..., set_priority=True) changes it)."""
     query = getattr(torch._C, "_get_sdp_priority_order", None)
     return list(query()) if query is not None else None
+
+
+@contextlib.contextmanager
+def fake_module_moves():
+    """Module.to / _apply over fake parameters (peft moves each new adapter to its base layer's device and dtype).
+    _apply swaps every FakeTensor parameter for its converted copy (torch.utils.swap_tensors; torch/nn/modules/
+    module.py), which refuses a tensor that has a weakref (every nn.Parameter made under FakeTensorMode has one,
+    the mode's own) or more than one reference. While active, a fake parameter's data is set instead, as _apply
+    moves a real tensor (compute_should_use_set_data): the same new storage, the parameter object kept.
+    checked: 2.14.1"""
+    swap = torch.utils.swap_tensors
+
+    def swap_or_set(t1, t2):
+        if is_fake(t1):
+            t1.data = t2.data
+            return
+        swap(t1, t2)
+
+    torch.utils.swap_tensors = swap_or_set
+    try:
+        yield
+    finally:
+        torch.utils.swap_tensors = swap

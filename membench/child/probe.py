@@ -36,7 +36,7 @@ from membench.launch.sweep import LOCK_NAME, locked
 from membench.plan import plan
 from membench.predict.device import outside_allocator
 from membench.predict.emulate.sdpa import describe
-from membench.predict.fit import Fit, default_jobs, fit_batch
+from membench.predict.fit import Fit, default_jobs, fit_batch, longest_sequence
 from membench.predict.run import (
     CANNOT_SEE,
     CannotPredict,
@@ -208,14 +208,14 @@ def fit_request(request: dict) -> dict:
     """In the child process of `membench fit` (launch.probe.call_isolated): plan the runs (loading the user's code),
     fit each (request["jobs"] at a time: in_forks), showing every prediction on stderr as the search goes;
     the answer is the fits and their jobs."""
-    budget, by = request["budget"], request["by"]
+    budget, by, over = request["budget"], request["by"], request.get("over", "batch")
     if by == "world-size":
         return world_request(request)
 
     def probe(job: Job, peak: int) -> None:  # each prediction takes a second or more: show the search as it goes
         verdict = "fits" if peak <= budget else "over"
-        print(f"fit {job.name}: batch {job.run.batch_size} -> {fmt_bytes(peak)} ({verdict})", file=sys.stderr,
-              flush=True)
+        at = f"seq-len {job.run.seq_len}" if over == "seq-len" else f"batch {job.run.batch_size}"
+        print(f"fit {job.name}: {at} -> {fmt_bytes(peak)} ({verdict})", file=sys.stderr, flush=True)
 
     jobs = plan(**request["plan"], in_process=True)
     for job in jobs:  # before any search: a technique no prediction stands for cannot be fitted either
@@ -227,6 +227,8 @@ def fit_request(request: dict) -> dict:
     traced = functools.partial(predict_traced, cache=ModelCache())  # every batch tried starts from one meta model
 
     def fit_one(job: Job) -> Fit:
+        if over == "seq-len":
+            return longest_sequence(job, budget, by, traced, request["max_batch"], on_probe=probe)
         if by != "device":
             return fit_batch(job, budget, by, traced, request["max_batch"], on_probe=probe)
         # The whole device: reserved memory under the budget less what the rank holds outside the allocator

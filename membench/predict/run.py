@@ -216,7 +216,7 @@ def _fake_world(ranks: int | None, gpu: gpus.Gpu | None, rank: int = 0):
     device = cuda_gpu(gpu) if gpu is not None else contextlib.nullcontext()
     # The fake CPU tensors stand for CUDA ones, which capturable optimizers and clip_grad_norm_'s foreach path take.
     cuda_tensors = _cuda_tensors() if gpu is not None else contextlib.nullcontext()
-    with group, fake.fake_tensors() as values, device as kernels, cuda_tensors:
+    with group, fake.fake_tensors() as values, device as kernels, cuda_tensors, private.fake_module_moves():
         yield values, kernels
 
 

@@ -33,6 +33,7 @@ class Fit:
     simulations: int = 0  # batches evaluated from derived allocations (no prediction)
     method: str = "full search"
     fails_below: list[int] = field(default_factory=list)  # smaller batches that do not fit (reserved memory)
+    over: str = "batch"  # what was searched: the batch, or (fit --by seq-len) the sequence length at a fixed batch
 
 
 @dataclass(frozen=True)
@@ -181,8 +182,22 @@ def assumptions(records: list[RunRecord], gpu: Gpu | None, explain: bool, attent
 
 
 def _cost(techniques: tuple[str, ...]) -> str:
+    """Its step-time cost class and, where it does not train the same model, what changes: a technique that fits
+    at no step-time cost is no free lunch when it trains an adapter or in lower precision."""
     cost = cost_of(techniques)
-    return "no step-time cost" if cost == "none" else f"{cost} step-time cost"
+    text = "no step-time cost" if cost == "none" else f"{cost} step-time cost"
+    change = _what_changes(techniques)
+    return f"{text}, but {change}" if change else text
+
+
+def _what_changes(techniques: tuple[str, ...]) -> str:
+    """What a stack trains instead of the baseline's model (lora: "trains an adapter"), or that it changes the
+    numerics on purpose (bf16); "" for a stack that trains the same model."""
+    classes = [REGISTRY[n] for n in techniques if n in REGISTRY]
+    trains = next((c.trains for c in classes if c.trains), "")
+    if trains:
+        return f"trains {trains}"
+    return "changes precision" if any(c.numerics == "precision" for c in classes) else ""
 
 
 def _gpu_in_short(gpu: Gpu) -> str:
@@ -209,23 +224,25 @@ def fit_answer(fits: list[Fit], budget: int, by: str, gpu: Gpu | None) -> str:
     """One line: the baseline's largest batch within the budget, or, when not even its smallest batch fits, by how
     much it is over and the cheapest listed technique that fits."""
     where = f"{gpu.name}, " if gpu is not None else ""
+    word = fits[0].over if fits else "batch"
     head = f"{where}within {fmt_bytes(budget)} of predicted peak {by}"
     base = next((f for f in fits if f.run == "baseline"), None)
     others = [f for f in fits if f.run != "baseline" and f.batch]
     best = min(others, key=lambda f: (COSTS.index(cost_of(tuple(f.run.split("+")))), -f.batch), default=None)
-    cheapest_text = (f"cheapest listed that fits: {best.run} (up to batch {best.batch}, "
+    cheapest_text = (f"cheapest listed that fits: {best.run} (up to {word} {best.batch}, "
                      f"{_cost(tuple(best.run.split('+')))})") if best else "no listed technique fits"
     if base is None:
         return f"{head}: {cheapest_text}."
     if base.batch:
         spare = f", {fmt_bytes(budget - base.peak)} to spare" if base.peak is not None else ""
         larger = max(others, key=lambda f: f.batch, default=None)
-        more = (f"; the largest batch: {larger.run} at {larger.batch}" if larger is not None
-                and larger.batch > base.batch else "")
-        return f"{head}: the baseline trains at most batch {base.batch}{spare}{more}."
-    over = (f": {fmt_bytes(base.over_peak - budget)} over at batch {base.over_batch}"
+        change = _what_changes(tuple(larger.run.split("+"))) if larger is not None else ""
+        more = (f"; the largest {word}: {larger.run} at {larger.batch}{f' (but {change})' if change else ''}"
+                if larger is not None and larger.batch > base.batch else "")
+        return f"{head}: the baseline trains at most {word} {base.batch}{spare}{more}."
+    over = (f": {fmt_bytes(base.over_peak - budget)} over at {word} {base.over_batch}"
             if base.over_batch and base.over_peak is not None else "")
-    return f"{head}: the baseline does not fit even its smallest batch{over}; {cheapest_text}."
+    return f"{head}: the baseline does not fit even its smallest {word}{over}; {cheapest_text}."
 
 
 def fit_assumptions(gpu: Gpu | None, by: str, checked: str, cannot_see: list[str], explain: bool) -> list[str]:

@@ -24,6 +24,8 @@ Device = Literal["cpu", "cuda"]
 ZeroGrad = Literal["none", "zeros"]
 Dtype = Literal["fp32", "bf16", "fp16"]
 DTYPES = ("fp32", "bf16", "fp16")
+QuantType = Literal["nf4", "fp4"]
+QUANT_TYPES = ("nf4", "fp4")  # bitsandbytes' 4-bit formats
 ZERO_GRAD = ("none", "zeros")  # optimizer.zero_grad(set_to_none=True), or set_to_none=False
 # Built-in optimizers by name; `package.module:factory` names any other (see membench.optimizers).
 OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adafactor")
@@ -107,6 +109,10 @@ CHECKS: dict[str, Check] = {
     # True and False too (bool is checked apart); an int is a world size to reshard to, a divisor of dp_shard
     # (techniques/mesh.py checks that against the mesh)
     "reshard_after_forward": Check("--reshard-after-forward", int, 2, MAX_COUNT),
+    # lora and qlora (techniques/lora.py): peft's LoraConfig r, lora_alpha, lora_dropout
+    "lora_rank": Check("--lora-rank", int, 1, MAX_COUNT),
+    "lora_alpha": Check("--lora-alpha", float, 0, positive=True),
+    "lora_dropout": Check("--lora-dropout", float, 0, 1, what="a number from 0 to 1 (a probability)"),
 }
 
 
@@ -152,6 +158,18 @@ class RunSpec:
     param_dtype: Dtype | None = None
     reduce_dtype: Dtype | None = None
     reshard_after_forward: bool | int | None = None
+    # lora and qlora (techniques/lora.py, qlora.py): peft's LoraConfig defaults (r 8, alpha 8, dropout 0); targets
+    # None: peft's default modules for the model type, else every linear layer of the blocks; base_dtype: the frozen
+    # base weights' dtype (None: the stack's); qlora's bitsandbytes 4-bit format, its double quantization of the
+    # absmax, and the dtype its matmuls compute in (the QLoRA paper's NF4, double quantization, bf16 by default).
+    lora_rank: int = 8
+    lora_alpha: float = 8
+    lora_dropout: float = 0.0
+    lora_targets: str | None = None
+    base_dtype: Dtype | None = None
+    quant_type: QuantType = "nf4"
+    double_quant: bool = True
+    compute_dtype: Dtype = "bf16"
 
     @property
     def name(self) -> str:
@@ -185,7 +203,13 @@ class RunSpec:
             return dataclasses.replace(self, gpu=gpu(self.gpu).name).validated()  # one spelling: runs pair by it
         if not isinstance(self.inference, bool):
             raise UserError(f"--inference must be true or false, got {self.inference!r}")
-        for option, dtype in (("--param-dtype", self.param_dtype), ("--reduce-dtype", self.reduce_dtype)):
+        _check(self, "lora_rank", "lora_alpha", "lora_dropout")
+        if self.quant_type not in QUANT_TYPES:
+            raise UserError(f"unknown --quant-type {self.quant_type!r}; valid: {', '.join(QUANT_TYPES)}")
+        if not isinstance(self.double_quant, bool):
+            raise UserError(f"--double-quant must be true or false, got {self.double_quant!r}")
+        for option, dtype in (("--param-dtype", self.param_dtype), ("--reduce-dtype", self.reduce_dtype),
+                              ("--base-dtype", self.base_dtype), ("--compute-dtype", self.compute_dtype)):
             if dtype is not None and dtype not in DTYPES:
                 raise UserError(f"unknown {option} {dtype!r}; valid: {', '.join(DTYPES)}")
         if self.mesh is not None or self.reshard_after_forward is not None:

@@ -23,8 +23,10 @@ from membench.techniques.foreach_off import ForeachOff
 from membench.techniques.fsdp import Fsdp, FsdpOffload
 from membench.techniques.fused_adam import FusedAdam
 from membench.techniques.init_on_device import InitOnDevice
+from membench.techniques.lora import Lora
 from membench.techniques.opt_in_bwd import OptimizerInBackward
 from membench.techniques.opt_offload import OptimizerOffload
+from membench.techniques.qlora import Qlora
 from membench.techniques.sac import SelectiveCheckpointing
 from membench.techniques.tp import TensorParallel
 
@@ -32,7 +34,7 @@ REGISTRY: dict[str, type[Technique]] = {
     cls.name: cls
     for cls in (Baseline, GradientAccumulation, ActivationCheckpointing, OptimizerInBackward, AmpBf16, AmpFp16,
                 Bf16, ForeachOff, FusedAdam, InitOnDevice, OptimizerOffload, ActivationOffload,
-                SelectiveCheckpointing, Fsdp, FsdpOffload, TensorParallel, ExpandableSegments)
+                SelectiveCheckpointing, Fsdp, FsdpOffload, TensorParallel, ExpandableSegments, Lora, Qlora)
 }
 
 

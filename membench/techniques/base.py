@@ -39,6 +39,8 @@ class Technique:
     predictable: False if it moves memory between host and device, which a prediction on CPU cannot tell apart.
     recomputes_forward: True if it runs (part of) the forward again in backward: modules with state updated in
     forward (BatchNorm's running statistics) are updated again, which the equivalence verdict explains.
+    trains: what it trains instead of the baseline's model, in a few words ("an adapter"; "": the same model):
+    the equivalence verdict and the fits line say it.
     order: when `configure` runs relative to the others in a stack (small first).
     options: the RunSpec fields only this technique reads (accum's --accum-steps): a run without the technique
     does not depend on them, so check, compare and --resume pair it whatever their value (techniques.pairing_key).
@@ -66,6 +68,7 @@ class Technique:
     same_init: ClassVar[bool] = True
     predictable: ClassVar[bool] = True
     recomputes_forward: ClassVar[bool] = False
+    trains: ClassVar[str] = ""
     options: ClassVar[tuple[str, ...]] = ()
     cost: ClassVar[Cost] = "none"
     min_torch: ClassVar[str | None] = None

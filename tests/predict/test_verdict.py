@@ -48,9 +48,17 @@ def test_a_baseline_over_the_gpu_names_the_cheapest_technique_that_fits():
     assert cost_of(("opt-in-bwd",)) == "low" and cost_of(("bf16",)) == "none" and cost_of(("ckpt",)) == "medium"
     line = answer(records, H100)
     assert line == ("H100 (80 GB = 74.51 GiB): baseline does not fit: 2.00 GiB over (whole device 76.51 GiB); "
-                    "cheapest listed that fits: bf16 (no step-time cost, 34.51 GiB to spare).")
+                    "cheapest listed that fits: bf16 (no step-time cost, but changes precision, 34.51 GiB to spare).")
     fits = fitting(records[:3], capacity(H100))
     assert cheapest(fits).record.name == "opt-in-bwd"  # without bf16: low beats medium (ckpt)
+
+
+def test_an_adapter_that_fits_is_not_called_free():
+    # lora costs nothing in step time (cost "none") but trains an adapter, not the baseline's model: the line says so.
+    over = capacity(H100) + 2 * GiB - CONTEXT
+    line = answer([record("baseline", over), record("lora", 20 * GiB - CONTEXT)], H100)
+    assert line.endswith("cheapest listed that fits: lora (no step-time cost, but trains an adapter, 54.51 GiB to "
+                         "spare).")
 
 
 def test_nothing_fits_names_the_lowest():
@@ -90,6 +98,11 @@ def test_fit_answers_the_baseline_largest_batch_or_the_cheapest_that_fits():
     line = fit_answer([none, fit("ckpt", 4, 20 * GiB), fit("opt-offload", 16, 10 * GiB)], 24 * GiB, "reserved", None)
     assert line == ("within 24.00 GiB of predicted peak reserved: the baseline does not fit even its smallest batch: "
                     "6.00 GiB over at batch 1; cheapest listed that fits: ckpt (up to batch 4, medium step-time cost).")
+    # an adapter that fits the most is not the same model: said in a word either way
+    line = fit_answer([fit("baseline", 8, 20 * GiB), fit("qlora", 32, 23 * GiB)], 24 * GiB, "reserved", H100)
+    assert line.endswith("the largest batch: qlora at 32 (but trains an adapter).")
+    line = fit_answer([none, fit("lora", 4, 20 * GiB)], 24 * GiB, "reserved", None)
+    assert line.endswith("cheapest listed that fits: lora (up to batch 4, no step-time cost, but trains an adapter).")
 
 
 @pytest.mark.parametrize("explain", [False, True])

@@ -16,6 +16,9 @@ fit) then binary. Where a CUDA GPU is present, the predicted batch is then run f
 budget (confirm.confirm_on_gpu); an OOM there is a data point (the prediction was optimistic: step down), a success
 is tried one step further up.
 
+`fit --by seq-len` (search.longest_sequence) searches the sequence length at a fixed batch instead, predicting every
+length it tries (attention's scores grow with the square of the length: not affine).
+
 Techniques are fitted side by side in processes forked from the one that loaded the workload (launch.pool, from
 child/probe.py); --jobs' default is the cores this process may run on.
 """
@@ -23,7 +26,7 @@ child/probe.py); --jobs' default is the cores this process may run on.
 from membench.launch.pool import default_workers as default_jobs
 from membench.predict.fit.affine import AffineTrace, NotAffine
 from membench.predict.fit.confirm import confirm_on_gpu
-from membench.predict.fit.search import Fit, batch_step, bisect_last, fit_batch, largest_batch
+from membench.predict.fit.search import Fit, batch_step, bisect_last, fit_batch, largest_batch, longest_sequence
 
 __all__ = ["AffineTrace", "Fit", "NotAffine", "batch_step", "bisect_last", "confirm_on_gpu", "default_jobs",
-           "fit_batch", "largest_batch"]
+           "fit_batch", "largest_batch", "longest_sequence"]

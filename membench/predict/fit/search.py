@@ -65,6 +65,44 @@ def largest_batch(job: Job, budget: int, peak: Callable[[Job], int], max_batch: 
     return Fit(job.name, lo * step, at(lo), step, hi * step, at(hi), len(seen))
 
 
+def longest_sequence(job: Job, budget: int, by: str, traced: Callable[[Job], Traced], max_len: int = 65536,
+                     on_probe: Callable[[Job, int], None] | None = None) -> Fit:
+    """fit --by seq-len: the longest sequence at the job's batch whose predicted peak `by` fits the budget, every
+    length predicted for real (a step's allocations are not affine in the length: attention's scores grow with its
+    square), doubling from one token, then bisection. A length past the model's context does not fit."""
+    key, seen = f"peak_{by}_bytes", {}
+
+    def at(n: int) -> int | None:
+        if n not in seen:
+            trial = job.with_run(seq_len=n)
+            try:
+                seen[n] = getattr(traced(trial).memory, key)
+            except UserError:  # longer than the model's context: the workload refuses it
+                seen[n] = None
+            if on_probe is not None and seen[n] is not None:
+                on_probe(trial, seen[n])
+        return seen[n]
+
+    def fits(n: int) -> bool:
+        return at(n) is not None and at(n) <= budget
+
+    method = "full search over sequence lengths"
+    if not fits(1):
+        return Fit(job.name, 0, None, 1, 1, at(1), len(seen), note="even one token is over budget", method=method,
+                   over="seq-len")
+    lo, hi = 1, 2
+    while hi <= max_len and fits(hi):
+        lo, hi = hi, hi * 2
+    if hi > max_len:
+        if fits(max_len):
+            return Fit(job.name, max_len, at(max_len), 1, None, None, len(seen), note=f"--max-batch {max_len} fits",
+                       method=method, over="seq-len")
+        hi = max_len
+    lo, hi = bisect_last(fits, lo, hi)
+    note = "" if at(hi) is not None else f"{hi} tokens are past the model's context"
+    return Fit(job.name, lo, at(lo), 1, hi, at(hi), len(seen), note=note, method=method, over="seq-len")
+
+
 class _Predictions:
     """fit_batch's real predictions, each batch (in batch steps) predicted once and shown through on_probe."""
 
