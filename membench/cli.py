@@ -95,6 +95,20 @@ def add_workload_options(p: argparse.ArgumentParser, batch: bool = True) -> None
                       help="the forward alone: eval mode, torch.inference_mode, no backward, no optimizer "
                            "(default techniques: the baseline only)")
     add_sharding_options(p)
+    add_compile_options(p)
+
+
+def add_compile_options(p: argparse.ArgumentParser) -> None:
+    from membench.spec import RunSpec, default
+    from membench.techniques.compile import MODES
+
+    group = p.add_argument_group("compile", "the compile technique: torch.compile's own options")
+    group.add_argument("--compile-mode", choices=MODES, default=default(RunSpec, "compile_mode"),
+                       help="torch.compile's mode (default default; reduce-overhead runs CUDA graphs, which keep a "
+                            "private memory pool)")
+    group.add_argument("--compile-options", default=None, metavar="KEY=VALUE,...",
+                       help="Inductor options passed through to torch.compile(options=...), on top of the mode's, "
+                            "e.g. epilogue_fusion=False (default: none)")
 
 
 def _reshard(text: str) -> bool | int:
@@ -218,7 +232,8 @@ def _model_options(args) -> dict:
     return dict(accum_steps=args.accum_steps, optimizer=args.optimizer, lr=args.lr, seed=args.seed,
                 seq_len=args.seq_len, zero_grad=args.zero_grad, clip_grad_norm=args.clip_grad_norm,
                 inference=args.inference, mesh=args.mesh, param_dtype=args.param_dtype,
-                reduce_dtype=args.reduce_dtype, reshard_after_forward=args.reshard_after_forward)
+                reduce_dtype=args.reduce_dtype, reshard_after_forward=args.reshard_after_forward,
+                compile_mode=args.compile_mode, compile_options=args.compile_options)
 
 
 def run_options(args) -> dict:

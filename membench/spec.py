@@ -150,6 +150,9 @@ class RunSpec:
     param_dtype: Dtype | None = None
     reduce_dtype: Dtype | None = None
     reshard_after_forward: bool | int | None = None
+    # The compile technique (techniques/compile.py): torch.compile's mode, and Inductor options as "key=value,..."
+    compile_mode: str = "default"
+    compile_options: str | None = None
 
     @property
     def name(self) -> str:

@@ -191,6 +191,9 @@ def check(job: Job, measured: Memory, recorded: list[RecordedEvent] | None, stem
     if stack.distributed or spec.nproc_per_node > 1:
         return PredictionCheck(status="skipped", target=spec.device, detail="a distributed run: predicted per rank "
                                "by `membench predict --world-size`, not beside each rank's measurement")
+    if stack.compiles:
+        return PredictionCheck(status="skipped", target=spec.device, detail="a compiled step: a prediction runs the "
+                               "model eager (predict/compiled.py), so it is not set beside a compiled measurement")
     target = target_for(spec.device, properties, device_name)
     if isinstance(target, str):
         return PredictionCheck(status="skipped", target=spec.device, detail=target)

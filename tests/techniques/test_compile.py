@@ -1,0 +1,159 @@
+"""The compile technique: torch.compile measured exactly on CPU.
+
+Inductor's generated wrapper allocates its buffers outside the dispatcher (empty_strided_cpu); the tracker for a
+compiled step hooks them (private.inductor_buffers, trackers/compiled.py). The fast tests check the hook on a
+module loaded as Inductor loads its wrappers, and the options; the slow ones compile (minutes on the 2-core build
+machine, most of it gcc), with Inductor's cache in one folder per test session.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from membench import private
+from membench.allocator.events import TraceEvent
+from membench.cli import main
+from membench.common.errors import UserError
+from membench.techniques import pairing_key, resolve
+from membench.techniques.compile import Compile, parse_options
+from membench.trackers.compiled import CompiledStorageTracker
+from membench.trackers.storage import StorageTracker
+from tests.helpers import spec
+
+# A wrapper as Inductor writes one (torch/_inductor/codegen/wrapper.py, write_header: the allocator bound at import;
+# a buffer reused in place is the same storage, `del` frees it).
+WRAPPER = '''
+import torch
+empty_strided_cpu = torch._C._dynamo.guards._empty_strided_cpu
+reinterpret_tensor = torch._C._dynamo.guards._reinterpret_tensor
+
+def call(args):
+    primals_1, = args
+    buf0 = empty_strided_cpu((8, 32), (32, 1), torch.float32)
+    buf1 = empty_strided_cpu((8, 32), (32, 1), torch.bool)
+    buf2 = buf0; del buf0  # reuse
+    buf3 = empty_strided_cpu((), (), torch.float32)
+    del buf2
+    return (buf3, buf1, reinterpret_tensor(primals_1, (32, 8), (1, 32), 0))
+'''
+
+
+@pytest.fixture(scope="session")
+def inductor_cache(tmp_path_factory):
+    """One Inductor cache per test session (and per xdist worker): compiled once, reused by every test after."""
+    folder = tmp_path_factory.mktemp("inductor-cache")
+    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+    yield folder
+    if previous is None:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    else:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+
+
+def _events(trace: list[TraceEvent]) -> list[tuple[str, int]]:
+    sizes = {}
+    out = []
+    for e in trace:
+        if e.kind == "alloc":
+            sizes[e.key] = e.size
+        out.append((e.kind, sizes[e.key]))
+    return out
+
+
+def _load(source: str):
+    from torch._inductor.codecache import PyCodeCache
+
+    return PyCodeCache.load(source)
+
+
+def test_buffers_a_generated_wrapper_allocates_are_counted(inductor_cache):
+    """By hand: buf0 is 8 x 32 fp32 = 1,024 B, buf1 8 x 32 bool = 256 B, buf3 a 0-d fp32 = 4 B; buf2 is buf0 again
+    (no allocation) and frees it when deleted; the returned view of the input allocates nothing. A module loaded
+    before the tracker starts and one loaded while it runs are both seen; after it, both allocate unseen again."""
+    before = _load(WRAPPER)
+    x = torch.randn(8, 32)
+    for module in (before, None):
+        tracker = CompiledStorageTracker(trace=True)
+        with tracker:
+            module = module or _load(WRAPPER + "\n# loaded inside\n")
+            out = module.call([x])
+        assert _events(tracker.trace) == [("alloc", 1024), ("alloc", 256), ("alloc", 4), ("free", 1024)]
+        assert tracker.peak.bytes == 1024 + 256 + 4 and tracker.current == 256 + 4
+        del out
+        assert tracker.current == 0
+        assert module.empty_strided_cpu is torch._C._dynamo.guards._empty_strided_cpu  # put back
+    plain = StorageTracker(trace=True)
+    with plain:
+        before.call([x])
+    # What the hook is for: no dispatch mode sees buffers only Inductor's own C++ kernels write (one an extern kernel
+    # writes with out= reaches the mode then, late).
+    assert plain.trace == []
+
+
+def test_compile_options_are_parsed_and_merged_with_the_mode():
+    assert parse_options(None) == {} and parse_options("") == {}
+    assert parse_options("epilogue_fusion=False, max_autotune=True,cpp.threads=2,x=abc") == {
+        "epilogue_fusion": False, "max_autotune": True, "cpp.threads": 2, "x": "abc"}
+    with pytest.raises(UserError, match=r"^--compile-options takes key=value pairs .* got 'nope'$"):
+        parse_options("a=1,nope")
+    plain = Compile(spec(techniques=("compile",)).run)
+    assert plain.compile_arguments() == {"mode": "default"}
+    tuned = Compile(spec(techniques=("compile",), compile_mode="max-autotune-no-cudagraphs",
+                         compile_options="epilogue_fusion=False").run)
+    # torch.compile takes a mode or options: the mode's own options, updated by the user's
+    assert tuned.compile_arguments() == {"options": {**private.mode_options("max-autotune-no-cudagraphs"),
+                                                     "epilogue_fusion": False}}
+
+
+def test_the_stack_says_it_compiles_and_its_options_pair_only_compiled_runs():
+    assert resolve(spec(techniques=("compile", "ckpt")).run).compiles
+    assert not resolve(spec(techniques=("ckpt",)).run).compiles
+    eager = spec(techniques=("ckpt",), compile_mode="reduce-overhead").run
+    assert pairing_key(eager).compile_mode == "default"  # never read without compile
+    assert pairing_key(spec(techniques=("compile",), compile_mode="reduce-overhead").run).compile_mode == \
+        "reduce-overhead"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--techniques", "compile", "--compile-options", "no_such_option=1"],
+     "membench: error: --compile-options: 'no_such_option' is not an option of Inductor (torch._inductor."
+     "list_options() names them)"),
+    (["--techniques", "compile", "--warmup", "0"],
+     "membench: error: compile compiles in its first step: it needs --warmup 1 or more, so that the measured steps "
+     "run the compiled code"),
+    (["--techniques", "compile+fsdp"],
+     "membench: error: cannot combine compile with fsdp in 'compile+fsdp': membench compiles single-device stacks "
+     "only (sharded and offloaded steps are not measured compiled here)"),
+])
+def test_what_cannot_run_compiled_is_refused_in_one_line(capsys, tmp_path, args, message):
+    assert main(["run", "--device", "cpu", "--workload", "gpt-tiny", "--out", str(tmp_path), *args]) == 2
+    assert capsys.readouterr().err.strip() == message
+
+
+# --- slow: these compile -------------------------------------------------------------------------------------------
+def _relu_sum(x, w):
+    return (x @ w).relu().sum()
+
+
+@pytest.mark.slow
+def test_a_fused_kernels_buffers_match_a_hand_count(inductor_cache):
+    """(x @ w).relu().sum() with x 8 x 16 and w 16 x 32 (fp32, w trained). By hand, eager: mm's output 8 x 32 x 4 =
+    1,024 B, relu's 1,024 B (kept: relu's backward reads its result), then mm's output is freed (nothing holds it
+    once relu has returned) before sum's 4 B: peak 2,048 B, 1,028 B held after forward. Compiled (Inductor, CPU):
+    mm runs as an extern kernel into a 1,024 B buffer; one fused kernel (relu, sum and relu's backward mask) writes
+    the 4 B sum and the 8 x 32 bool mask (256 B) that the partitioner saves for backward instead of relu's fp32
+    output; mm's buffer is freed at the wrapper's return: peak 1,284 B, 260 B held after forward."""
+    x, w = torch.randn(8, 16), torch.randn(16, 32, requires_grad=True)
+    compiled = torch.compile(_relu_sum)
+    compiled(x, w).backward()  # compiled outside the tracker (the tracker is off while compiling anyway)
+    for fn, trace, peak, held in ((_relu_sum, [1024, 1024, 4], 2048, 1028), (compiled, [1024, 4, 256], 1284, 260)):
+        tracker = CompiledStorageTracker(trace=True)
+        with tracker:
+            loss = fn(x, w)
+        assert [e.size for e in tracker.trace if e.kind == "alloc"] == trace
+        assert (tracker.peak.bytes, tracker.current) == (peak, held)
+        del loss
