@@ -639,3 +639,33 @@ def compile_counts() -> CompileCounts:
                        for m in metrics),
         cache_misses=sum((m.aotautograd_local_cache_miss_count or 0) + (m.inductor_fx_local_cache_miss_count or 0)
                          for m in metrics))
+
+
+def partitioning_backend(on_saved):
+    """A torch.compile backend that partitions the training graph as Inductor does and runs the two graphs op by op:
+    AOTAutograd with Inductor's decompositions (select_decomp_table) and Inductor's own partition function
+    (compile_fx.partition_fn: its joint-graph passes, then min_cut_rematerialization_partition with
+    compiler="inductor"), as compile_fx hands them to aot_autograd. on_saved([(name, value)]) is called with what
+    the forward saves for backward (the backward graph's inputs other than the tangents) when the backward graph is
+    made. checked: 2.14.1"""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+    from torch._inductor.compile_fx import partition_fn
+    from torch._inductor.decomposition import select_decomp_table
+
+    def forward(gm, example_inputs):
+        return make_boxed_func(gm.forward)
+
+    def backward(gm, example_inputs):
+        on_saved([(n.name, n.meta.get("val")) for n in gm.graph.nodes
+                  if n.op == "placeholder" and not n.name.startswith("tangents")])
+        return make_boxed_func(gm.forward)
+
+    return aot_autograd(fw_compiler=forward, bw_compiler=backward, partition_fn=partition_fn,
+                        decompositions=select_decomp_table(), keep_inference_input_mutations=True)
+
+
+def dynamo_reset() -> None:
+    """Forget every compiled frame: each prediction compiles its own model (Dynamo's recompile limit, 8 per frame,
+    would otherwise send a later prediction's model eager). checked: 2.14.1"""
+    torch._dynamo.reset()

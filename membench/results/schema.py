@@ -299,6 +299,16 @@ class PredictionCheck:
 
 
 @dataclass
+class SavedTensor:
+    """A tensor AOTAutograd's partitioner saves from the compiled forward for backward (its graph's name)."""
+
+    name: str
+    shape: list[int]
+    dtype: str
+    bytes: int
+
+
+@dataclass
 class Compiled:
     """A compiled run (techniques/compile.py): what Dynamo compiled, how long it took, and what of it fell outside
     the warm-up. Counted by Dynamo itself (torch._dynamo.utils.get_compilation_metrics, counters["graph_break"])."""
@@ -313,6 +323,10 @@ class Compiled:
     cache_hits: int = 0  # AOTAutograd's and Inductor's on-disk caches: a hit skips most of compile_s
     cache_misses: int = 0
     memory_note: str | None = None  # what the memory figures mean for this mode (CUDA graphs' private pool)
+    # A prediction: what the partitioner saves for backward (primals_* are the forward's inputs: parameters and the
+    # batch, held anyway), and what of Inductor the prediction does not follow.
+    saved: list[SavedTensor] | None = None
+    approximated: str | None = None
 
 
 @dataclass

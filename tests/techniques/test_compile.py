@@ -17,6 +17,7 @@ from membench import private
 from membench.allocator.events import TraceEvent
 from membench.cli import main
 from membench.common.errors import UserError
+from membench.results import read_result, write_record
 from membench.techniques import pairing_key, resolve
 from membench.techniques.compile import Compile, parse_options
 from membench.trackers.compiled import CompiledStorageTracker
@@ -157,3 +158,34 @@ def test_a_fused_kernels_buffers_match_a_hand_count(inductor_cache):
         assert [e.size for e in tracker.trace if e.kind == "alloc"] == trace
         assert (tracker.peak.bytes, tracker.current) == (peak, held)
         del loss
+
+
+# --- predicted: AOTAutograd's partition, run op by op (predict/compiled.py) ------------------------------------------
+def _mlp():
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+
+
+def _mlp_batch(n, generator):
+    return torch.randn(n, 16, generator=generator), torch.randint(0, 4, (n,), generator=generator)
+
+
+@pytest.mark.slow
+def test_a_compiled_prediction_keeps_the_partitioners_saved_tensors(tmp_path):
+    """By hand, for Linear(16, 32) -> GELU -> Linear(32, 4) at batch 8: the second Linear's backward needs its input
+    (GELU's output, 8 x 32 fp32 = 1,024 B) for its weight's gradient and its weight (32 x 4 x 4 = 512 B, a parameter:
+    an input of the graph) for its input's; GELU's backward needs its input (the first Linear's output, 1,024 B);
+    the first Linear's backward needs the batch (8 x 16 x 4 = 512 B, an input) for its weight's gradient and nothing
+    for the batch's (it needs none). The partitioner saves exactly these; the transposes are recomputed."""
+    from membench import api
+    from membench.predict.compiled import APPROXIMATED
+    from membench.predict.run import predict
+
+    key = api.register(_mlp, _mlp_batch, name="mlp-compiled")
+    record = predict(spec(key, ("compile",), batch_size=8))
+    assert record.status == "ok", record.error
+    saved = sorted((s.shape, s.dtype, s.bytes, s.name.startswith("primals_")) for s in record.compiled.saved)
+    assert saved == [([4, 32], "float32", 512, True), ([8, 16], "float32", 512, True),
+                     ([8, 32], "float32", 1024, False), ([8, 32], "float32", 1024, False)]
+    assert APPROXIMATED in record.assumed and record.compiled.approximated == APPROXIMATED
+    write_record(tmp_path / "mlp.json", record)
+    assert read_result(tmp_path / "mlp.json").compiled == record.compiled  # kept in the record as written
