@@ -669,3 +669,4 @@ def dynamo_reset() -> None:
     """Forget every compiled frame: each prediction compiles its own model (Dynamo's recompile limit, 8 per frame,
     would otherwise send a later prediction's model eager). checked: 2.14.1"""
     torch._dynamo.reset()
+
