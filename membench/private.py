@@ -661,7 +661,15 @@ def partitioning_backend(on_saved):
                   if n.op == "placeholder" and not n.name.startswith("tangents")])
         return make_boxed_func(gm.forward)
 
-    return aot_autograd(fw_compiler=forward, bw_compiler=backward, partition_fn=partition_fn,
+    def partition(gm, joint_inputs, **kwargs):
+        # Inductor's joint-graph passes read its fake mode from V (compile_fx sets it before aot_autograd runs).
+        from torch._guards import detect_fake_mode
+        from torch._inductor.virtualized import V
+
+        with V.set_fake_mode(detect_fake_mode(joint_inputs)):
+            return partition_fn(gm, joint_inputs, **kwargs)
+
+    return aot_autograd(fw_compiler=forward, bw_compiler=backward, partition_fn=partition,
                         decompositions=select_decomp_table(), keep_inference_input_mutations=True)
 
 
