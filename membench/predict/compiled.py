@@ -1,6 +1,10 @@
-"""torch.compile said plainly: a prediction runs the model under dispatch modes (fake tensors, the storage tracker),
-and under any dispatch mode Dynamo runs a compiled forward eager, so a compiled model is predicted as its eager
-self. The prediction names that answer (in its output, on a line of its own, and in the record's `assumed`)."""
+"""torch.compile said plainly. A model the user's code compiles: a prediction runs it under dispatch modes (fake
+tensors, the storage tracker), under which Dynamo runs a compiled forward eager, so it is predicted as its eager self
+and the prediction names that answer (in its output, on a line of its own, and in the record's `assumed`).
+
+The compile technique (techniques/compile.py) is predicted compiled instead: `Partitioned` compiles the fake model
+with AOTAutograd as Inductor would partition it and runs the graphs op by op (docs/compile.md), and says what that
+approximates (APPROXIMATED)."""
 
 from __future__ import annotations
 

@@ -189,3 +189,36 @@ def test_a_compiled_prediction_keeps_the_partitioners_saved_tensors(tmp_path):
     assert APPROXIMATED in record.assumed and record.compiled.approximated == APPROXIMATED
     write_record(tmp_path / "mlp.json", record)
     assert read_result(tmp_path / "mlp.json").compiled == record.compiled  # kept in the record as written
+
+
+@pytest.mark.slow
+def test_a_compiled_cpu_run_is_exact_and_repeatable(inductor_cache, tmp_path):
+    """`membench run --techniques compile,compile+ckpt` in its worker processes, and the same steps measured again
+    in this process: the same bytes (the storage tracker counts storages, not time); no compilation falls after the
+    warm-up, none breaks the graph, and the compiled step trains the baseline's model bit for bit (gpt-tiny on
+    CPU: mm and addmm run as the same extern kernels, the fused pointwise ops compute what eager's do)."""
+    from membench.measure import Session
+    from membench.results import load_dir
+    from membench.step import batches
+    from membench.trackers.memory import CpuMeter
+    from membench.workloads import load_workload
+
+    assert main(["run", "--device", "cpu", "--workload", "gpt-tiny", "--batch-size", "4", "--techniques",
+                 "compile,compile+ckpt", "--steps", "1", "--no-timeline", "--no-predict", "--out", str(tmp_path)]) == 0
+    records = {r.name: r for r in load_dir(tmp_path)}
+    for name in ("compile", "compile+ckpt"):
+        record = records[name]
+        assert record.status == "ok" and record.memory.method == "storage-tracker, Inductor's buffers hooked"
+        assert (record.compiled.after_warmup, record.compiled.graph_breaks, record.compiled.recompiles) == (0, 0, 0)
+        assert record.compiled.compilations >= 1 and record.equivalence.verdict == "bitwise"
+        run = record.spec.run
+        workload = load_workload(run.workload)
+        stack = resolve(run)
+        session = Session(run, stack, workload, CpuMeter(compiled=True), batches(workload, run))
+        session.build()
+        session.warm_up(record.spec.measure.warmup)
+        again = session.measure(1)[0]
+        session.release()
+        assert again.peak_allocated_bytes == record.memory.peak_allocated_bytes, name
+        assert again.breakdown_at_peak == record.memory.breakdown_at_peak, name
+    assert records["compile"].memory.peak_allocated_bytes != records["baseline"].memory.peak_allocated_bytes
