@@ -33,8 +33,9 @@ def note(model: nn.Module) -> str | None:
 # --- the compile technique, predicted (techniques/compile.py) ----------------------------------------------------
 APPROXIMATED = (f"{PREFIX} predicted from the graphs AOTAutograd makes for Inductor (Inductor's decompositions, "
                 "joint-graph passes and partitioner: what the forward saves for backward is the compiled step's), "
-                "run op by op on fake tensors: Inductor's fusion, buffer reuse and post-grad passes are not "
-                "followed, so intermediates a fused kernel never materialises are counted as tensors of their own")
+                "run op by op on fake tensors: Inductor's fusion, buffer reuse, post-grad passes and "
+                "channels-last layout for convolutions are not followed, so intermediates a fused kernel never "
+                "materialises are counted as tensors of their own")
 
 
 class Partitioned(Technique):
