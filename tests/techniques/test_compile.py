@@ -222,3 +222,17 @@ def test_a_compiled_cpu_run_is_exact_and_repeatable(inductor_cache, tmp_path):
         assert again.peak_allocated_bytes == record.memory.peak_allocated_bytes, name
         assert again.breakdown_at_peak == record.memory.breakdown_at_peak, name
     assert records["compile"].memory.peak_allocated_bytes != records["baseline"].memory.peak_allocated_bytes
+
+
+def test_the_report_says_what_was_compiled_and_the_cuda_graph_pool():
+    from membench.report.table import compiled_note
+    from membench.results import Compiled, RunRecord
+    from membench.trackers.compilations import CUDA_GRAPH_POOL
+
+    job = spec(techniques=("compile",), compile_mode="reduce-overhead", device="cpu")
+    record = RunRecord(name="compile", status="ok", spec=job, compiled=Compiled(
+        mode="reduce-overhead", compilations=3, graph_breaks=1, recompiles=0, after_warmup=1,
+        memory_note=CUDA_GRAPH_POOL))
+    assert compiled_note(record) == (
+        "compile: torch.compile mode reduce-overhead: 3 compilation(s), 1 graph break(s), 0 recompile(s); 1 compiled "
+        f"after the warm-up, inside the measured or timed steps; {CUDA_GRAPH_POOL}")
