@@ -46,6 +46,7 @@ class Partitioned(Technique):
 
     name = "compile"
     summary = "torch.compile, predicted from AOTAutograd's partition"
+    compiles = True
 
     def __init__(self, inner: Technique):
         super().__init__(inner.spec)

@@ -37,6 +37,9 @@ CONFLICTS = {frozenset(pair) for pair in [
     ("fsdp", "fsdp-offload"), ("opt-offload", "fsdp"), ("opt-offload", "fsdp-offload"), ("opt-offload", "opt-in-bwd"),
     ("amp-fp16", "opt-in-bwd"), ("amp-fp16", "fsdp"), ("amp-fp16", "fsdp-offload"),
     ("tp", "fsdp-offload"), ("tp", "opt-offload"), ("tp", "amp-fp16"),
+    # compile is measured on single-device stacks only (docs/compile.md): not sharded, not offloaded
+    ("compile", "fsdp"), ("compile", "fsdp-offload"), ("compile", "tp"), ("compile", "act-offload"),
+    ("compile", "opt-offload"),
 ]}
 CUDA_ONLY = {"opt-offload", "act-offload", "fsdp-offload", "expandable-segments"}  # they move memory off the GPU
 
