@@ -195,8 +195,8 @@ def test_a_compiled_prediction_keeps_the_partitioners_saved_tensors(tmp_path):
 def test_a_compiled_cpu_run_is_exact_and_repeatable(inductor_cache, tmp_path):
     """`membench run --techniques compile,compile+ckpt` in its worker processes, and the same steps measured again
     in this process: the same bytes (the storage tracker counts storages, not time); no compilation falls after the
-    warm-up, none breaks the graph, and the compiled step trains the baseline's model bit for bit (gpt-tiny on
-    CPU: mm and addmm run as the same extern kernels, the fused pointwise ops compute what eager's do)."""
+    warm-up, none breaks the graph, and the compiled step (compiled in the check too: equivalence._RandomOps lets
+    it) trains the baseline's model up to the rounding of sums Inductor orders otherwise (checked with SGD)."""
     from membench.measure import Session
     from membench.results import load_dir
     from membench.step import batches
@@ -210,7 +210,7 @@ def test_a_compiled_cpu_run_is_exact_and_repeatable(inductor_cache, tmp_path):
         record = records[name]
         assert record.status == "ok" and record.memory.method == "storage-tracker, Inductor's buffers hooked"
         assert (record.compiled.after_warmup, record.compiled.graph_breaks, record.compiled.recompiles) == (0, 0, 0)
-        assert record.compiled.compilations >= 1 and record.equivalence.verdict == "bitwise"
+        assert record.compiled.compilations >= 1 and record.equivalence.verdict == "equivalent"
         run = record.spec.run
         workload = load_workload(run.workload)
         stack = resolve(run)
