@@ -98,6 +98,7 @@ def add_workload_options(p: argparse.ArgumentParser, batch: bool | str = True) -
                            "(default techniques: the baseline only)")
     add_sharding_options(p)
     add_adapter_options(p)
+    add_compile_options(p)
 
 
 def add_adapter_options(p: argparse.ArgumentParser) -> None:
@@ -124,6 +125,19 @@ def add_adapter_options(p: argparse.ArgumentParser) -> None:
     group.add_argument("--compute-dtype", choices=DTYPES, default=default(RunSpec, "compute_dtype"),
                        help="qlora: the dtype each 4-bit matmul dequantizes to and computes in "
                             "(bnb_4bit_compute_dtype) (default bf16)")
+
+
+def add_compile_options(p: argparse.ArgumentParser) -> None:
+    from membench.spec import RunSpec, default
+    from membench.techniques.compile import MODES
+
+    group = p.add_argument_group("compile", "the compile technique: torch.compile's own options")
+    group.add_argument("--compile-mode", choices=MODES, default=default(RunSpec, "compile_mode"),
+                       help="torch.compile's mode (default default; reduce-overhead runs CUDA graphs, which keep a "
+                            "private memory pool)")
+    group.add_argument("--compile-options", default=None, metavar="KEY=VALUE,...",
+                       help="Inductor options passed through to torch.compile(options=...), on top of the mode's, "
+                            "e.g. epilogue_fusion=False (default: none)")
 
 
 def _reshard(text: str) -> bool | int:
@@ -257,7 +271,8 @@ def _model_options(args) -> dict:
                 reduce_dtype=args.reduce_dtype, reshard_after_forward=args.reshard_after_forward,
                 lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
                 lora_targets=args.lora_targets, base_dtype=args.base_dtype, quant_type=args.quant_type,
-                double_quant=args.double_quant, compute_dtype=args.compute_dtype)
+                double_quant=args.double_quant, compute_dtype=args.compute_dtype,
+                compile_mode=args.compile_mode, compile_options=args.compile_options)
 
 
 def run_options(args) -> dict:

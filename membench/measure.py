@@ -134,7 +134,8 @@ class Session:
         """What of a compiled model the recording pass ran eager: its tracker is a dispatch mode, under which Dynamo
         runs compiled code eager (torch/_dynamo/convert_frame.py)."""
         names = private.compiled_modules(self.state.model)
-        if not names:
+        tracker = self.meter.tracker
+        if not names or (tracker is not None and tracker.ignore_compile_internals()):  # trackers/compiled.py
             return None
         which = "the model's forward" if names == [""] else "the forward of " + ", ".join(map(repr, names))
         measured = "ran compiled" if self.spec.device == "cuda" else "ran eager too (a CPU run's meter is one)"

@@ -108,6 +108,9 @@ def plan(workload: str = DEFAULT_WORKLOAD, techniques: str | None = None, batch_
             if not resolve(spec).distributed:
                 spec = dataclasses.replace(spec, nproc_per_node=1)
             resolve(spec).validate(spec, loaded)
+            if resolve(spec).compiles and measure.warmup < 1:
+                raise UserError(f"{spec.name} compiles in its first step: it needs --warmup 1 or more, so that the "
+                                "measured steps run the compiled code")
             if target_device is None:
                 _check_ranks_fit(spec)
         except UserError as exc:

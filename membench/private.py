@@ -8,6 +8,7 @@ suite ran green against it: torch 2.14.1 (CI, CPU). The CUDA entries ran on one 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import sys
@@ -598,3 +599,135 @@ def fake_module_moves():
         yield
     finally:
         torch.utils.swap_tensors = swap
+
+
+# --- torch.compile measured on CPU (techniques/compile.py, trackers/compiled.py) --------------------------------
+# Inductor's Python wrapper allocates its buffers with torch._C._dynamo.guards._empty_strided_cpu, bound at import
+# time as the generated module's global `empty_strided_cpu` (torch/_inductor/codegen/wrapper.py,
+# PythonWrapperCodegen.write_header), outside the dispatcher: no dispatch mode sees them. The generated modules are
+# loaded through PyCodeCache.load_by_key_path and kept in PyCodeCache.modules (torch/_inductor/codecache.py).
+# checked: 2.14.1
+INDUCTOR_ALLOCATORS = ("empty_strided_cpu", "empty_strided_cpu_pinned")
+
+
+@contextlib.contextmanager
+def inductor_buffers(seen):
+    """While active, seen(tensor) is called with every buffer an Inductor-generated Python wrapper allocates
+    through its empty_strided_* globals (those loaded before and those loaded inside); all are put back after."""
+    from torch._inductor.codecache import PyCodeCache
+
+    patched: list[tuple[object, str, object]] = []
+
+    def wrap(allocate):
+        def allocated(*args, **kwargs):
+            tensor = allocate(*args, **kwargs)
+            seen(tensor)
+            return tensor
+        allocated.membench_wraps = allocate
+        return allocated
+
+    def patch(module) -> None:
+        for name in INDUCTOR_ALLOCATORS:
+            allocate = getattr(module, name, None)
+            if allocate is not None and not hasattr(allocate, "membench_wraps"):
+                patched.append((module, name, allocate))
+                setattr(module, name, wrap(allocate))
+
+    load = PyCodeCache.__dict__["load_by_key_path"]
+
+    def load_patched(cls, *args, **kwargs):
+        module = load.__func__(cls, *args, **kwargs)
+        patch(module)
+        return module
+
+    for module in list(PyCodeCache.modules) + list(PyCodeCache.modules_no_attr.values()):
+        patch(module)
+    PyCodeCache.load_by_key_path = classmethod(load_patched)
+    try:
+        yield
+    finally:
+        PyCodeCache.load_by_key_path = load
+        for module, name, allocate in reversed(patched):
+            setattr(module, name, allocate)
+
+
+def mode_options(mode: str) -> dict:
+    """The Inductor options a torch.compile mode stands for (torch.compile takes a mode or options, never both:
+    a mode with options is its options updated). checked: 2.14.1 (torch._inductor.list_mode_options)"""
+    from torch._inductor import list_mode_options
+
+    return dict(list_mode_options(mode))
+
+
+def inductor_option_names() -> set[str]:
+    """The options torch.compile(options=...) takes: Inductor's config. checked: 2.14.1"""
+    from torch._inductor import list_options
+
+    return set(list_options())
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileCounts:
+    """What Dynamo has compiled in this process so far (torch._dynamo.utils: get_compilation_metrics, one entry per
+    frame compiled and per backward compiled; counters["graph_break"]). checked: 2.14.1"""
+
+    compilations: int  # frames compiled (a recompiled frame again) and backward graphs compiled
+    recompiles: int  # frames compiled again after a guard failed (CompilationMetrics.recompile_reason)
+    graph_breaks: int
+    seconds: float  # the compilations' own durations, summed (CompilationMetrics.duration_us)
+    cache_hits: int  # AOTAutograd's and Inductor's local caches
+    cache_misses: int
+
+
+def compile_counts() -> CompileCounts:
+    from torch._dynamo.utils import counters, get_compilation_metrics
+
+    metrics = get_compilation_metrics()
+    return CompileCounts(
+        compilations=len(metrics),
+        recompiles=sum(m.recompile_reason is not None for m in metrics),
+        graph_breaks=sum(counters["graph_break"].values()),
+        seconds=sum((m.duration_us or 0) for m in metrics) / 1e6,
+        cache_hits=sum((m.aotautograd_local_cache_hit_count or 0) + (m.inductor_fx_local_cache_hit_count or 0)
+                       for m in metrics),
+        cache_misses=sum((m.aotautograd_local_cache_miss_count or 0) + (m.inductor_fx_local_cache_miss_count or 0)
+                         for m in metrics))
+
+
+def partitioning_backend(on_saved):
+    """A torch.compile backend that partitions the training graph as Inductor does and runs the two graphs op by op:
+    AOTAutograd with Inductor's decompositions (select_decomp_table) and Inductor's own partition function
+    (compile_fx.partition_fn: its joint-graph passes, then min_cut_rematerialization_partition with
+    compiler="inductor"), as compile_fx hands them to aot_autograd. on_saved([(name, value)]) is called with what
+    the forward saves for backward (the backward graph's inputs other than the tangents) when the backward graph is
+    made. checked: 2.14.1"""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+    from torch._inductor.compile_fx import partition_fn
+    from torch._inductor.decomposition import select_decomp_table
+
+    def forward(gm, example_inputs):
+        return make_boxed_func(gm.forward)
+
+    def backward(gm, example_inputs):
+        on_saved([(n.name, n.meta.get("val")) for n in gm.graph.nodes
+                  if n.op == "placeholder" and not n.name.startswith("tangents")])
+        return make_boxed_func(gm.forward)
+
+    def partition(gm, joint_inputs, **kwargs):
+        # Inductor's joint-graph passes read its fake mode from V (compile_fx sets it before aot_autograd runs).
+        from torch._guards import detect_fake_mode
+        from torch._inductor.virtualized import V
+
+        with V.set_fake_mode(detect_fake_mode(joint_inputs)):
+            return partition_fn(gm, joint_inputs, **kwargs)
+
+    return aot_autograd(fw_compiler=forward, bw_compiler=backward, partition_fn=partition,
+                        decompositions=select_decomp_table(), keep_inference_input_mutations=True)
+
+
+def dynamo_reset() -> None:
+    """Forget every compiled frame: each prediction compiles its own model (Dynamo's recompile limit, 8 per frame,
+    would otherwise send a later prediction's model eager). checked: 2.14.1"""
+    torch._dynamo.reset()
+

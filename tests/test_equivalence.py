@@ -15,7 +15,8 @@ BITWISE = ["ckpt", "sac", "opt-in-bwd", "foreach-off", "init-on-device"]
 EXPECTED = {**dict.fromkeys(BITWISE, "bitwise"), "accum": "equivalent", "fused-adam": "equivalent",
             "amp-bf16": "precision", "amp-fp16": "precision", "bf16": "precision",
             # an adapter is not the baseline's model: its verdict says what it trains (tests/techniques/test_lora.py)
-            "lora": "precision", "qlora": "precision"}
+            "lora": "precision", "qlora": "precision",
+            "compile": "equivalent"}  # gpt-tiny on CPU: tests/techniques/test_compile.py (slow)
 
 
 def test_every_cpu_technique_has_an_expected_verdict():

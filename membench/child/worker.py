@@ -25,6 +25,7 @@ from membench.common.vocab import Numerics
 from membench.launch import distributed, lifeline, progress
 from membench.measure import Build, Session
 from membench.results import (
+    Compiled,
     Environment,
     Equivalence,
     FileRef,
@@ -40,7 +41,7 @@ from membench.results import (
 from membench.spec import Job
 from membench.step import batches, build_state, train_step
 from membench.techniques import Stack, resolve
-from membench.trackers import timing
+from membench.trackers import compilations, timing
 from membench.trackers.host import host_refusal
 from membench.trackers.memory import make_meter
 from membench.workloads import Workload, load_workload
@@ -64,6 +65,7 @@ class Measured:
     numerics: Numerics | None = None  # the stack's, once resolved
     prediction: PredictionCheck | None = None
     timeline_error: str | None = None  # the recording pass failed; the stages after it ran
+    compiled: Compiled | None = None
 
     def record_on(self, record: RunRecord) -> None:
         record.memory, record.timing, record.timeline = self.memory, self.timing, self.timeline
@@ -71,6 +73,7 @@ class Measured:
         record.numerics = self.numerics
         record.prediction = self.prediction
         record.timeline_error = self.timeline_error
+        record.compiled = self.compiled
 
 
 class Worker:
@@ -107,7 +110,7 @@ class Worker:
         stack = resolve(spec)
         self.measured.numerics = stack.numerics
         stack.validate(spec, workload)
-        meter = make_meter(spec.device, spec.memory_budget)
+        meter = make_meter(spec.device, spec.memory_budget, compiled=stack.compiles)
         try:
             if spec.device == "cuda" and self.out is not None:
                 _watch_oom(self.out)
@@ -125,12 +128,15 @@ class Worker:
         rank, world = distributed.rank_world()
         data_rank, data_world = distributed.data_rank(spec)  # the ranks of one tp group share a batch
         self.session = session = Session(spec, stack, workload, meter, batches(workload, spec, data_rank, data_world))
+        compiles = compilations.Watch(spec) if stack.compiles else None
         progress.report("build")
         self.build_info = session.build()
         # A rank's parameters are DTensor shards, whose numel is the whole: only a single process says its model's.
         progress.report("warmup", steps=how.warmup, model_bytes=None if world > 1 else sum(
             p.numel() * p.element_size() for p in session.state.model.parameters()))
         session.warm_up(how.warmup)
+        if compiles:
+            done.compiled = compiles.warmed_up()
 
         def timed_step(k: int) -> None:  # 'timing step k of n'; past --steps, --min-time decides how many
             progress.report("time", k, how.steps if k <= how.steps else None)
@@ -156,6 +162,8 @@ class Worker:
             progress.report("flops")
             flops, not_counted = timing.count_flops(lambda: session.bare_step(-1))
         done.timing = self._timing(times, losses, flops, workload, stack, data_world)
+        if compiles:
+            done.compiled = compiles.done()
         done.timing.flops_not_counted = not_counted
         try:
             done.timing.vs_baseline = self._against_baseline(workload, stack, world)

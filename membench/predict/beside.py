@@ -194,6 +194,11 @@ def check(job: Job, measured: Memory, recorded: list[RecordedEvent] | None, stem
     if stack.distributed or spec.nproc_per_node > 1:
         return PredictionCheck(status="skipped", target=spec.device, detail="a distributed run: predicted per rank "
                                "by `membench predict --world-size`, not beside each rank's measurement")
+    if stack.compiles:
+        return PredictionCheck(status="skipped", target=spec.device, detail="a compiled step: predicted from "
+                               "AOTAutograd's partition run op by op, not Inductor's fused kernels "
+                               "(predict/compiled.py), so not held to the byte; benchmarks/compiled_cpu.py sets the "
+                               "two side by side")
     target = target_for(spec.device, properties, device_name)
     if isinstance(target, str):
         return PredictionCheck(status="skipped", target=spec.device, detail=target)

@@ -30,7 +30,7 @@ from membench.predict.emulate import fake, versions
 from membench.predict.emulate.kernels import CudaKernels, cuda_gpu
 from membench.predict.emulate.sdpa import CudaSdpa
 from membench.predict.ranks import predict_ranks
-from membench.results import Memory, RunRecord, result_path, write_record
+from membench.results import Compiled, Memory, RunRecord, result_path, write_record
 from membench.spec import Job, RunSpec
 from membench.step import batches
 from membench.techniques import Stack, Technique, resolve, torch_older_than
@@ -108,6 +108,7 @@ class Traced:
     round_to: int
     kernel_calls: list = dataclasses.field(default_factory=list)  # calls that may take kernel scratch (fit)
     assumed: list[str] = dataclasses.field(default_factory=list)  # what was answered without being known
+    compiled: Compiled | None = None  # the compile technique: the partitioner's saved tensors (predict/compiled.py)
 
 
 def predict_memory(job: Job, round_to: int | None = None, rank: int = 0, cache: ModelCache | None = None) -> Memory:
@@ -148,7 +149,7 @@ def _predict_once(job: Job, round_to: int | None, trace: bool, derive_warmup: bo
     gpu = gpus.predicted_for(spec) if cuda else None
     # A separate cuBLASLt workspace (torch before 2.13) comes with a thread's first biased addmm, which priming
     # cannot know of before the step: the warm-up step is run.
-    primes = derive_warmup and _derivable(spec, stack, warmup, ranks) and not (
+    primes = derive_warmup and _derivable(spec, stack, warmup, ranks) and not stack.compiles and not (
         gpu is not None and gpus.cublaslt_workspace_bytes(versions.release()))
     tags = streams.StreamTags() if ranks and gpu is not None else None  # FSDP2's streams: the allocator's pools
     on_streams = None
@@ -164,11 +165,15 @@ def _predict_once(job: Job, round_to: int | None, trace: bool, derive_warmup: bo
             traced = _measured_step(session, primed, round_to)
             if tags is not None:
                 on_streams = tags.names(session.state.model), session.meter.tracker.bytes_by_stream()
+            partitioned = [t for t in session.stack.techniques if isinstance(t, compiled.Partitioned)]
         session.detach()
     if traced is None:
         return None
     _label(traced, spec, stack, on_streams)
     traced.assumed = [*values.answered(), *filter(None, [compiled_note])]
+    if partitioned:
+        traced.compiled = compiled.compiled_record(spec, partitioned[0].saved)
+        traced.assumed.append(compiled.APPROXIMATED)
     if kernels is not None:
         traced.memory.attention = kernels.find(CudaSdpa).sites.summary()
     return traced
@@ -231,8 +236,9 @@ def _fake_session(run: RunSpec, stack: Stack, workload: Workload, meta_model, ke
     """The same Session a run measures with, on the fake model, under the exact tracker in round_to-byte blocks;
     for a CUDA GPU (`kernels`) with what its kernels allocate besides their outputs (cuBLAS's workspaces, scratch)."""
     prepared = _Prepared(run, fake.materialize(meta_model), cuda=kernels is not None)
-    techniques = (prepared, *(_WithRealRanks(t) if t.distributed else t for t in stack.techniques))
-    meter = CpuMeter(round_to=round_to, trace=trace)
+    techniques = (prepared, *(_WithRealRanks(t) if t.distributed else compiled.Partitioned(t) if t.compiles else t
+                              for t in stack.techniques))
+    meter = CpuMeter(round_to=round_to, trace=trace, compiled=stack.compiles)
     if kernels is not None:
         meter.tracker.kernels = kernels
     if tags is not None:
@@ -417,6 +423,7 @@ def predict(job: Job, round_to: int | None = None, cache: ModelCache | None = No
         traced = predict_traced(job, round_to, trace=job.run.device == "cuda", cache=cache)
         stated = versions.notice() if job.run.device == "cuda" else None  # rules not checked on this torch
         record.memory, record.assumed = traced.memory, [*traced.assumed, *filter(None, [stated])] or None
+        record.compiled = traced.compiled
         record.world_size = world_size(job.run, stack) or 1
         if record.world_size > 1:  # each rank whose shards differ (uneven shards), rank 0 first
             record.ranks = predict_ranks(job, round_to, record.memory, functools.partial(predict_memory, cache=cache))

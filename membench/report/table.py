@@ -83,7 +83,18 @@ def notes(sweep: Sweep) -> list[str]:
     if any(s.verdict == "undecided" for s in speeds.values()):
         said.append(f"undecided: a large change inside a wide interval; {noise.RERUN}")
     said += [f"{name}: speed not compared ({s.why_not})" for name, s in speeds.items() if s.verdict == "not-compared"]
+    said += [compiled_note(r) for r in sweep.finished if r.compiled is not None and not r.predicted]
     return [s for s in said if s]
+
+
+def compiled_note(r: RunRecord) -> str:
+    """A compiled run (techniques/compile.py): what Dynamo compiled, and what its memory figures mean."""
+    c = r.compiled
+    late = (f"; {c.after_warmup} compiled after the warm-up, inside the measured or timed steps"
+            if c.after_warmup else "; all in the warm-up")
+    return (f"{r.name}: torch.compile mode {c.mode}{', options ' + c.options if c.options else ''}: "
+            f"{c.compilations} compilation(s), {c.graph_breaks} graph break(s), {c.recompiles} recompile(s){late}"
+            + (f"; {c.memory_note}" if c.memory_note else ""))
 
 
 def fold(headers: list[str], body: list[list[str]], width: int = WIDTH) -> list[tuple[list[str], list[list[str]]]]:

@@ -21,6 +21,7 @@ from membench.results.frame import to_frame
 from membench.results.schema import (
     SCHEMA_VERSION,
     AllocationSide,
+    Compiled,
     Divergence,
     Environment,
     Equivalence,
@@ -31,6 +32,7 @@ from membench.results.schema import (
     PredictionCheck,
     RankSummary,
     RunRecord,
+    SavedTensor,
     SiteBytes,
     StateDiff,
     StreamUse,
@@ -41,6 +43,7 @@ from membench.results.schema import (
 __all__ = [
     "FINISHED", "MAX_RESULT_BYTES", "SCHEMA_VERSION", "STATUSES", "AllocationSide", "Divergence", "Environment",
     "Equivalence", "FileRef", "Interleaved", "Memory", "ModuleBytes", "PredictionCheck", "RankSummary", "RunRecord",
-    "SiteBytes", "StateDiff", "StreamUse", "TimelineInfo", "Timing", "archive", "build_checked",
+    "Compiled", "SavedTensor", "SiteBytes", "StateDiff", "StreamUse", "TimelineInfo", "Timing", "archive",
+    "build_checked",
     "check_result_paths", "is_finished", "load_dir", "read_result", "result_path", "to_frame", "write_record",
 ]

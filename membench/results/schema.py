@@ -323,6 +323,37 @@ class PredictionCheck:
 
 
 @dataclass
+class SavedTensor:
+    """A tensor AOTAutograd's partitioner saves from the compiled forward for backward (its graph's name)."""
+
+    name: str
+    shape: list[int]
+    dtype: str
+    bytes: int
+
+
+@dataclass
+class Compiled:
+    """A compiled run (techniques/compile.py): what Dynamo compiled, how long it took, and what of it fell outside
+    the warm-up. Counted by Dynamo itself (torch._dynamo.utils.get_compilation_metrics, counters["graph_break"])."""
+
+    mode: str
+    options: str | None = None  # --compile-options as given
+    compile_s: float = 0.0  # Dynamo's compilations (forward frames and backward graphs), their durations summed
+    compilations: int = 0  # frames and backward graphs compiled, in the whole run
+    graph_breaks: int = 0  # each one splits the model into more graphs (and keeps their boundaries' tensors)
+    recompiles: int = 0  # frames compiled again after a guard failed
+    after_warmup: int = 0  # compilations in the measured or timed steps (0: the warm-up compiled everything)
+    cache_hits: int = 0  # AOTAutograd's and Inductor's on-disk caches: a hit skips most of compile_s
+    cache_misses: int = 0
+    memory_note: str | None = None  # what the memory figures mean for this mode (CUDA graphs' private pool)
+    # A prediction: what the partitioner saves for backward (primals_* are the forward's inputs: parameters and the
+    # batch, held anyway), and what of Inductor the prediction does not follow.
+    saved: list[SavedTensor] | None = None
+    approximated: str | None = None
+
+
+@dataclass
 class RankSummary:
     """One rank of a distributed run."""
 
@@ -366,6 +397,7 @@ class RunRecord:
     numerics: Numerics | None = None
     cannot_see: list[str] | None = None
     prediction: PredictionCheck | None = None  # a measurement's own prediction, beside it (predict/beside.py)
+    compiled: Compiled | None = None  # the compile technique's compilations (techniques/compile.py)
     # A prediction's answers to what it could not know (values read back, the eager model of a compiled one, rules
     # of another torch release), each with where it came from: predict/emulate/values.py and predict/run.py.
     assumed: list[str] | None = None

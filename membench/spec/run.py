@@ -170,6 +170,9 @@ class RunSpec:
     quant_type: QuantType = "nf4"
     double_quant: bool = True
     compute_dtype: Dtype = "bf16"
+    # The compile technique (techniques/compile.py): torch.compile's mode, and Inductor options as "key=value,..."
+    compile_mode: str = "default"
+    compile_options: str | None = None
 
     @property
     def name(self) -> str:

@@ -18,6 +18,7 @@ from membench.techniques.base import COSTS, Cost, Technique
 from membench.techniques.baseline import Baseline
 from membench.techniques.bf16 import Bf16
 from membench.techniques.ckpt import ActivationCheckpointing
+from membench.techniques.compile import Compile
 from membench.techniques.expandable_segments import ExpandableSegments
 from membench.techniques.foreach_off import ForeachOff
 from membench.techniques.fsdp import Fsdp, FsdpOffload
@@ -34,7 +35,8 @@ REGISTRY: dict[str, type[Technique]] = {
     cls.name: cls
     for cls in (Baseline, GradientAccumulation, ActivationCheckpointing, OptimizerInBackward, AmpBf16, AmpFp16,
                 Bf16, ForeachOff, FusedAdam, InitOnDevice, OptimizerOffload, ActivationOffload,
-                SelectiveCheckpointing, Fsdp, FsdpOffload, TensorParallel, ExpandableSegments, Lora, Qlora)
+                SelectiveCheckpointing, Fsdp, FsdpOffload, TensorParallel, ExpandableSegments, Lora, Qlora,
+                Compile)
 }
 
 
@@ -152,6 +154,11 @@ class Stack:
     @property
     def low_precision(self) -> bool:
         return self.numerics == "precision"
+
+    @property
+    def compiles(self) -> bool:
+        """torch.compile's the model (techniques/compile.py)."""
+        return any(t.compiles for t in self.techniques)
 
     def validate(self, spec, workload) -> None:
         for t in self.techniques:

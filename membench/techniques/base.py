@@ -75,6 +75,7 @@ class Technique:
     min_torch_for: ClassVar[str] = ""
     min_torch_predicted: ClassVar[str | None] = None
     min_torch_predicted_for: ClassVar[str] = ""
+    compiles: ClassVar[bool] = False  # torch.compile's the model: the CPU tracker lets compiled code run compiled
 
     def __init__(self, spec: RunSpec, stack_param_dtype: str | None = None):
         self.spec = spec

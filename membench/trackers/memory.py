@@ -18,6 +18,7 @@ from torch import nn
 
 from membench.common import vocab as cat
 from membench.results import Memory, ModuleBytes
+from membench.trackers.compiled import CompiledStorageTracker
 from membench.trackers.modules import ModuleScopes, parameter_owners
 from membench.trackers.storage import StorageTracker
 from membench.trackers.timeline import Recording
@@ -79,6 +80,9 @@ class _Categorised:
     """
 
     tracker: StorageTracker | None = None
+    # False for a model the stack compiles whole: its module hooks would be traced away (trackers/modules.py), and
+    # removing them at detach would make Dynamo compile it again (it guards on a module's hooks).
+    module_scopes = True
 
     def attach_model(self, model: nn.Module) -> None:
         """Called at build, and again by a technique that replaces the parameters (FSDP): hooks go on once."""
@@ -86,7 +90,7 @@ class _Categorised:
         self._handles = getattr(self, "_handles", [])
         if getattr(self, "_scopes", None) is not None:
             self._scopes.remove()
-        self._scopes = ModuleScopes(model, self)
+        self._scopes = ModuleScopes(model, self) if self.module_scopes else None
         self._owners = parameter_owners(model)
         self._register_model()
         for p in model.parameters():
@@ -182,8 +186,13 @@ class CpuMeter(_Categorised):
 
     device = "cpu"
 
-    def __init__(self, budget: int | None = None, timeline: bool = False, round_to: int = 1, trace: bool = False):
-        self.tracker = StorageTracker(round_to=round_to, budget=budget, timeline=timeline, trace=trace)
+    def __init__(self, budget: int | None = None, timeline: bool = False, round_to: int = 1, trace: bool = False,
+                 compiled: bool = False):
+        # compiled: torch.compile'd code runs compiled under the tracker, its Inductor buffers counted
+        # (trackers/compiled.py); else it runs eager, as under any dispatch mode.
+        kind = CompiledStorageTracker if compiled else StorageTracker
+        self.module_scopes = not compiled
+        self.tracker = kind(round_to=round_to, budget=budget, timeline=timeline, trace=trace)
 
     @contextlib.contextmanager
     def active(self):
@@ -224,6 +233,8 @@ class CpuMeter(_Categorised):
         peak = self.tracker.peak
         rounding = self.tracker.round_to
         method = "storage-tracker" + (f", {rounding}-byte blocks" if rounding > 1 else "")
+        if isinstance(self.tracker, CompiledStorageTracker):
+            method += ", Inductor's buffers hooked"
         return Memory(device="cpu", method=method, peak_allocated_bytes=peak.bytes, peak_active_bytes=peak.bytes,
                       peak_phase=peak.phase, peak_step=peak.step, breakdown_at_peak=dict(peak.breakdown),
                       current_bytes=self.tracker.current, current_breakdown=dict(self.tracker.by_category),
@@ -383,5 +394,6 @@ def allocator_label(env) -> str:
         return env.get("PYTORCH_CUDA_ALLOC_CONF") or env.get("PYTORCH_ALLOC_CONF", "")
 
 
-def make_meter(device: str, budget: int | None = None) -> Meter:
-    return CudaMeter(budget) if device == "cuda" else CpuMeter(budget)
+def make_meter(device: str, budget: int | None = None, compiled: bool = False) -> Meter:
+    """compiled: the stack compiles the model (techniques/compile.py); on CPU the tracker then lets it run compiled."""
+    return CudaMeter(budget) if device == "cuda" else CpuMeter(budget, compiled=compiled)

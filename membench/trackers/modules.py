@@ -40,11 +40,15 @@ class ModuleScopes:
             self._handles.append(module.register_forward_hook(functools.partial(self._exit, name)))
 
     def _enter(self, name: str, module, args) -> None:
+        if torch.compiler.is_compiling():  # traced by Dynamo: nothing (a compiled region is its caller's)
+            return
         tracker = self.owner.tracker
         if tracker is not None:
             tracker.enter_module(name)
 
     def _exit(self, name: str, module, args, output) -> None:
+        if torch.compiler.is_compiling():
+            return
         tracker = self.owner.tracker
         if tracker is None:
             return

@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import threading
 
+import torch
+
 from membench.private import in_backward
 
 _state = threading.local()
@@ -25,7 +27,9 @@ def marked(forward):
 
     @functools.wraps(forward)
     def run(*args, **kwargs):
-        if not in_backward():
+        # Traced by Dynamo (a compiled model's checkpointed block): AOTAutograd's partitioner decides what is
+        # recomputed, inside the compiled backward, where no mark can reach.
+        if torch.compiler.is_compiling() or not in_backward():
             return forward(*args, **kwargs)
         _state.depth = getattr(_state, "depth", 0) + 1
         try:

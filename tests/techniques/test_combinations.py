@@ -41,6 +41,9 @@ CONFLICTS = {frozenset(pair) for pair in [
     # model's or bitsandbytes' 4-bit weights with these yet (lora+fsdp it does: FSDP2 over the peft model)
     ("lora", "qlora"), ("lora", "tp"), ("lora", "opt-offload"), ("lora", "fsdp-offload"),
     ("qlora", "tp"), ("qlora", "opt-offload"), ("qlora", "fsdp-offload"), ("qlora", "fsdp"),
+    # compile is measured on single-device stacks only (docs/compile.md): not sharded, not offloaded
+    ("compile", "fsdp"), ("compile", "fsdp-offload"), ("compile", "tp"), ("compile", "act-offload"),
+    ("compile", "opt-offload"),
 ]}
 CUDA_ONLY = {"opt-offload", "act-offload", "fsdp-offload", "expandable-segments"}  # they move memory off the GPU
 

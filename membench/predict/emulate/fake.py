@@ -31,6 +31,12 @@ class _AnswerScalars(private.TorchDispatchMode):
         self.dtensor = private.dtensor_type()  # DTensor where torch.distributed.tensor is imported, else None
         self._passing = None  # (op, args) of a DTensor op this mode passes on to DTensor's dispatch: _through_dtensor
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Off while Dynamo compiles and on while compiled code runs (predict/compiled.py): Dynamo compiles only where
+        every dispatch mode on the stack says so, so a plain tracker still keeps a compiled model eager."""
+        return True
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         passing = self._passing
         if passing is not None and func is passing[0] and _same(args, passing[1]):

@@ -24,6 +24,7 @@ autocast), one op to a fake tensor, whose meta kernel makes only the output, whe
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 
@@ -118,7 +119,9 @@ def _boolean_to_additive(mask: torch.Tensor, dtype: torch.dtype, cudnn: bool) ->
     otherwise) is a C++ Scalar, wrapped on the host; cuDNN's zero is a host tensor too (no device given), the
     others' a one-element tensor on the mask's device. GCC evaluates the arguments last to first: the zero is made
     before the inverted mask."""
-    with no_dispatch_modes():  # real host tensors: no GPU block, and nothing the tracker sees
+    # Real host tensors: no GPU block, and nothing the tracker sees; but where torch.compile traces this (a compiled
+    # prediction, predict/compiled.py), its fake tensors take no real one: there they are the graph's own.
+    with contextlib.nullcontext() if torch.compiler.is_compiling() else no_dispatch_modes():
         fill = torch.scalar_tensor(-65504.0 if cudnn else float("-inf"), dtype=dtype)
         host_zero = torch.scalar_tensor(0.0, dtype=dtype)
     zero = host_zero if cudnn else torch.scalar_tensor(0.0, dtype=dtype)
