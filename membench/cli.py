@@ -57,6 +57,7 @@ def _size(text: str) -> int:
 def add_workload_options(p: argparse.ArgumentParser, batch: bool = True) -> None:
     """What runs: the options every subcommand that builds a training step takes."""
     from membench.spec import DEFAULT_BATCH_SIZE, DEFAULT_TECHNIQUES, DEFAULT_WORKLOAD, OPTIMIZERS, RunSpec, default
+    from membench.spec import LIBRARY_OPTIMIZERS as LIBRARY  # noqa: I001 - apart, so that spec's edits merge
     from membench.workloads import BUILTIN
 
     p.add_argument("--workload", default=DEFAULT_WORKLOAD,
@@ -74,7 +75,8 @@ def add_workload_options(p: argparse.ArgumentParser, batch: bool = True) -> None
                    help=f"micro-batches for accum (default {accum})")
     p.add_argument("--optimizer", default=None,
                    help=f"{', '.join(OPTIMIZERS)}, or package.module:factory (a torch.optim.Optimizer built from the "
-                        "parameters; called with lr= if it takes it) (default: the workload's choice, else adam)")
+                        "parameters; called with lr= if it takes it) (default: the workload's choice, else adam); "
+                        f"from bitsandbytes or torchao (membench[finetune]): {', '.join(LIBRARY)}")
     p.add_argument("--seq-len", type=_checked("seq_len"), default=None,
                    help="tokens per sample for text workloads (gpt-*, hf:*) (default: the workload's)")
     p.add_argument("--lr", type=_checked("lr", float), default=lr,

@@ -39,11 +39,21 @@ class TrainState:
     # The CUDA prediction: clip fake gradients as torch clips real CUDA ones (one _foreach_norm per device and
     # dtype), which clip_grad_norm_'s check of the tensors' type refuses for FakeTensors (foreach=None).
     clip_foreach_on_cuda: bool = False
+    # A prediction: a library optimizer whose step fake tensors cannot run, as a stand-in that makes its state
+    # (predict/emulate/lowbit_optimizers.py); called with (name, params, lr, options), None for other optimizers.
+    optimizer_stand_in: Callable | None = None
+    # A CUDA prediction: memory offloading moves to the host, told apart from device memory
+    # (predict/emulate/off_device.OffDeviceLedger); None in a run, where the tensors' devices say it.
+    host_memory: object | None = None
 
     def make_optimizer(self, params, **overrides) -> torch.optim.Optimizer:
         """The run's optimizer (--optimizer) over params. Options a technique sets (foreach, fused) reach only an
         optimizer that takes them: foreach=False for opt-in-bwd means nothing to Adafactor's single-tensor step."""
         options = {**self.optimizer_options, **overrides}
+        if self.optimizer_stand_in is not None:
+            stand_in = self.optimizer_stand_in(self.spec.optimizer, params, self.spec.lr, options)
+            if stand_in is not None:
+                return stand_in
         return optimizers.make(self.spec.optimizer, params, lr=self.spec.lr, **options)
 
     def forward_context(self) -> ContextManager:

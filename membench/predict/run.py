@@ -27,6 +27,9 @@ from membench.predict import compiled, device, gpus, steady, streams
 from membench.predict.emulate import fake, versions
 from membench.predict.emulate.autocast import cuda_policy
 from membench.predict.emulate.kernels import CudaKernels
+from membench.predict.emulate.lowbit_optimizers import LowBitStandIn
+from membench.predict.emulate.lowbit_optimizers import note as lowbit_note
+from membench.predict.emulate.off_device import OffDeviceLedger
 from membench.predict.ranks import predict_ranks
 from membench.results import Memory, RunRecord, result_path, write_record
 from membench.spec import Job, RunSpec
@@ -74,9 +77,9 @@ class _Prepared(Technique):
     summary = "prediction plumbing"
     order = 0
 
-    def __init__(self, spec: RunSpec, model, cuda: bool):
+    def __init__(self, spec: RunSpec, model, cuda: bool, ledger: OffDeviceLedger | None = None):
         super().__init__(spec)
-        self.model, self.cuda = model, cuda
+        self.model, self.cuda, self.ledger = model, cuda, ledger
 
     def build_model(self, build, device):
         return self.model
@@ -85,6 +88,16 @@ class _Prepared(Technique):
         if self.cuda and optimizers.cuda_defaults_to_foreach(self.spec.optimizer):
             state.optimizer_options.setdefault("foreach", True)
         state.clip_foreach_on_cuda = self.cuda  # predict/emulate/foreach_norm.py
+        state.optimizer_stand_in = self._stand_in  # predict/emulate/lowbit_optimizers.py
+        state.host_memory = self.ledger  # predict/emulate/off_device.py
+
+    def _stand_in(self, name: str, params, lr: float, options: dict):
+        """bitsandbytes' and torchao's optimizers, whose steps fake tensors cannot run: their state made as theirs."""
+        if name not in optimizers.LIBRARY:
+            return None
+        optimizers.check(name)  # installed, as a run needs it
+        optimizers.refuse_options(name, options)
+        return LowBitStandIn(params, lr, name, self.cuda, self.ledger.paged if self.ledger else None)
 
 
 class _WithRealRanks(Technique):
@@ -168,7 +181,9 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     if traced is None:  # a check refused the written warm-up step: run it instead
         return predict_traced(job, round_to, trace=trace, derive_warmup=False, rank=rank)
     _label(traced, spec, stack, on_streams)
-    traced.assumed = [*values.answered(), *filter(None, [compiled_note])]
+    if session.meter.tracker.off_device is not None:
+        traced.memory.off_device = session.meter.tracker.off_device.result()
+    traced.assumed = [*values.answered(), *filter(None, [compiled_note, lowbit_note(spec.optimizer, cuda)])]
     if attention is not None:
         traced.memory.attention = attention.summary()
     return traced
@@ -222,11 +237,12 @@ def _fake_session(run: RunSpec, stack: Stack, workload: Workload, meta_model, gp
                   round_to: int, trace: bool, tags: streams.StreamTags | None) -> Session:
     """The same Session a run measures with, on the fake model, under the exact tracker in round_to-byte blocks;
     for a CUDA GPU (`gpu`) with what its kernels allocate besides their outputs (cuBLAS's workspaces, scratch)."""
-    prepared = _Prepared(run, fake.materialize(meta_model), cuda=gpu is not None)
-    techniques = (prepared, *(_WithRealRanks(t) if t.distributed else t for t in stack.techniques))
     meter = CpuMeter(round_to=round_to, trace=trace)
     if gpu is not None:
         meter.tracker.kernels = CudaKernels(gpu)
+        meter.tracker.off_device = OffDeviceLedger(meter.tracker)
+    prepared = _Prepared(run, fake.materialize(meta_model), cuda=gpu is not None, ledger=meter.tracker.off_device)
+    techniques = (prepared, *(_WithRealRanks(t) if t.distributed else t for t in stack.techniques))
     if tags is not None:
         meter.tracker.stream_of = tags.current
     data = _collected_between(batches(workload, run))
