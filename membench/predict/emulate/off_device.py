@@ -25,6 +25,7 @@ import weakref
 
 import torch
 
+from membench.private import tree_flatten
 from membench.results.schema import OffDevice
 
 
@@ -75,14 +76,14 @@ class OffDeviceLedger:
         if not self._host:
             return
         seen = False
-        for a in args:
+        for a in tree_flatten(args)[0]:  # a foreach op's lists too
             if isinstance(a, torch.Tensor):
-                if id(a.untyped_storage()) not in self._host:
+                if id(a.untyped_storage()) not in self._host and not self.tracker.excluded(a):
                     return
                 seen = True
         if not seen:
             return
-        for t in out if isinstance(out, (tuple, list)) else (out,):
+        for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and id(t.untyped_storage()) not in self._host:
                 self.add(t, "pageable")
 
