@@ -399,6 +399,9 @@ def print_predictions(results: list, args, attention: str | None = None, why: st
     from membench.results.sweep import Sweep
 
     print(render(Sweep.group(results)))
+    sources = [f"  {r.name}: {r.memory.peak_source}" for r in results if r.memory and r.memory.peak_source]
+    if sources:  # what the peak is made of, where a prediction can name it (predict/peak_source.py)
+        print("\nWHERE THE PEAK COMES FROM:\n" + "\n".join(sources))
     # api.plan chose the GPU where --gpu is not given: the records say which
     target = gpu(results[0].spec.run.gpu if results else args.gpu) if args.device == "cuda" else None
     if target is not None:  # each run's whole-device estimate per rank and its sources: what the answer reads

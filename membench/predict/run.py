@@ -23,7 +23,7 @@ from membench import environment, optimizers, private
 from membench.allocator.events import TraceEvent
 from membench.common.errors import UserError
 from membench.measure import Session
-from membench.predict import compiled, device, gpus, steady, streams
+from membench.predict import compiled, device, gpus, peak_source, steady, streams
 from membench.predict.emulate import fake, versions
 from membench.predict.emulate.autocast import cuda_policy
 from membench.predict.emulate.kernels import CudaKernels
@@ -181,6 +181,11 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     if traced is None:  # a check refused the written warm-up step: run it instead
         return predict_traced(job, round_to, trace=trace, derive_warmup=False, rank=rank)
     _label(traced, spec, stack, on_streams)
+    if workload.causal_lm is not None:  # a causal LM's peak: how much of it is the loss's fp32 logits
+        micro = spec.batch_size // (spec.accum_steps if "accum" in spec.techniques else 1)
+        traced.memory.peak_source = peak_source.logits_note(
+            traced.events, traced.measured_from, traced.round_to, traced.memory.peak_allocated_bytes,
+            micro * workload.items_per_sample, peak_source.output_vocabulary(meta_model))
     if session.meter.tracker.off_device is not None:
         traced.memory.off_device = session.meter.tracker.off_device.result()
     traced.assumed = [*values.answered(), *filter(None, [compiled_note, lowbit_note(spec.optimizer, cuda)])]

@@ -150,6 +150,7 @@ class Memory:
     streams: list[StreamUse] | None = None  # predictions of several CUDA streams: each stream's share
     on_card: OnCard | None = None  # CUDA predictions that reserve more than the GPU holds: replayed under it
     off_device: OffDevice | None = None  # CUDA predictions: pinned host, pageable host and unified memory it holds
+    peak_source: str | None = None  # predictions: what the peak is made of, where it can be named (LLM logits)
 
 
 @dataclass

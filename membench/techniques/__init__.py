@@ -17,6 +17,7 @@ from membench.techniques.amp import AmpBf16, AmpFp16
 from membench.techniques.base import COSTS, Cost, Technique
 from membench.techniques.baseline import Baseline
 from membench.techniques.bf16 import Bf16
+from membench.techniques.chunked_ce import ChunkedCrossEntropy
 from membench.techniques.ckpt import ActivationCheckpointing
 from membench.techniques.expandable_segments import ExpandableSegments
 from membench.techniques.foreach_off import ForeachOff
@@ -34,6 +35,7 @@ REGISTRY: dict[str, type[Technique]] = {
                 Bf16, ForeachOff, FusedAdam, InitOnDevice, OptimizerOffload, ActivationOffload,
                 SelectiveCheckpointing, Fsdp, FsdpOffload, TensorParallel, ExpandableSegments)
 }
+REGISTRY[ChunkedCrossEntropy.name] = ChunkedCrossEntropy  # a line of its own, so that others' additions merge
 
 
 def parse_techniques(text: str) -> tuple[tuple[str, ...], ...]:
