@@ -46,16 +46,20 @@ def library_class(name: str) -> type:
     import importlib
     import logging
 
-    pytree = logging.getLogger("torch.utils._pytree")  # torchao's import warns there of its own registrations
-    level = pytree.level
-    pytree.setLevel(logging.ERROR)
+    # torchao's import warns of its pytree registrations, bitsandbytes' of CPU kernels it could not load (for
+    # 4-bit matmuls, not its optimizers): neither concerns the user.
+    quiet = [logging.getLogger(name) for name in ("torch.utils._pytree", "bitsandbytes")]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.ERROR)
     try:
         module = importlib.import_module(module_name)
     except ImportError:
         raise UserError(f"optimizer {name} needs {package}, which is not installed: pip install 'membench[finetune]' "
                         f"(or pip install {package})") from None
     finally:
-        pytree.setLevel(level)
+        for logger, level in zip(quiet, levels):
+            logger.setLevel(level)
     cls = getattr(module, cls_name, None)
     if cls is None:
         raise UserError(f"optimizer {name}: {module_name} has no {cls_name} in the installed {package} "

@@ -50,6 +50,12 @@ def _live_at_peak(events: list, measured_from: int, round_to: int, size: int) ->
 
 
 def output_vocabulary(model) -> int | None:
-    """The output projection's width: a transformers model's output embeddings, or a module named `head`."""
+    """The output projection's width: a transformers model's output embeddings, or a module named `head`. None
+    where another linear layer is as wide (gpt-tiny's MLP: 256, as its vocabulary), so that tensors of the logits'
+    size would not all be the loss's."""
+    from torch import nn
+
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else getattr(model, "head", None)
-    return getattr(head, "out_features", None)
+    vocab = getattr(head, "out_features", None)
+    others = [m.out_features for m in model.modules() if isinstance(m, nn.Linear) and m is not head]
+    return None if vocab is None or any(width >= vocab for width in others) else vocab
