@@ -58,13 +58,13 @@ def note(name: str, cuda: bool) -> str | None:
 
 
 class LowBitStandIn(torch.optim.Optimizer):
-    """The library optimizer `name` as its state is made. `on_paged(tensor)`: a CUDA prediction's ledger of
-    unified memory (bitsandbytes' paged buffers), None where the target is the CPU (bitsandbytes pages only on CUDA:
-    get_state_buffer returns a plain buffer for a CPU parameter)."""
+    """The library optimizer `name` as its state is made. `paged(p, dtype)`: a CUDA prediction's maker of unified
+    memory (bitsandbytes' paged buffers, off_device.OffDeviceLedger.paged), None where the target is the CPU
+    (bitsandbytes pages only on CUDA: get_state_buffer returns a plain buffer for a CPU parameter)."""
 
-    def __init__(self, params, lr: float, name: str, cuda: bool, on_paged=None):
+    def __init__(self, params, lr: float, name: str, cuda: bool, paged=None):
         super().__init__(params, {"lr": lr})
-        self.name, self.cuda, self.on_paged = name, cuda, on_paged
+        self.name, self.cuda, self.paged = name, cuda, paged
         self.qmaps: tuple[torch.Tensor, ...] | None = None
         if name in BNB and not cuda:  # fill_qmap at construction; on CUDA these are host tensors
             self.qmaps = (torch.zeros(BNB_QMAP), torch.zeros(BNB_QMAP))
@@ -101,10 +101,9 @@ class LowBitStandIn(torch.optim.Optimizer):
         state["absmax2"] = torch.zeros((blocks,), dtype=torch.float32)
 
     def _bnb_buffer(self, p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        buffer = torch.zeros_like(p, dtype=dtype)
-        if self.name == "paged-adamw8bit" and self.on_paged is not None and p.numel() >= BNB_PAGED_FROM:
-            self.on_paged(buffer)
-        return buffer
+        if self.name == "paged-adamw8bit" and self.paged is not None and p.numel() >= BNB_PAGED_FROM:
+            return self.paged(p, dtype)
+        return torch.zeros_like(p, dtype=dtype)
 
     def _torchao_state(self, p: torch.Tensor, state: dict) -> None:
         state["step"] = torch.tensor(0.0)

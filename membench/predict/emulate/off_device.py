@@ -64,11 +64,14 @@ class OffDeviceLedger:
         """torch.autograd.graph.save_on_cpu(pin_memory=True) as its source does it, the host copies told apart."""
         return torch.autograd.graph.saved_tensors_hooks(lambda t: self.pinned_copy(t), self.to_device)
 
-    def paged(self, tensor: torch.Tensor) -> torch.Tensor:
-        """bitsandbytes' paged buffer: unified memory for the life of the optimizer."""
-        self.tracker.exclude(tensor)
-        self.unified += tensor.untyped_storage().nbytes()
-        return tensor
+    def paged(self, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """bitsandbytes' paged buffer of `like`'s shape (F.get_paged): unified memory for the life of the optimizer,
+        made out of the tracker's sight."""
+        with self._paused():
+            buffer = torch.zeros_like(like, dtype=dtype)
+        self.tracker.exclude(buffer)
+        self.unified += buffer.untyped_storage().nbytes()
+        return buffer
 
     # --- what the tracker calls --------------------------------------------------------------------------
     def made(self, args, out) -> None:

@@ -13,6 +13,8 @@ import torch
 from membench import optimizers
 from membench.common.errors import UserError
 from membench.predict.emulate.lowbit_optimizers import LowBitStandIn
+from membench.predict.run import predict_memory
+from tests.helpers import spec
 
 SHAPES = [(63, 65), (64, 64), (4097,), (64,)]  # 4095, 4096, 4097, 64 elements
 
@@ -94,11 +96,31 @@ def test_paged_state_from_1e5_elements_is_unified_memory():
     """get_state_buffer pages a state of at least 1e5 elements on CUDA: the two uint8 states of a 100,000-element
     parameter (200,000 B), not its absmax, nor a 99,999-element parameter's states."""
     paged = []
+
+    def make_paged(p, dtype):
+        paged.append(torch.zeros_like(p, dtype=dtype))
+        return paged[-1]
+
     params = [torch.nn.Parameter(torch.zeros(100_000)), torch.nn.Parameter(torch.zeros(99_999))]
     for p in params:
         p.grad = torch.zeros_like(p)
-    LowBitStandIn(params, 1e-3, "paged-adamw8bit", cuda=True, on_paged=paged.append).step()
+    stand_in = LowBitStandIn(params, 1e-3, "paged-adamw8bit", cuda=True, paged=make_paged)
+    stand_in.step()
     assert sum(t.nbytes for t in paged) == 2 * 100_000
+    assert all(stand_in.state[params[0]][key] is t for key, t in zip(("state1", "state2"), paged))
+
+
+@pytest.mark.slow  # two predictions of an hf model (the stand-in's paging is checked above, by default)
+def test_paged_state_is_neither_allocated_nor_reserved_in_a_prediction():
+    """hf:llama with a 2048-token vocabulary and hidden size 64: the embedding and the untied LM head have 131,072
+    elements each, so their four uint8 states (524,288 B) are paged; the device keeps the same state less those."""
+    workload = ("hf:llama,num_hidden_layers=1,hidden_size=64,intermediate_size=128,num_attention_heads=2,"
+                "num_key_value_heads=2,vocab_size=2048")
+    plain, paged = (predict_memory(spec(workload, batch_size=1, seq_len=16, optimizer=name, device="cuda",
+                                        gpu="A10G"))
+                    for name in ("adamw8bit", "paged-adamw8bit"))
+    assert paged.off_device.unified_bytes == 4 * 2048 * 64
+    assert plain.current_breakdown["optimizer_state"] - paged.current_breakdown["optimizer_state"] == 4 * 2048 * 64
 
 
 def test_a_library_optimizer_without_its_library_is_one_line_with_the_install_hint(monkeypatch):
