@@ -127,3 +127,18 @@ def test_a_library_optimizer_without_its_library_is_one_line_with_the_install_hi
     monkeypatch.setitem(__import__("sys").modules, "torchao.optim", None)  # importing it raises ImportError
     with pytest.raises(UserError, match=r"needs torchao, which is not installed: pip install 'membench\[finetune\]'"):
         optimizers.check("torchao-adamw4bit")
+
+
+def test_an_optimizer_the_installed_library_lacks_is_one_line(monkeypatch):
+    monkeypatch.setitem(optimizers.LIBRARY, "adamw8bit", ("bitsandbytes.optim", "NoSuchAdamW", "bitsandbytes"))
+    with pytest.raises(UserError, match=r"^optimizer adamw8bit: bitsandbytes.optim has no NoSuchAdamW in the "
+                                        r"installed bitsandbytes [\d.]+; upgrade bitsandbytes$"):
+        optimizers.check("adamw8bit")
+
+
+def test_a_cpu_run_of_a_torchao_optimizer_is_refused_before_it_runs():
+    pytest.importorskip("torchao")
+    from membench.api import plan
+
+    with pytest.raises(UserError, match="torchao compiles its step, which cannot run under the storage tracker"):
+        plan("gpt-tiny", "baseline", 2, "cpu", optimizer="torchao-adamw8bit")
