@@ -54,8 +54,9 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def add_workload_options(p: argparse.ArgumentParser, batch: bool = True) -> None:
-    """What runs: the options every subcommand that builds a training step takes."""
+def add_workload_options(p: argparse.ArgumentParser, batch: bool | str = True) -> None:
+    """What runs: the options every subcommand that builds a training step takes. batch: a help text instead of
+    True declares --batch-size with no default (fit: only for --by world-size)."""
     from membench.spec import DEFAULT_BATCH_SIZE, DEFAULT_TECHNIQUES, DEFAULT_WORKLOAD, OPTIMIZERS, RunSpec, default
     from membench.spec import LIBRARY_OPTIMIZERS as LIBRARY  # noqa: I001 - apart, so that spec's edits merge
     from membench.workloads import BUILTIN
@@ -65,8 +66,9 @@ def add_workload_options(p: argparse.ArgumentParser, batch: bool = True) -> None
                         f"needs membench[hf]), or package.module:factory, imported from the working directory "
                         f"(default: {DEFAULT_WORKLOAD})")
     if batch:
-        p.add_argument("--batch-size", type=_checked("batch_size"), default=DEFAULT_BATCH_SIZE,
-                       help=f"samples per optimizer step (default {DEFAULT_BATCH_SIZE})")
+        default_batch = DEFAULT_BATCH_SIZE if batch is True else None
+        p.add_argument("--batch-size", type=_checked("batch_size"), default=default_batch,
+                       help=f"samples per optimizer step (default {DEFAULT_BATCH_SIZE})" if batch is True else batch)
     p.add_argument("--techniques", default=None,
                    help=f"comma-separated; '+' stacks techniques in one run (default {DEFAULT_TECHNIQUES}, without "
                         "those the workload cannot take); the baseline always runs. See `membench techniques`.")
@@ -108,11 +110,12 @@ def _reshard(text: str) -> bool | int:
     raise argparse.ArgumentTypeError(f"{text[:40]!r} is not true, false or a world size to reshard to")
 
 
-def _mesh_text(text: str) -> str:
-    from membench.techniques.mesh import parse_mesh
+def _mesh(text: str):
+    """--mesh read once, here, into a membench.spec.mesh.Mesh (a RunSpec keeps its text)."""
+    from membench.spec.mesh import parse_mesh
 
     try:
-        return parse_mesh(text).text
+        return parse_mesh(text)
     except UserError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -121,7 +124,7 @@ def add_sharding_options(p: argparse.ArgumentParser) -> None:
     from membench.spec import DTYPES
 
     group = p.add_argument_group("sharding", "fsdp, fsdp-offload and tp: the mesh and FSDP2's own options")
-    group.add_argument("--mesh", type=_mesh_text, default=None, metavar="DIM=SIZE,...",
+    group.add_argument("--mesh", type=_mesh, default=None, metavar="DIM=SIZE,...",
                        help="the device mesh by torchtitan's dimension names: dp_shard (FSDP), dp_replicate (HSDP "
                             "with dp_shard), tp (the tp technique), e.g. dp_replicate=2,dp_shard=4 or dp_shard=4,tp=2; "
                             "its size is the number of ranks (default: dp_shard over every rank)")
@@ -137,11 +140,12 @@ def add_sharding_options(p: argparse.ArgumentParser) -> None:
                             "fully_shard's, true for blocks)")
 
 
-def _gpu_name(text: str) -> str:
-    from membench.predict.gpus import gpu
+def _gpu(text: str):
+    """--gpu read once, here, into a membench.spec.gpu.Gpu (a RunSpec keeps its name)."""
+    from membench.spec.gpu import gpu
 
     try:
-        return gpu(text).name
+        return gpu(text)
     except UserError as exc:
         raise argparse.ArgumentTypeError(str(exc).replace("unknown --gpu", "unknown GPU")) from None
 
@@ -150,12 +154,12 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
     """Where the numbers of a prediction are for (computed on this machine's CPU either way)."""
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                    help="the device predicted for (default cuda; cpu: what the exact CPU tracker would measure)")
-    from membench.predict.gpus import DEFAULT_GPU, GPUS
+    from membench.spec.gpu import DEFAULT_GPU, GIVEN, GPUS
 
-    p.add_argument("--gpu", default=None, type=_gpu_name, metavar="NAME",
+    p.add_argument("--gpu", default=None, type=_gpu, metavar="NAME",
                    help=f"the GPU a --device cuda prediction is for: its cuBLAS workspace and compute capability "
                          f"(default: this machine's GPU where torch sees one of these, else {DEFAULT_GPU}; valid: "
-                         f"{', '.join(GPUS)})")
+                         f"{', '.join(GPUS)}; or {GIVEN})")
     p.add_argument("--world-size", type=_checked("world_size"), default=None,
                    help=f"ranks a distributed technique (FSDP) is predicted for, in one process (default: --mesh's "
                         f"size, else 1; at most {CHECKS['world_size'].high})")
@@ -172,6 +176,12 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
                         "machine's cores; 1: one after another, in one process)")
 
 
+def _add_memory_budget(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--memory-budget", type=_checked("memory_budget", parse_bytes), default=None,
+                   help="e.g. 16GiB: runs above it end as OOM (CUDA: a memory fraction; CPU: the exact tracker; "
+                        "predict: the memory the caching allocator may have)")
+
+
 def add_run_options(p: argparse.ArgumentParser) -> None:
     from membench.spec import LaunchSpec, MeasureSpec, RunSpec, default
 
@@ -180,8 +190,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     timeout, nproc = default(LaunchSpec, "timeout_s"), default(RunSpec, "nproc_per_node")
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
                    help="where to train: cuda, cpu (exact tracker), or auto: cuda when torch sees a GPU (default)")
-    p.add_argument("--memory-budget", type=_checked("memory_budget", parse_bytes), default=None,
-                   help="e.g. 16GiB: runs above it end as OOM (CUDA: a memory fraction; CPU: the exact tracker)")
+    _add_memory_budget(p)
     p.add_argument("--steps", type=_checked("steps"), default=steps,
                    help=f"timed steps after warm-up (default {steps})")
     p.add_argument("--warmup", type=_checked("warmup"), default=warmup, help=f"untimed steps first (default {warmup})")
@@ -219,12 +228,12 @@ GOAL_HELP = ("what the recommendation optimises: lowest-peak (default: the lowes
 def _model_options(args) -> dict:
     return dict(accum_steps=args.accum_steps, optimizer=args.optimizer, lr=args.lr, seed=args.seed,
                 seq_len=args.seq_len, zero_grad=args.zero_grad, clip_grad_norm=args.clip_grad_norm,
-                inference=args.inference, mesh=args.mesh, param_dtype=args.param_dtype,
+                inference=args.inference, mesh=args.mesh.text if args.mesh else None, param_dtype=args.param_dtype,
                 reduce_dtype=args.reduce_dtype, reshard_after_forward=args.reshard_after_forward)
 
 
 def run_options(args) -> dict:
-    """`membench run`'s options as `api.plan` (and `membench.run_sweep`) take them."""
+    """`membench run`'s options as `plan.plan` (and `membench.run_sweep`) take them."""
     return dict(steps=args.steps, warmup=args.warmup, min_time_s=args.min_time, check=not args.no_check,
                 timeout_s=args.timeout, timeline=args.timeline, predict=args.predict,
                 peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
@@ -236,9 +245,7 @@ def _ranks_per_node(args) -> int:
     """--nproc-per-node, or on one node (no --torchrun-args) --mesh's size when that is not given."""
     if args.mesh is None or args.nproc_per_node != 1 or args.torchrun_args:
         return args.nproc_per_node
-    from membench.techniques.mesh import parse_mesh
-
-    return parse_mesh(args.mesh).size
+    return args.mesh.size
 
 
 def cmd_run(args) -> int:
@@ -349,16 +356,15 @@ def _predict_plan(args, batch_size: int) -> dict:
         workspace_from_config(os.environ["CUBLAS_WORKSPACE_CONFIG"])
     world = args.world_size
     if args.mesh is not None:
-        from membench.techniques.mesh import parse_mesh
-
-        world = parse_mesh(args.mesh, None if world is None else world).size
+        world = args.mesh.over(world).size
     world = world or 1
     if world > CHECKS["world_size"].high:  # a --mesh of more ranks than a prediction can play
-        raise UserError(f"--mesh {args.mesh} is {world} ranks, more than a prediction can play: at most "
+        raise UserError(f"--mesh {args.mesh.text} is {world} ranks, more than a prediction can play: at most "
                         f"{CHECKS['world_size'].high}")
     return dict(workload=args.workload, techniques=args.techniques, batch_size=batch_size,
                 target_device=args.device, nproc_per_node=world, check=False, timeline=False,
-                warmup=args.warmup, gpu=args.gpu if args.device == "cuda" else None,
+                warmup=args.warmup, gpu=args.gpu.name if args.device == "cuda" and args.gpu else None,
+                **({"memory_budget": args.memory_budget} if getattr(args, "memory_budget", None) else {}),
                 **_model_options(args))
 
 
@@ -386,14 +392,16 @@ def cmd_predict(args) -> int:
     out = Path(answer["out"])
     results = [read_result(result_path(out, name)) for name in answer["names"]]
     print_predictions(results, args, answer.get("attention"), answer.get("target"))
+    if answer.get("arch"):
+        print(answer["arch"])
     print(f"predictions: {out}")
     return 0 if all(r.status == "ok" for r in results) else 1
 
 
 def print_predictions(results: list, args, attention: str | None = None, why: str | None = None) -> None:
     """The table, then the answer for the target GPU first among the conclusions, then what was assumed. `why`:
-    why the GPU predicted for is that one, where --gpu was not given (api.plan chose it)."""
-    from membench.predict.gpus import gpu
+    why the GPU predicted for is that one, where --gpu was not given (plan.plan chose it)."""
+    from membench.predict.gpus import predicted_for
     from membench.predict.verdict import answer, assumptions
     from membench.report.table import render
     from membench.results.sweep import Sweep
@@ -402,12 +410,13 @@ def print_predictions(results: list, args, attention: str | None = None, why: st
     sources = [f"  {r.name}: {r.memory.peak_source}" for r in results if r.memory and r.memory.peak_source]
     if sources:  # what the peak is made of, where a prediction can name it (predict/peak_source.py)
         print("\nWHERE THE PEAK COMES FROM:\n" + "\n".join(sources))
-    # api.plan chose the GPU where --gpu is not given: the records say which
-    target = gpu(results[0].spec.run.gpu if results else args.gpu) if args.device == "cuda" else None
+    # plan.plan chose the GPU where --gpu is not given: the records say which
+    target = (predicted_for(results[0].spec.run) if results else args.gpu) if args.device == "cuda" else None
     if target is not None:  # each run's whole-device estimate per rank and its sources: what the answer reads
         from membench.predict.device import device_lines
+        from membench.predict.fragmentation import lines as fragmented
 
-        lines = device_lines(results, target)
+        lines = device_lines(results, target) + fragmented(results)
         if lines:
             print("\n" + "\n".join(lines))
     print()
@@ -433,8 +442,13 @@ def cmd_fit(args) -> int:
 
     budget = parse_bytes(args.budget)
     by = args.by or ("reserved" if args.device == "cuda" else "allocated")
-    if by in ("reserved", "device") and args.device != "cuda":
+    if by in ("reserved", "device", "world-size") and args.device != "cuda":
         raise UserError(f"--by {by} needs --device cuda: reserved memory is the CUDA caching allocator's")
+    if (by == "world-size") != (args.batch_size is not None):
+        raise UserError("--by world-size needs --batch-size (samples per rank), and only it takes one: fit searches "
+                        "the batch otherwise")
+    if by == "world-size":
+        return _fit_world_size(args, budget)
     # Planned at --accum-steps samples, a batch every technique takes (accumulation splits it into micro-batches);
     # each technique's search then runs over the multiples of the smallest batch it takes. The child process
     # (the only one that imports torch) plans, searches and says whether this machine has a CUDA GPU.
@@ -444,7 +458,7 @@ def cmd_fit(args) -> int:
     answer = call_isolated("fit", request, args.timeout, f"fitting {args.workload!r}")
     printing.join()
     fits = [Fit(**f) for f in answer["fits"]]
-    target = Job.from_dict(answer["jobs"][0]).run.gpu if answer["jobs"] else args.gpu
+    target = Job.from_dict(answer["jobs"][0]).run.card if answer["jobs"] else args.gpu
     checked = confirmation(args, target, answer.get("local_gpu"), answer.get("target"))
     confirm = checked.startswith("confirmed on this GPU")
     if confirm:  # real runs on this GPU, each in its own process
@@ -455,15 +469,42 @@ def cmd_fit(args) -> int:
         fits = [confirm_on_gpu(j, f, budget - (outside_allocator(j.run) if by == "device" else 0),
                                args.out or Path("results") / "fit") for j, f in zip(jobs, fits)]
     print_fits(fits, budget, by, args, checked, answer["cannot_see"], target)
+    if answer.get("arch"):
+        print(answer["arch"])
     return 0
 
 
-def print_fits(fits: list, budget: int, by: str, args, checked: str, cannot_see: list[str], target: str | None) -> None:
+def _fit_world_size(args, budget: int) -> int:
+    """fit --by world-size: the fewest ranks per technique whose whole-device estimate per rank is within the budget."""
+    from tabulate import tabulate
+
+    from membench.common.units import fmt_bytes
+    from membench.launch.probe import call_isolated
+    from membench.predict.fit.world import WorldFit, world_answer
+
+    if args.mesh is not None:
+        raise UserError("--by world-size searches the world size of one FSDP dimension: give no --mesh")
+    request = {"plan": _predict_plan(args, args.batch_size), "budget": budget, "by": "world-size"}
+    answer = call_isolated("fit", request, args.timeout, f"fitting {args.workload!r}")
+    fits = [WorldFit(**f) for f in answer["world_fits"]]
+    rows = [[f.run, f.world_size or "-", fmt_bytes(f.peak) if f.world_size else "-",
+             f"{f.over_world}: {fmt_bytes(f.over_peak)}" if f.over_world and f.over_peak is not None else "-",
+             f.predictions] for f in fits]
+    print(tabulate(rows, headers=["run", "fewest ranks (predicted)", "per-rank whole device", "most ranks over: peak",
+                                  "predictions"], tablefmt="simple", disable_numparse=True))
+    print()
+    print(world_answer(fits, budget))
+    print(f"PREDICTED (no timing) per rank at --batch-size {args.batch_size} per rank for {args.gpu.name if args.gpu else 'the default '}"
+          "GPU: the whole-device estimate (reserved + CUDA context + NCCL buffers); world sizes 1, 2, 4, ... then "
+          "bisected between the last over and the first fit (over multiples of 8 where those are more than 8 apart).")
+    return 0
+
+
+def print_fits(fits: list, budget: int, by: str, args, checked: str, cannot_see: list[str], target) -> None:
     """The table of largest batches, how they were searched, then the answer first among the conclusions."""
     from tabulate import tabulate
 
     from membench.common.units import ByteFormat
-    from membench.predict.gpus import gpu
     from membench.predict.verdict import fit_answer, fit_assumptions
 
     # One unit for the table, with enough decimals that peaks either side of the budget never print the same.
@@ -478,29 +519,24 @@ def print_fits(fits: list, budget: int, by: str, args, checked: str, cannot_see:
     if methods:
         print("searched " + "; ".join(methods) + " (predictions: full predictions made; simulated: batches "
               "evaluated from derived allocations through the allocator simulator)")
-    card = gpu(target) if args.device == "cuda" else None
+    card = target if args.device == "cuda" else None
     print()
     print(fit_answer(fits, budget, by, card))
     print("\n".join(fit_assumptions(card, by, checked, cannot_see, args.explain)))
 
 
-def confirmation(args, target: str | None, local: str | None, why: str | None) -> str:
+def confirmation(args, target, local: str | None, why: str | None) -> str:
     """Whether the fits are confirmed with real runs, and if not why not: only on the card they were predicted for
-    (`local`: the name torch gives this machine's GPU, asked by the child; `why`: why `target` was chosen)."""
-    from membench.predict.gpus import gpu
+    (`local`: the name torch gives this machine's GPU, asked by the child; `why`: why `target`, a Gpu, was chosen)."""
+    from membench.spec.gpu import find
 
     if args.device != "cuda":
         return "cpu target"
-    here = None
-    if local is not None:
-        try:
-            here = gpu(local).name
-        except UserError:  # a card the table does not know: never the one predicted for
-            here = None
+    here = find(local) if local is not None else None  # a card the table does not know: never the one predicted for
     checked = ("not confirmed (no CUDA GPU here)" if local is None else "not confirmed (--no-confirm)"
-               if args.no_confirm else "confirmed on this GPU" if here == target
-               else f"not confirmed: predicted for {target}, this machine's GPU is {local}")
-    return checked + (f"; {target}: {why}" if why else "")
+               if args.no_confirm else "confirmed on this GPU" if here is not None and here == target
+               else f"not confirmed: predicted for {target.name}, this machine's GPU is {local}")
+    return checked + (f"; {target.name}: {why}" if why else "")
 
 
 def cmd_replay(args) -> int:
@@ -565,6 +601,7 @@ def _add_predict_command(sub) -> None:
     p = sub.add_parser("predict", help="predict each technique's peak CUDA memory with no GPU (fake tensors)")
     add_workload_options(p)
     add_target_options(p)
+    _add_memory_budget(p)
     p.add_argument("--out", type=_path, default=None,
                    help="where predictions go (default results/predicted/<machine>/<device>-<workload>-bs<N>)")
     p.set_defaults(func=cmd_predict)
@@ -591,16 +628,17 @@ def _add_check_command(sub) -> None:
 def _add_fit_and_replay_commands(sub) -> None:
     """fit and replay: the largest batch under a budget; a snapshot through the allocator simulator."""
     p = sub.add_parser("fit", help="the largest batch per technique under a memory budget, from predictions")
-    add_workload_options(p, batch=False)
+    add_workload_options(p, batch="samples per rank, with --by world-size only (fit searches the batch otherwise)")
     add_target_options(p)
     p.add_argument("--budget", required=True, help="memory budget, e.g. 24GiB (GiB = 2**30) or 80GB")
     p.add_argument("--max-batch", type=_checked("max_batch"), default=65536,
                    help="stop searching here (default 65536)")
-    p.add_argument("--by", choices=("reserved", "allocated", "device"), default=None,
+    p.add_argument("--by", choices=("reserved", "allocated", "device", "world-size"), default=None,
                    help="which predicted peak must fit: reserved (what decides CUDA out-of-memory; the default for "
                         "--device cuda, from the allocator simulator), allocated (the default for --device cpu) or "
                         "device (reserved + the CUDA context + NCCL's buffers per rank, as predict's whole-device "
-                        "estimate: for a budget of the whole card)")
+                        "estimate: for a budget of the whole card); world-size: at --batch-size per rank, the "
+                        "fewest ranks whose whole device per rank is within the budget")
     p.add_argument("--no-confirm", action="store_true", help="on a GPU, do not confirm predictions with real runs")
     p.add_argument("--out", type=_path, default=None, help="where confirmation runs go (default results/fit)")
     p.set_defaults(func=cmd_fit)

@@ -153,13 +153,20 @@ def test_techniques_lists_every_technique_with_its_trade_off():
 
 @pytest.mark.parametrize("args", [["predict", "--resume"], ["predict", "--steps", "3"],
                                   ["predict", "--nproc-per-node", "2"], ["predict", "--peak-tflops", "10"],
-                                  ["fit", "--budget", "1GiB", "--batch-size", "4"],
                                   ["fit", "--budget", "1GiB", "--memory-budget", "1GiB"]])
 def test_subcommands_refuse_options_they_do_not_use(args):
     """predict and fit neither time nor launch runs, and fit searches the batch size: such options are errors,
     not silently ignored."""
     proc = run(args)
     assert proc.returncode == 2 and "unrecognized arguments" in proc.stderr
+
+
+@pytest.mark.parametrize("args", [["fit", "--budget", "1GiB", "--batch-size", "4"],
+                                  ["fit", "--budget", "1GiB", "--by", "world-size", "--device", "cuda"]])
+def test_fit_takes_a_batch_size_only_to_search_the_world_size(args):
+    """fit searches the batch size, unless --by world-size, which searches the ranks at a batch per rank."""
+    proc = run(args)
+    assert proc.returncode == 2 and "--by world-size needs --batch-size (samples per rank)" in proc.stderr
 
 
 def test_help_explains_every_option_and_gives_examples():

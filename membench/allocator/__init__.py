@@ -14,13 +14,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Hashable, Iterable
 
+from membench.allocator.account import AccountMismatch, Tracked, check
 from membench.allocator.events import DEFAULT_STREAM, KINDS, TraceEvent
 from membench.allocator.settings import AllocatorSettings, parse_alloc_conf, settings_from_env
-from membench.allocator.simulator import CachingAllocator, OutOfMemory, get_allocation_size, round_size
+from membench.allocator.simulator import MIN_BLOCK, CachingAllocator, OutOfMemory, get_allocation_size, round_size
 
-__all__ = ["DEFAULT_STREAM", "AllocatorSettings", "CachingAllocator", "OutOfMemory", "ReservedSummary",
-           "SimulationResult", "TraceEvent", "get_allocation_size", "parse_alloc_conf", "reserved_summary",
-           "round_size", "run_events", "settings_from_env", "simulate"]
+__all__ = ["DEFAULT_STREAM", "AccountMismatch", "AllocatorSettings", "CachingAllocator", "OutOfMemory",
+           "ReservedSummary", "SimulationResult", "TraceEvent", "Tracked", "get_allocation_size", "parse_alloc_conf",
+           "reserved_summary", "round_size", "run_events", "settings_from_env", "simulate"]
 
 
 @dataclasses.dataclass
@@ -46,6 +47,10 @@ class SimulationResult:
     same_address: int | None = None  # a recorded trace's allocations the simulator placed at the recorded address
     # Reserved at the peak of reserved, by the stream whose pool held it (0: the default stream).
     reserved_by_stream_at_peak: dict[int, int] = dataclasses.field(default_factory=dict)
+    # The live requests, each rounded up to 512 B (what a storage tracker counts), at their peak (since the last
+    # reset_peak) and at the end: account.py holds them against the tracker's.
+    peak_requested_bytes: int = 0
+    final_requested_bytes: int = 0
 
     @property
     def segments(self) -> list[int]:
@@ -97,10 +102,14 @@ def run_events(alloc: CachingAllocator, events: Iterable[TraceEvent | tuple],
                on_malloc: Callable[[Hashable, object], None] | None = None) -> SimulationResult:
     """The one replay loop: `events` (TraceEvents, or the tuples `simulate` takes) through `alloc`, until the end or
     the first allocation that does not fit. live: blocks allocated before the first event, by key (a recorded
-    trace's initial state); on_malloc(key, block) is called for each allocation."""
+    trace's initial state); on_malloc(key, block) is called for each allocation.
+
+    After each event the simulator's live requests (each rounded up to 512 B) must equal the events' running count:
+    account.AccountMismatch where an allocation or free did not reach the simulator's blocks as the trace has it."""
     live = {} if live is None else live
     oom_at = None
     allocations = 0
+    counted = alloc.requested  # the blocks live before the first event (a recorded trace's)
     for index, event in enumerate(events):
         if type(event) is not TraceEvent:
             try:
@@ -123,6 +132,7 @@ def run_events(alloc: CachingAllocator, events: Iterable[TraceEvent | tuple],
                 break
             allocations += 1
             live[key] = block
+            counted += -(-event.size // MIN_BLOCK) * MIN_BLOCK
             if on_malloc is not None:
                 on_malloc(key, block)
         elif kind == "free":
@@ -130,6 +140,7 @@ def run_events(alloc: CachingAllocator, events: Iterable[TraceEvent | tuple],
                 raise ValueError(f"event {index}: free of {key!r}, which is not allocated")
             block = live.pop(key)
             if block is not None:
+                counted -= -(-block.requested // MIN_BLOCK) * MIN_BLOCK
                 alloc.free(block)
         elif kind == "empty_cache":
             alloc.empty_cache()
@@ -137,6 +148,9 @@ def run_events(alloc: CachingAllocator, events: Iterable[TraceEvent | tuple],
             alloc.reset_peak()
         else:
             raise ValueError(f"event {index}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        if alloc.requested != counted:
+            raise AccountMismatch(f"event {index} ({kind} {key!r}): the simulator holds {alloc.requested:,} B of "
+                                  f"live requests, the trace {counted:,} B")
     return SimulationResult(
         settings=alloc.settings, peak_reserved_bytes=alloc.peak_reserved, peak_allocated_bytes=alloc.peak_allocated,
         reserved_at_peak_allocated=alloc.reserved_at_peak_allocated,
@@ -145,7 +159,8 @@ def run_events(alloc: CachingAllocator, events: Iterable[TraceEvent | tuple],
         segments_released=sum(e.action in ("free", "unmap") for e in alloc.segment_log),
         num_alloc_retries=alloc.num_alloc_retries, oom=oom_at is not None, oom_at_event=oom_at,
         final_reserved_bytes=alloc.reserved, final_allocated_bytes=alloc.allocated, allocations=allocations,
-        reserved_by_stream_at_peak={s: b for s, b in alloc.reserved_by_stream_at_peak.items() if b})
+        reserved_by_stream_at_peak={s: b for s, b in alloc.reserved_by_stream_at_peak.items() if b},
+        peak_requested_bytes=alloc.peak_requested, final_requested_bytes=alloc.requested)
 
 
 @dataclasses.dataclass
@@ -165,16 +180,21 @@ class ReservedSummary:
 
 def reserved_summary(events: Iterable[TraceEvent | tuple], settings: AllocatorSettings | str | None = None,
                      capacity: int | None = None, memory_fraction: float | None = None,
-                     placement: str = "ascending") -> ReservedSummary:
+                     placement: str = "ascending", tracked: Tracked | None = None) -> ReservedSummary:
     """simulate(), as the fields a (predicted) memory result carries. Bytes throughout.
 
     `allocator_peak_allocated_bytes` is what torch.cuda.max_memory_allocated() would report: block sizes, which
     include the remainders of 1 MiB or less that a large block keeps unsplit, so it can exceed the sum of the
     requests rounded to 512 B.
+
+    tracked: the storage tracker's count behind the trace (account.py): AccountMismatch where the simulator's live
+    requests do not reach its peak and final bytes (an OOM stops the simulation early: then not checked).
     """
     if not isinstance(settings, AllocatorSettings):
         settings = parse_alloc_conf(settings)
     r = simulate(events, settings, capacity, memory_fraction, placement)
+    if tracked is not None and not r.oom:
+        check(r.peak_requested_bytes, r.final_requested_bytes, tracked)
     return ReservedSummary(
         peak_reserved_bytes=r.peak_reserved_bytes, allocator_peak_allocated_bytes=r.peak_allocated_bytes,
         reserved_at_peak_allocated_bytes=r.reserved_at_peak_allocated,

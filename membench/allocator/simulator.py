@@ -183,6 +183,9 @@ class CachingAllocator:
         self._chooser = segment_address
         self.reserved = self.allocated = 0
         self.peak_reserved = self.peak_allocated = 0
+        # The requests behind the allocated blocks, each rounded up to 512 B (kMinBlockSize) as a storage tracker
+        # rounds it: what account.py holds against the tracker's live bytes; its peak counts from reset_peak too.
+        self.requested = self.peak_requested = 0
         self.allocated_at_peak_reserved = self.reserved_at_peak_allocated = 0
         # Reserved memory by the stream whose pool holds it (a segment serves the stream it was made for), now and
         # at the peak of reserved.
@@ -250,10 +253,14 @@ class CachingAllocator:
 
     # --- the public operations ---------------------------------------------------------------------------------
     def reset_peak(self) -> None:
-        """torch.cuda.reset_peak_memory_stats(): the peaks start again from what is held now."""
-        self.peak_reserved, self.allocated_at_peak_reserved = self.reserved, self.allocated
+        """torch.cuda.reset_peak_memory_stats(): the peaks start again from what is held now. Where reserved still
+        stands at its peak (nothing released since), the peak is that same one, and what was allocated when it was
+        reached (fragmentation_at_peak_bytes' moment) stays."""
+        if self.reserved != self.peak_reserved:
+            self.peak_reserved, self.allocated_at_peak_reserved = self.reserved, self.allocated
+            self.reserved_by_stream_at_peak = dict(self.reserved_by_stream)
         self.peak_allocated, self.reserved_at_peak_allocated = self.allocated, self.reserved
-        self.reserved_by_stream_at_peak = dict(self.reserved_by_stream)
+        self.peak_requested = self.requested
 
     def malloc(self, orig_size: int, stream: int = 0) -> Block:
         self.mallocs += 1
@@ -279,6 +286,9 @@ class CachingAllocator:
             self.reserved_by_stream_at_peak = dict(self.reserved_by_stream)
         if self.allocated > self.peak_allocated:
             self.peak_allocated, self.reserved_at_peak_allocated = self.allocated, self.reserved
+        self.requested += -(-orig_size // MIN_BLOCK) * MIN_BLOCK
+        if self.requested > self.peak_requested:
+            self.peak_requested = self.requested
         return block
 
     def free(self, block: Block) -> None:
@@ -286,6 +296,7 @@ class CachingAllocator:
             raise ValueError(f"{block!r} is not allocated")
         block.allocated = False
         self.allocated -= block.size
+        self.requested -= -(-block.requested // MIN_BLOCK) * MIN_BLOCK
         self._free_block(block)
 
     def empty_cache(self) -> None:
@@ -320,6 +331,7 @@ class CachingAllocator:
             else:
                 block.allocated, block.requested = True, requested
                 self.allocated += block_size
+                self.requested += -(-requested // MIN_BLOCK) * MIN_BLOCK
                 by_ptr[ptr] = block
         self._reserve(stream, size)
         self.live_segments[address] = size
@@ -330,6 +342,7 @@ class CachingAllocator:
             self.reserved_by_stream_at_peak = dict(self.reserved_by_stream)
         if self.allocated > self.peak_allocated:
             self.peak_allocated, self.reserved_at_peak_allocated = self.allocated, self.reserved
+        self.peak_requested = max(self.peak_requested, self.requested)
         return [by_ptr[ptr] for ptr, _, _ in allocated]
 
     # --- finding and splitting blocks --------------------------------------------------------------------------

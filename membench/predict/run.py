@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from membench import environment, optimizers, private
+from membench.allocator.account import with_reset
 from membench.allocator.events import TraceEvent
 from membench.common.errors import UserError
 from membench.measure import Session
-from membench.predict import compiled, device, gpus, peak_source, steady, streams
+from membench.predict import compiled, device, fragmentation, gpus, peak_source, steady, streams
 from membench.predict.emulate import fake, versions
 from membench.predict.emulate.autocast import cuda_policy
 from membench.predict.emulate.kernels import CudaKernels
@@ -158,7 +159,7 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     ranks = world_size(spec, stack)
     meta_model = _model_on_meta(run, stack, workload, ranks)
     warmup = min(job.measure.warmup, 1)  # after one step the optimizer state exists: the steady state
-    gpu = gpus.gpu(spec.gpu) if cuda else None
+    gpu = gpus.predicted_for(spec) if cuda else None
     # A separate cuBLASLt workspace (torch before 2.13) comes with a thread's first biased addmm, which priming
     # cannot know of before the step: the warm-up step is run.
     primes = derive_warmup and _derivable(spec, stack, warmup, ranks) and not (
@@ -297,10 +298,13 @@ def _label(traced: Traced, spec: RunSpec, stack: Stack,
     memory.device = spec.device
     memory.method = f"prediction: fake tensors, storage tracker, {traced.round_to}-byte blocks"
     if spec.device == "cuda":
-        reserved = _add_reserved(memory, traced.events, stack, spec.memory_budget)
+        # The meter resets the peaks before the measured step: so does the simulator (allocator/account.py).
+        events = with_reset(traced.events, traced.measured_from)
+        reserved = _add_reserved(memory, events, stack, spec.memory_budget, traced.round_to)
         if spec.memory_budget is None:  # more than the GPU holds, unbounded: replayed under it (predict/device.py)
-            memory.on_card = device.on_card(traced.events, allocator_settings(stack), memory.peak_reserved_bytes,
-                                            gpus.gpu(spec.gpu).memory_gb, device.run_mesh(spec))
+            memory.on_card = device.on_card(events, allocator_settings(stack), memory.peak_reserved_bytes,
+                                            gpus.predicted_for(spec).memory_bytes, device.run_mesh(spec))
+        memory.fragmented = fragmentation.for_run(events, allocator_settings(stack), spec, memory)
         if on_streams is not None:
             names, by_stream = on_streams
             memory.streams = streams.stream_uses(names, by_stream, reserved.reserved_by_stream_at_peak)
@@ -391,14 +395,18 @@ def _made_on_host(data, tracker: StorageTracker):
         del batch
 
 
-def _add_reserved(memory: Memory, trace: list[TraceEvent], stack: Stack, budget: int | None) -> ReservedSummary:
-    """Reserved memory: the step's allocations, in order from the model's construction on, through the caching
-    allocator simulator with the run's allocator settings (the user's PYTORCH_CUDA_ALLOC_CONF plus the stack's,
-    e.g. expandable-segments). A budget acts as a memory fraction, as it does on a real GPU."""
-    from membench.allocator import reserved_summary
+def _add_reserved(memory: Memory, trace: list[TraceEvent], stack: Stack, budget: int | None,
+                  round_to: int = CUDA_BLOCK) -> ReservedSummary:
+    """Reserved memory: the step's allocations, in order from the model's construction on (peaks reset where the
+    measured step begins), through the caching allocator simulator with the run's allocator settings (the user's
+    PYTORCH_CUDA_ALLOC_CONF plus the stack's, e.g. expandable-segments). A budget acts as a memory fraction, as it
+    does on a real GPU."""
+    from membench.allocator import Tracked, reserved_summary
 
+    # Held against the tracker's count, event by event, where it rounds as the allocator does (account.py).
+    tracked = Tracked(memory.peak_allocated_bytes, memory.current_bytes) if round_to == CUDA_BLOCK else None
     r = reserved_summary(trace, allocator_settings(stack), capacity=budget, memory_fraction=1.0 if budget else None,
-                         placement=device.SEGMENT_PLACEMENT)
+                         placement=device.SEGMENT_PLACEMENT, tracked=tracked)
     memory.peak_reserved_bytes = r.peak_reserved_bytes
     memory.allocator_peak_allocated_bytes = r.allocator_peak_allocated_bytes
     memory.reserved_at_peak_allocated_bytes = r.reserved_at_peak_allocated_bytes

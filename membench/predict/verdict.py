@@ -93,15 +93,19 @@ def cheapest(fits: list[Fitting]) -> Fitting | None:
 def capacity(gpu: Gpu) -> int:
     """The card's memory as sold (GB of 10**9 bytes), what the fits line compares the whole-device estimate with
     (as predict/device.py's fits_on)."""
-    return gpu.memory_gb * 10**9
+    return gpu.memory_bytes
 
 
 def _gb(gpu: Gpu) -> str:
-    return f"{gpu.name} ({gpu.memory_gb} GB = {fmt_bytes(capacity(gpu))})"
+    return f"{gpu.name} ({gpu.memory_label} = {fmt_bytes(capacity(gpu))})"
 
 
 def answer(records: list[RunRecord], gpu: Gpu) -> str:
-    """One line: whether the baseline fits `gpu`, by how much, and what fits when it does not."""
+    """One line: whether the baseline fits `gpu`, by how much, and what fits when it does not; under a
+    --memory-budget, whether each run's reserved memory fits the budget."""
+    budget = next((r.spec.run.memory_budget for r in records if r.spec.run.memory_budget), None)
+    if budget is not None:
+        return _under_budget(records, budget)
     fits = fitting(records, capacity(gpu))
     per_rank = " per rank" if any((r.world_size or 1) > 1 for r in records) else ""
     where = _gb(gpu)
@@ -127,6 +131,18 @@ def answer(records: list[RunRecord], gpu: Gpu) -> str:
     return head + "."
 
 
+def _under_budget(records: list[RunRecord], budget: int) -> str:
+    """Each run's reserved memory against the budget the simulated allocator had (a memory fraction)."""
+    said = []
+    for r in records:
+        m = r.memory
+        if r.status != "ok" or m is None or m.peak_reserved_bytes is None:
+            continue
+        said.append(f"{r.name} runs out of memory" + (" (fragmentation: see above)" if m.fragmented else "")
+                    if m.reserved_oom else f"{r.name} fits ({fmt_bytes(budget - m.peak_reserved_bytes)} to spare)")
+    return f"--memory-budget {fmt_bytes(budget)} for the caching allocator: " + "; ".join(said) + "."
+
+
 # Answers said on a line of their own, not folded with the values assumed: a compiled model predicted eager
 # (predict/compiled.py's PREFIX) and a torch release whose CUDA rules were not checked (predict/emulate/versions.py's
 # notice). Matched as text: this module is read where torch is not imported.
@@ -147,6 +163,7 @@ def assumptions(records: list[RunRecord], gpu: Gpu | None, explain: bool, attent
         chosen = f" ({why})" if why else ""
         lines = [f"PREDICTED (no timing) for {_gpu_in_short(gpu)}{chosen}, with CUDA's autocast and kernels;",
                  "reserved memory from the caching-allocator simulator" + _not_seen(seen, explain)]
+        lines += [f"{gpu.name}: {gpu.assumed()}"] if gpu.given else []
     everything = list(dict.fromkeys(a for r in records for a in (r.assumed or [])))
     alone = [a for a in everything if any(mark in a for mark in ALONE)]
     assumed = [a for a in everything if a not in alone]
@@ -222,6 +239,7 @@ def fit_assumptions(gpu: Gpu | None, by: str, checked: str, cannot_see: list[str
         lines = [f"PREDICTED (no timing) for {_gpu_in_short(gpu)}; {checked}."]
     if by == "device":  # predict/device.py's parts: the CUDA context and NCCL's buffers are estimates
         lines[0] = lines[0][:-1] + "; peaks include the estimated CUDA context and NCCL buffers (`membench predict`)."
+    lines += [f"{gpu.name}: {gpu.assumed()}"] if gpu is not None and gpu.given else []
     if explain:
         return lines + ["A prediction cannot see:"] + [f"  - {item}" for item in cannot_see]
     if cannot_see:

@@ -115,6 +115,29 @@ class OffDevice:
 
 
 @dataclass
+class SettingsTried:
+    """The same trace replayed under the same memory with other caching-allocator settings."""
+
+    settings: str  # PYTORCH_CUDA_ALLOC_CONF text
+    peak_reserved_bytes: int  # under the memory available (up to the failing allocation where it ran out)
+    oom: bool
+
+
+@dataclass
+class Fragmented:
+    """A CUDA prediction whose measured step's peak allocated fits the memory the allocator can have but whose
+    reserved memory does not (predict/fragmentation.py): how much is fragmentation, and other settings tried."""
+
+    capacity_bytes: int  # what the allocator can have: the card less the context and NCCL, or --memory-budget
+    peak_allocated_bytes: int  # the measured step's, in whole blocks (max_memory_allocated)
+    peak_reserved_bytes: int  # unbounded
+    fragmentation_bytes: int  # peak reserved less peak allocated: held by the allocator, never in use at once
+    oom_before_step: bool  # under the capacity it ran out before the measured step (construction or warm-up)
+    allocated_at_oom_bytes: int  # allocated when it ran out, the failing request not included
+    tried: list[SettingsTried] = field(default_factory=list)
+
+
+@dataclass
 class Memory:
     """Peak memory of the measured step(s), the phase and step it happened in, and its make-up by category."""
 
@@ -151,6 +174,7 @@ class Memory:
     on_card: OnCard | None = None  # CUDA predictions that reserve more than the GPU holds: replayed under it
     off_device: OffDevice | None = None  # CUDA predictions: pinned host, pageable host and unified memory it holds
     peak_source: str | None = None  # predictions: what the peak is made of, where it can be named (LLM logits)
+    fragmented: Fragmented | None = None  # CUDA predictions whose allocated fits and reserved does not
 
 
 @dataclass
@@ -360,6 +384,7 @@ class RunRecord:
     # A prediction's answers to what it could not know (values read back, the eager model of a compiled one, rules
     # of another torch release), each with where it came from: predict/emulate/values.py and predict/run.py.
     assumed: list[str] | None = None
+    timeline_error: str | None = None  # the recording pass failed (the run's other figures stand): why
     path: Path | None = field(default=None, compare=False)  # where it was loaded from; never written
 
     @property

@@ -39,6 +39,10 @@ CONFLICTS = {frozenset(pair) for pair in [
     ("tp", "fsdp-offload"), ("tp", "opt-offload"), ("tp", "amp-fp16"),
     # chunked-ce calls the trunk and the output projection itself, around the root module's FSDP and TP hooks.
     ("chunked-ce", "fsdp"), ("chunked-ce", "fsdp-offload"), ("chunked-ce", "tp"),
+    # one adapter per run (qlora is lora over 4-bit weights); membench does not shard, offload or split a peft
+    # model's or bitsandbytes' 4-bit weights with these yet (lora+fsdp it does: FSDP2 over the peft model)
+    ("lora", "qlora"), ("lora", "tp"), ("lora", "opt-offload"), ("lora", "fsdp-offload"),
+    ("qlora", "tp"), ("qlora", "opt-offload"), ("qlora", "fsdp-offload"), ("qlora", "fsdp"),
 ]}
 CUDA_ONLY = {"opt-offload", "act-offload", "fsdp-offload", "expandable-segments"}  # they move memory off the GPU
 
