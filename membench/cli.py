@@ -58,6 +58,7 @@ def add_workload_options(p: argparse.ArgumentParser, batch: bool | str = True) -
     """What runs: the options every subcommand that builds a training step takes. batch: a help text instead of
     True declares --batch-size with no default (fit: only for --by world-size)."""
     from membench.spec import DEFAULT_BATCH_SIZE, DEFAULT_TECHNIQUES, DEFAULT_WORKLOAD, OPTIMIZERS, RunSpec, default
+    from membench.spec import LIBRARY_OPTIMIZERS as LIBRARY  # noqa: I001 - apart, so that spec's edits merge
     from membench.workloads import BUILTIN
 
     p.add_argument("--workload", default=DEFAULT_WORKLOAD,
@@ -76,7 +77,8 @@ def add_workload_options(p: argparse.ArgumentParser, batch: bool | str = True) -
                    help=f"micro-batches for accum (default {accum})")
     p.add_argument("--optimizer", default=None,
                    help=f"{', '.join(OPTIMIZERS)}, or package.module:factory (a torch.optim.Optimizer built from the "
-                        "parameters; called with lr= if it takes it) (default: the workload's choice, else adam)")
+                        "parameters; called with lr= if it takes it) (default: the workload's choice, else adam); "
+                        f"from bitsandbytes or torchao (membench[finetune]): {', '.join(LIBRARY)}")
     p.add_argument("--seq-len", type=_checked("seq_len"), default=None,
                    help="tokens per sample for text workloads (gpt-*, hf:*) (default: the workload's)")
     p.add_argument("--lr", type=_checked("lr", float), default=lr,
@@ -450,6 +452,9 @@ def print_predictions(results: list, args, attention: str | None = None, why: st
     from membench.results.sweep import Sweep
 
     print(render(Sweep.group(results)))
+    sources = [f"  {r.name}: {r.memory.peak_source}" for r in results if r.memory and r.memory.peak_source]
+    if sources:  # what the peak is made of, where a prediction can name it (predict/peak_source.py)
+        print("\nWHERE THE PEAK COMES FROM:\n" + "\n".join(sources))
     # plan.plan chose the GPU where --gpu is not given: the records say which
     target = (predicted_for(results[0].spec.run) if results else args.gpu) if args.device == "cuda" else None
     if target is not None:  # each run's whole-device estimate per rank and its sources: what the answer reads

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from membench.common.errors import UserError
-from membench.spec import OPTIMIZERS
+from membench.spec import LIBRARY_OPTIMIZERS, OPTIMIZERS
 from membench.workloads import import_attr
 
 # Options a built-in optimizer accepts beyond lr (techniques pass foreach/fused; others are dropped for it).
@@ -27,11 +27,52 @@ _BUILTIN = {
     "adafactor": (getattr(torch.optim, "Adafactor", None), {}, ("foreach",)),
 }
 
+# From a library, by name: (module, class, the pip package). Each keeps its library's defaults but lr (bitsandbytes'
+# and torchao's AdamW: weight_decay 1e-2); its state is what predict/emulate/lowbit_optimizers.py allocates.
+LIBRARY = {
+    "adamw8bit": ("bitsandbytes.optim", "AdamW8bit", "bitsandbytes"),
+    "paged-adamw8bit": ("bitsandbytes.optim", "PagedAdamW8bit", "bitsandbytes"),
+    "torchao-adamw8bit": ("torchao.optim", "AdamW8bit", "torchao"),
+    "torchao-adamw4bit": ("torchao.optim", "AdamW4bit", "torchao"),
+    "torchao-adamwfp8": ("torchao.optim", "AdamWFp8", "torchao"),
+}
+assert tuple(LIBRARY) == LIBRARY_OPTIMIZERS
+
+
+def library_class(name: str) -> type:
+    """The library optimizer's class; UserError (with the install hint) where the library is not installed or this
+    release of it lacks the class."""
+    module_name, cls_name, package = LIBRARY[name]
+    import importlib
+    import logging
+
+    # torchao's import warns of its pytree registrations, bitsandbytes' of CPU kernels it could not load (for
+    # 4-bit matmuls, not its optimizers): neither concerns the user.
+    quiet = [logging.getLogger(name) for name in ("torch.utils._pytree", "bitsandbytes")]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.ERROR)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        raise UserError(f"optimizer {name} needs {package}, which is not installed: pip install 'membench[finetune]' "
+                        f"(or pip install {package})") from None
+    finally:
+        for logger, level in zip(quiet, levels):
+            logger.setLevel(level)
+    cls = getattr(module, cls_name, None)
+    if cls is None:
+        raise UserError(f"optimizer {name}: {module_name} has no {cls_name} in the installed {package} "
+                        f"{getattr(importlib.import_module(package), '__version__', '')}; upgrade {package}")
+    return cls
+
 
 def supports(name: str, option: str) -> bool:
     """Whether the optimizer takes `option` (foreach, fused). A user's factory: if its signature takes it."""
     if name in _BUILTIN:
         return option in _BUILTIN[name][2]
+    if name in LIBRARY:  # a library's own kernels: neither takes foreach or fused
+        return False
     params = inspect.signature(user_factory(name)).parameters
     return option in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
@@ -92,8 +133,12 @@ def check(name: str) -> None:
             raise UserError(f"optimizer {name} needs torch >= 2.5 (torch.optim.{name.capitalize()}); this is torch "
                             f"{torch.__version__}")
         return
+    if name in LIBRARY:
+        library_class(name)
+        return
     if ":" not in name:
-        raise UserError(f"unknown optimizer {name!r}; valid: {', '.join(OPTIMIZERS)}, or package.module:factory")
+        raise UserError(f"unknown optimizer {name!r}; valid: {', '.join(OPTIMIZERS + LIBRARY_OPTIMIZERS)}, or "
+                        "package.module:factory")
     user_factory(name)
 
 
@@ -106,6 +151,9 @@ def make(name: str, params, lr: float, **options) -> torch.optim.Optimizer:
         if any(options[k] for k in unsupported):  # e.g. fused=True asked of Adafactor: a refusal, not a no-op
             raise UserError(f"optimizer {name} does not take {', '.join(sorted(unsupported))}")
         return cls(params, lr=lr, **defaults, **{k: v for k, v in options.items() if k in accepted})
+    if name in LIBRARY:
+        refuse_options(name, options)
+        return library_class(name)(params, lr=lr)
     factory = user_factory(name)
     optimizer = factory(params, **_taken(factory, {"lr": lr, **options}))
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -113,3 +161,17 @@ def make(name: str, params, lr: float, **options) -> torch.optim.Optimizer:
                         f"it is given, got {type(optimizer).__name__}")
     refuse_unusable(name, type(optimizer))
     return optimizer
+
+
+def refuse_options(name: str, options: dict) -> None:
+    """A library optimizer asked for foreach or fused (fused-adam): a refusal, not a no-op."""
+    if any(options.values()):
+        raise UserError(f"optimizer {name} does not take {', '.join(sorted(k for k in options if options[k]))}")
+
+
+def check_device(name: str, device: str) -> None:
+    """torchao's optimizers compile their step (torch.compile), which dynamo refuses under a dispatch mode: the
+    storage tracker that measures a CPU run (and that a CPU-target prediction stands for) is one."""
+    if name in LIBRARY and LIBRARY[name][2] == "torchao" and device == "cpu":
+        raise UserError(f"optimizer {name}: torchao compiles its step, which cannot run under the storage tracker "
+                        "that measures a CPU run; measure it with --device cuda, or predict it (membench predict)")

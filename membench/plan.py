@@ -96,6 +96,7 @@ def plan(workload: str = DEFAULT_WORKLOAD, techniques: str | None = None, batch_
         run_opts["gpu"] = default_target().gpu.name
     base = RunSpec(workload=workload, batch_size=batch_size, device=device, **run_opts).validated()
     optimizers.check(base.optimizer)
+    optimizers.check_device(base.optimizer, device)
     measure = MeasureSpec(**measure_opts).validated()
     # Inference has no backward and no step for the default techniques to act on: the baseline alone.
     default = "baseline" if base.inference else DEFAULT_TECHNIQUES

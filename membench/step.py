@@ -36,11 +36,21 @@ class TrainState:
         t.to(device) for t in batch)
     on_model: Callable[[nn.Module], None] | None = None  # a technique that replaces the parameters calls it again
     device_mesh: object | None = None  # sharded techniques' torch DeviceMesh, built once (techniques/mesh.py)
+    # A prediction: a library optimizer whose step fake tensors cannot run, as a stand-in that makes its state
+    # (predict/emulate/lowbit_optimizers.py); called with (name, params, lr, options), None for other optimizers.
+    optimizer_stand_in: Callable | None = None
+    # A CUDA prediction: memory offloading moves to the host, told apart from device memory
+    # (predict/emulate/off_device.OffDeviceLedger); None in a run, where the tensors' devices say it.
+    host_memory: object | None = None
 
     def make_optimizer(self, params, **overrides) -> torch.optim.Optimizer:
         """The run's optimizer (--optimizer) over params. Options a technique sets (foreach, fused) reach only an
         optimizer that takes them: foreach=False for opt-in-bwd means nothing to Adafactor's single-tensor step."""
         options = {**self.optimizer_options, **overrides}
+        if self.optimizer_stand_in is not None:
+            stand_in = self.optimizer_stand_in(self.spec.optimizer, params, self.spec.lr, options)
+            if stand_in is not None:
+                return stand_in
         return optimizers.make(self.spec.optimizer, params, lr=self.spec.lr, **options)
 
     def forward_context(self) -> ContextManager:

@@ -73,11 +73,20 @@ def nccl_bytes(mesh: Mesh) -> int:
     return communicators(mesh) * per_communicator
 
 
-def whole_device(peak_reserved_bytes: int, mesh: Mesh) -> DeviceEstimate:
-    """Reserved (simulated by the caching-allocator simulator) + the CUDA context + NCCL's buffers."""
+# bitsandbytes' paged optimizer state (predict/emulate/off_device.py): outside the caching allocator.
+UNIFIED_SOURCE = ("bitsandbytes' paged optimizer state in CUDA unified memory (cudaMallocManaged), outside the "
+                  "caching allocator: counted as resident, as it is while the optimizer steps; the driver pages it "
+                  "out to host memory when the GPU runs short")
+
+
+def whole_device(peak_reserved_bytes: int, mesh: Mesh, unified_bytes: int = 0) -> DeviceEstimate:
+    """Reserved (simulated by the caching-allocator simulator) + the CUDA context + NCCL's buffers (+ paged
+    optimizer state in unified memory, where there is any)."""
     parts = [DevicePart("reserved", peak_reserved_bytes, "simulated",
                         "caching-allocator simulator; cuBLAS/cuBLASLt workspaces are in it"),
              DevicePart("CUDA context", CUDA_CONTEXT_BYTES, "estimated", CUDA_CONTEXT_SOURCE)]
+    if unified_bytes:
+        parts.append(DevicePart("paged optimizer state", unified_bytes, "estimated", UNIFIED_SOURCE))
     if communicators(mesh):
         count = communicators(mesh)
         parts.append(DevicePart(f"NCCL buffers ({count} communicator{'s' if count > 1 else ''})", nccl_bytes(mesh),
@@ -144,21 +153,44 @@ def device_lines(results: list, gpu) -> list[str]:
         if r.ranks and len(r.ranks) > 1:  # the replay under the card is rank 0's
             ranks = [(f"{r.name} rank {k.rank}", k.peak_reserved_bytes, r.memory.on_card if k.rank == 0 else None)
                      for k in r.ranks]
+        off = getattr(r.memory, "off_device", None)  # records written before the field have none
+        unified = off.unified_bytes if off else 0
         for name, reserved, card in ranks:
-            line, estimate = _device_line(name, reserved, card, mesh, gpu)
+            line, estimate = _device_line(name, reserved, card, mesh, gpu, unified)
             lines.append(line)
             sources.update({p.name.split(" (")[0]: p.source for p in estimate.parts if p.how == "estimated"})
     if not lines:
         return []
     head = "WHOLE DEVICE per rank at the peak of reserved, as nvidia-smi would show it (a prediction):"
-    return [head, *lines, *(f"  {name}: {source}" for name, source in sources.items())]
+    return [head, *lines, *(f"  {name}: {source}" for name, source in sources.items()), *off_device_lines(results)]
 
 
-def _device_line(name: str, reserved: int, card: OnCard | None, mesh: Mesh, gpu) -> tuple[str, DeviceEstimate]:
+def off_device_lines(results: list) -> list[str]:
+    """What each run holds outside the caching allocator (predict/emulate/off_device.py), in neither allocated nor
+    reserved: pinned and pageable host memory (offloading), unified memory (paged optimizer state)."""
+    from membench.common.units import fmt_bytes
+
+    lines = []
+    for r in results:
+        off = getattr(r.memory, "off_device", None)
+        if off is None:
+            continue
+        parts = [f"{label} {fmt_bytes(n)}" for label, n in (
+            ("pinned host memory at its peak", off.pinned_host_peak_bytes),
+            ("pageable host memory at its peak", off.pageable_host_peak_bytes),
+            ("unified memory (paged optimizer state)", off.unified_bytes)) if n]
+        lines.append(f"  {r.name}: outside the caching allocator, not in reserved: {', '.join(parts)}")
+    if not lines:
+        return []
+    return ["OUTSIDE THE CACHING ALLOCATOR (a prediction; host memory is the CPU's, not the GPU's):", *lines]
+
+
+def _device_line(name: str, reserved: int, card: OnCard | None, mesh: Mesh, gpu,
+                 unified: int = 0) -> tuple[str, DeviceEstimate]:
     """One rank's line: its estimate's parts and whether it fits; `card`: its replay under the card, if any."""
     from membench.common.units import fmt_bytes
 
-    estimate = whole_device(card.peak_reserved_bytes if card and not card.oom else reserved, mesh)
+    estimate = whole_device(card.peak_reserved_bytes if card and not card.oom else reserved, mesh, unified)
     fit = fits_on(estimate, gpu.memory_bytes)
     parts = " + ".join(f"{p.name} {fmt_bytes(p.bytes)} ({p.how})" for p in estimate.parts)
     answer = f"yes, margin {fmt_bytes(fit.margin_bytes)}" if fit.fits and not (card and card.oom) else (

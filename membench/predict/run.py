@@ -25,9 +25,12 @@ from membench.allocator.account import with_reset
 from membench.allocator.events import TraceEvent
 from membench.common.errors import UserError
 from membench.measure import Session
-from membench.predict import compiled, device, fragmentation, gpus, steady, streams
+from membench.predict import compiled, device, fragmentation, gpus, peak_source, steady, streams
 from membench.predict.emulate import fake, versions
 from membench.predict.emulate.kernels import CudaKernels, cuda_gpu
+from membench.predict.emulate.lowbit_optimizers import LowBitStandIn
+from membench.predict.emulate.lowbit_optimizers import note as lowbit_note
+from membench.predict.emulate.off_device import OffDeviceLedger
 from membench.predict.emulate.sdpa import CudaSdpa
 from membench.predict.ranks import predict_ranks
 from membench.results import Compiled, Memory, RunRecord, result_path, write_record
@@ -65,9 +68,9 @@ class _Prepared(Technique):
     summary = "prediction plumbing"
     order = 0
 
-    def __init__(self, spec: RunSpec, model, cuda: bool):
+    def __init__(self, spec: RunSpec, model, cuda: bool, ledger: OffDeviceLedger | None = None):
         super().__init__(spec)
-        self.model, self.cuda = model, cuda
+        self.model, self.cuda, self.ledger = model, cuda, ledger
 
     def build_model(self, build, device):
         return self.model
@@ -75,6 +78,16 @@ class _Prepared(Technique):
     def configure(self, state) -> None:
         if self.cuda and optimizers.cuda_defaults_to_foreach(self.spec.optimizer):
             state.optimizer_options.setdefault("foreach", True)
+        state.optimizer_stand_in = self._stand_in  # predict/emulate/lowbit_optimizers.py
+        state.host_memory = self.ledger  # predict/emulate/off_device.py
+
+    def _stand_in(self, name: str, params, lr: float, options: dict):
+        """bitsandbytes' and torchao's optimizers, whose steps fake tensors cannot run: their state made as theirs."""
+        if name not in optimizers.LIBRARY:
+            return None
+        optimizers.check(name)  # installed, as a run needs it
+        optimizers.refuse_options(name, options)
+        return LowBitStandIn(params, lr, name, self.cuda, self.ledger.paged if self.ledger else None)
 
 
 class _WithRealRanks(Technique):
@@ -170,7 +183,14 @@ def _predict_once(job: Job, round_to: int | None, trace: bool, derive_warmup: bo
     if traced is None:
         return None
     _label(traced, spec, stack, on_streams)
-    traced.assumed = [*values.answered(), *filter(None, [compiled_note])]
+    if workload.causal_lm is not None:  # a causal LM's peak: how much of it is the loss's fp32 logits
+        micro = spec.batch_size // (spec.accum_steps if "accum" in spec.techniques else 1)
+        traced.memory.peak_source = peak_source.logits_note(
+            traced.events, traced.measured_from, traced.round_to, traced.memory.peak_allocated_bytes,
+            micro * workload.items_per_sample, peak_source.output_vocabulary(meta_model))
+    if session.meter.tracker.off_device is not None:
+        traced.memory.off_device = session.meter.tracker.off_device.result()
+    traced.assumed = [*values.answered(), *filter(None, [compiled_note, lowbit_note(spec.optimizer, cuda)])]
     if partitioned:
         traced.compiled = compiled.compiled_record(spec, partitioned[0].saved)
         traced.assumed.append(compiled.APPROXIMATED)
@@ -235,12 +255,13 @@ def _fake_session(run: RunSpec, stack: Stack, workload: Workload, meta_model, ke
                   round_to: int, trace: bool, tags: streams.StreamTags | None) -> Session:
     """The same Session a run measures with, on the fake model, under the exact tracker in round_to-byte blocks;
     for a CUDA GPU (`kernels`) with what its kernels allocate besides their outputs (cuBLAS's workspaces, scratch)."""
-    prepared = _Prepared(run, fake.materialize(meta_model), cuda=kernels is not None)
-    techniques = (prepared, *(_WithRealRanks(t) if t.distributed else compiled.Partitioned(t) if t.compiles else t
-                              for t in stack.techniques))
     meter = CpuMeter(round_to=round_to, trace=trace, compiled=stack.compiles)
     if kernels is not None:
         meter.tracker.kernels = kernels
+        meter.tracker.off_device = OffDeviceLedger(meter.tracker)
+    prepared = _Prepared(run, fake.materialize(meta_model), cuda=kernels is not None, ledger=meter.tracker.off_device)
+    techniques = (prepared, *(_WithRealRanks(t) if t.distributed else compiled.Partitioned(t) if t.compiles else t
+                              for t in stack.techniques))
     if tags is not None:
         meter.tracker.stream_of = tags.current
     data = _collected_between(batches(workload, run))

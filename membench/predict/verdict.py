@@ -54,7 +54,9 @@ def device_peak(record: RunRecord) -> DevicePeak | None:
         return None
     card = memory.on_card
     reserved = card.peak_reserved_bytes if card is not None and not card.oom else memory.peak_reserved_bytes
-    return DevicePeak(whole_device(reserved, run_mesh(record.spec.run)).total, "whole device")
+    off = getattr(memory, "off_device", None)
+    unified = off.unified_bytes if off else 0  # paged optimizer state, resident while it steps
+    return DevicePeak(whole_device(reserved, run_mesh(record.spec.run), unified).total, "whole device")
 
 
 @dataclass(frozen=True)

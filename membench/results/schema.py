@@ -102,6 +102,19 @@ class OnCard:
 
 
 @dataclass
+class OffDevice:
+    """A CUDA prediction: memory the run holds outside the caching allocator, so in neither allocated nor reserved
+    (predict/emulate/off_device.py). Pinned host memory: offloaded activations, gradients and parameters, as torch's
+    caching host allocator rounds them (to a power of two), at their peak; pageable host memory: an offloaded
+    optimizer's state and step; unified memory: bitsandbytes' paged optimizer state (cudaMallocManaged), on the GPU
+    while the step uses it and paged out to host memory under pressure."""
+
+    pinned_host_peak_bytes: int = 0
+    pageable_host_peak_bytes: int = 0
+    unified_bytes: int = 0
+
+
+@dataclass
 class SettingsTried:
     """The same trace replayed under the same memory with other caching-allocator settings."""
 
@@ -159,6 +172,8 @@ class Memory:
     attention: Attention | None = None  # CUDA predictions: the attention kernel assumed for each kind of call
     streams: list[StreamUse] | None = None  # predictions of several CUDA streams: each stream's share
     on_card: OnCard | None = None  # CUDA predictions that reserve more than the GPU holds: replayed under it
+    off_device: OffDevice | None = None  # CUDA predictions: pinned host, pageable host and unified memory it holds
+    peak_source: str | None = None  # predictions: what the peak is made of, where it can be named (LLM logits)
     fragmented: Fragmented | None = None  # CUDA predictions whose allocated fits and reserved does not
 
 

@@ -6,6 +6,7 @@ from membench.spec.run import (
     DEFAULT_TECHNIQUES,
     DEFAULT_WORKLOAD,
     DTYPES,
+    LIBRARY_OPTIMIZERS,
     MAX_COUNT,
     MAX_JOBS,
     MAX_SEED,
@@ -31,4 +32,5 @@ __all__ = [
     "CHECKS", "DEFAULT_BATCH_SIZE", "DEFAULT_TECHNIQUES", "DEFAULT_WORKLOAD", "DTYPES", "MAX_COUNT", "MAX_JOBS",
     "MAX_SEED", "MAX_TIMEOUT_S", "MAX_WORLD_SIZE", "MIN_COMPARE_PAIRS", "OPTIMIZERS", "OPTIONAL", "ZERO_GRAD",
     "Check", "Device", "Dtype", "Job", "LaunchSpec", "MeasureSpec", "RunSpec", "ZeroGrad", "default", "expand",
+    "LIBRARY_OPTIMIZERS",
 ]

@@ -29,6 +29,8 @@ QUANT_TYPES = ("nf4", "fp4")  # bitsandbytes' 4-bit formats
 ZERO_GRAD = ("none", "zeros")  # optimizer.zero_grad(set_to_none=True), or set_to_none=False
 # Built-in optimizers by name; `package.module:factory` names any other (see membench.optimizers).
 OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adafactor")
+# From a library (optimizers.LIBRARY: bitsandbytes, torchao), installed with the finetune extra.
+LIBRARY_OPTIMIZERS = ("adamw8bit", "paged-adamw8bit", "torchao-adamw8bit", "torchao-adamw4bit", "torchao-adamwfp8")
 
 # The defaults of `membench run` and `membench.run_sweep` (one place, so the CLI and the API agree).
 DEFAULT_WORKLOAD = "vit-small"
@@ -195,9 +197,10 @@ class RunSpec:
     def validated(self) -> RunSpec:
         _check(self, "batch_size", "accum_steps", "nproc_per_node", "lr", "seq_len", "memory_budget", "seed",
                "clip_grad_norm")
-        if not isinstance(self.optimizer, str) or (self.optimizer not in OPTIMIZERS and ":" not in self.optimizer):
-            raise UserError(f"unknown optimizer {self.optimizer!r}; valid: {', '.join(OPTIMIZERS)}, "
-                            "or package.module:factory")
+        if not isinstance(self.optimizer, str) or (self.optimizer not in OPTIMIZERS + LIBRARY_OPTIMIZERS
+                                                   and ":" not in self.optimizer):
+            valid = ", ".join(OPTIMIZERS + LIBRARY_OPTIMIZERS)
+            raise UserError(f"unknown optimizer {self.optimizer!r}; valid: {valid}, or package.module:factory")
         if self.device not in ("cpu", "cuda"):
             raise UserError(f"unknown device {self.device!r}; valid: auto, cuda, cpu")
         if self.zero_grad not in ZERO_GRAD:

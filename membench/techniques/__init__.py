@@ -17,6 +17,7 @@ from membench.techniques.amp import AmpBf16, AmpFp16
 from membench.techniques.base import COSTS, Cost, Technique
 from membench.techniques.baseline import Baseline
 from membench.techniques.bf16 import Bf16
+from membench.techniques.chunked_ce import ChunkedCrossEntropy
 from membench.techniques.ckpt import ActivationCheckpointing
 from membench.techniques.compile import Compile
 from membench.techniques.expandable_segments import ExpandableSegments
@@ -38,6 +39,7 @@ REGISTRY: dict[str, type[Technique]] = {
                 SelectiveCheckpointing, Fsdp, FsdpOffload, TensorParallel, ExpandableSegments, Lora, Qlora,
                 Compile)
 }
+REGISTRY[ChunkedCrossEntropy.name] = ChunkedCrossEntropy  # a line of its own, so that others' additions merge
 
 
 def parse_techniques(text: str) -> tuple[tuple[str, ...], ...]:

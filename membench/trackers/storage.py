@@ -72,6 +72,9 @@ class StorageTracker(TorchDispatchMode):
         self.stream_bytes: dict[int, dict[str, int]] = {}  # stream -> category -> bytes allocated there (see below)
         self.device_types = device_types
         self.unseen = False  # while True, storages made are not counted (a CUDA run makes them on the host)
+        # A CUDA prediction's memory outside the caching allocator (predict/emulate/off_device.OffDeviceLedger):
+        # told of each op's outputs first, it keeps host tensors out of the count.
+        self.off_device = None
         self.round_to = round_to
         self.budget = budget
         self.record_timeline = timeline
@@ -119,6 +122,8 @@ class StorageTracker(TorchDispatchMode):
         if kernels is not None:  # a CUDA prediction: the in-place paths a plain run takes where this mode changes them
             func = kernels.rewrite(func, args, kwargs)
         out = func(*args, **(kwargs or {}))
+        if self.off_device is not None:
+            self.off_device.made(args, out)
         if kernels is not None:  # and what CUDA kernels allocate besides their outputs
             kernels.after(func, args, kwargs, out, self)
         self.track_outputs(out)

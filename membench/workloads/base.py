@@ -34,6 +34,7 @@ class Workload:
     unit: the throughput unit ("samples" or "tokens").
     optimizer: the optimizer this model trains with when `--optimizer` is not given (a name such as "adamw", or
         "package.module:factory"); None: Adam.
+    causal_lm: for a causal LM, its hidden states, output projection and aligned targets (chunked-ce).
     """
 
     build_model: Callable[[], nn.Module]
@@ -43,6 +44,10 @@ class Workload:
     items_per_sample: int = 1
     unit: str = "samples"
     optimizer: str | None = None
+    # A causal LM's split for a loss that projects the logits itself (chunked-ce): (model, batch) -> (the last
+    # hidden states [B, T, D], the output projection, the targets [B, T] aligned to them, -100 where none); None:
+    # not a causal LM.
+    causal_lm: Callable[[nn.Module, Batch], tuple] | None = None
 
 
 def classification_loss(model: nn.Module, batch: Batch) -> torch.Tensor:

@@ -60,17 +60,27 @@ class GPT(nn.Module):
         self.head = nn.Linear(cfg.dim, cfg.vocab, bias=False)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.head(self.hidden(idx))
+
+    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+        """The last hidden states, before the output projection (chunked-ce projects them itself)."""
         pos = torch.arange(idx.shape[1], device=idx.device)
         x = self.tok(idx) + self.pos(pos)
         for block in self.blocks:
             x = block(x)
-        return self.head(self.ln(x))
+        return self.ln(x)
 
 
 def lm_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     tokens, targets = batch
     logits = model(tokens)
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def lm_split(model: nn.Module, batch: Batch) -> tuple:
+    """Hidden states, output projection and targets (already the next tokens: make_batch shifts them)."""
+    tokens, targets = batch
+    return model.hidden(tokens), model.head, targets
 
 
 def gpt(name: str, seq_len: int | None = None) -> Workload:
@@ -85,6 +95,7 @@ def gpt(name: str, seq_len: int | None = None) -> Workload:
         build_model=functools.partial(GPT, cfg),
         make_batch=make_batch,
         loss_fn=lm_loss,
+        causal_lm=lm_split,
         blocks=lambda model: list(model.blocks),
         items_per_sample=cfg.seq_len,
         unit="tokens",

@@ -50,6 +50,11 @@ def _transformers():
         import transformers
     except ImportError:
         raise UserError(MISSING) from None
+    # transformers imports torchao, where it is installed (membench[finetune]), as it builds a model; torchao 0.18
+    # registers its enums with torch's pytree, which under torch 2.14 warns of each on stderr: not the user's concern.
+    import logging
+
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
     return transformers
 
 
@@ -348,6 +353,15 @@ def _loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     return model(**{key: inputs, "labels": labels}).loss
 
 
+def _causal_lm_split(model: nn.Module, batch: Batch) -> tuple:
+    """A causal LM's last hidden states (its base model's output), output projection and targets shifted as
+    transformers' ForCausalLMLoss shifts the labels (loss/loss_utils.py: padded with -100 by one, then [..., 1:])."""
+    ids, labels = batch
+    hidden = model.base_model(input_ids=ids).last_hidden_state
+    targets = nn.functional.pad(labels, (0, 1), value=-100)[..., 1:].contiguous()
+    return hidden, model.get_output_embeddings(), targets
+
+
 def _text_batch(vocab: int, seq_len: int, labels: Callable[[torch.Tensor, int, torch.Generator], torch.Tensor]):
     def make(batch_size: int, generator: torch.Generator) -> Batch:
         ids = torch.randint(0, vocab, (batch_size, seq_len), generator=generator)
@@ -387,5 +401,10 @@ def hf_workload(spec: str, seq_len: int | None = None) -> Workload:
     else:  # causal LM: the model shifts the labels itself; masked LM: predict every token
         labels = lambda ids, b, gen: ids.clone()  # noqa: E731
     items = seq_len
+    # Logits scaled or capped after the projection (Gemma 2's final_logit_softcapping, Cohere's logit_scale) are
+    # the model's own forward: no split stands for them.
+    plain_head = head == "causal-lm" and not any(getattr(config, key, None) for key in (
+        "final_logit_softcapping", "logit_scale"))
     return Workload(build_model=build, make_batch=_text_batch(config.vocab_size, seq_len, labels), loss_fn=_loss,
-                    blocks=blocks_of, items_per_sample=items, unit="tokens")
+                    blocks=blocks_of, items_per_sample=items, unit="tokens",
+                    causal_lm=_causal_lm_split if plain_head else None)

@@ -122,12 +122,12 @@ def test_cli_fit_prints_a_table(capsys):
 
 def test_a_technique_no_prediction_stands_for_is_refused_before_any_search(capfd):
     """It read `workload 'vit-tiny' raised CannotPredict: ...` after the baseline's whole search."""
-    assert cli.main(["fit", "--workload", "vit-tiny", "--techniques", "opt-offload", "--budget", "4MiB",
+    assert cli.main(["fit", "--workload", "vit-tiny", "--techniques", "fsdp-offload", "--budget", "4MiB",
                      "--jobs", "1"]) == 2
     err = capfd.readouterr().err
     assert "fit baseline" not in err
     assert err.strip().splitlines()[-1] == (
-        "membench: error: cannot fit opt-offload: opt-offload moves tensors between host and device memory, which a "
+        "membench: error: cannot fit fsdp-offload: fsdp-offload moves tensors between host and device memory, which a "
         "prediction on CPU cannot tell apart: measure it on a GPU")
 
 

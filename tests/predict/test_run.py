@@ -90,16 +90,16 @@ def test_cuda_only_techniques_are_validated_against_the_target_not_this_cpu(tmp_
     one whose device memory a CPU prediction cannot separate from host memory says so in its own row."""
     out = tmp_path / "pred"
     code = cli.main(["predict", "--workload", "gpt-tiny", "--batch-size", "2", "--techniques",
-                     "expandable-segments,opt-offload", "--out", str(out)])
+                     "expandable-segments,fsdp-offload", "--out", str(out)])
     captured = capsys.readouterr()
     assert code == 1  # one run could not be predicted
     from membench.results import read_result
 
     assert read_result(out / "expandable-segments.json").status == "ok"
-    offload = read_result(out / "opt-offload.json")
+    offload = read_result(out / "fsdp-offload.json")
     assert offload.status == "error" and "host and device" in offload.error and offload.traceback is None
     assert "Traceback" not in captured.err
-    assert cli.main(["predict", "--workload", "gpt-tiny", "--device", "cpu", "--techniques", "opt-offload",
+    assert cli.main(["predict", "--workload", "gpt-tiny", "--device", "cpu", "--techniques", "fsdp-offload",
                      "--out", str(tmp_path / "refused")]) == 2
 
 
@@ -244,12 +244,12 @@ def test_fit_searches_by_reserved_for_cuda_and_refuses_it_for_cpu(capsys):
 
 def test_a_run_that_cannot_be_predicted_says_why_on_its_line(tmp_path, capfd):
     """The reason is in the record and on the run's `predicted NAME: error` line, not only in the JSON."""
-    code = cli.main(["predict", "--workload", "gpt-tiny", "--batch-size", "2", "--techniques", "opt-offload",
+    code = cli.main(["predict", "--workload", "gpt-tiny", "--batch-size", "2", "--techniques", "fsdp-offload",
                      "--jobs", "1", "--out", str(tmp_path / "pred")])
     err = capfd.readouterr().err
     assert code == 1
-    line = next(line for line in err.splitlines() if line.startswith("predicted opt-offload: error"))
-    assert line.endswith(": cannot predict: opt-offload moves tensors between host and device memory, which a "
+    line = next(line for line in err.splitlines() if line.startswith("predicted fsdp-offload: error"))
+    assert line.endswith(": cannot predict: fsdp-offload moves tensors between host and device memory, which a "
                          "prediction on CPU cannot tell apart: measure it on a GPU")
 
 

@@ -31,7 +31,7 @@ def baseline() -> dict:
 def test_catalogue_is_complete():
     expected = {"baseline", "accum", "ckpt", "opt-in-bwd", "amp-bf16", "amp-fp16", "bf16", "foreach-off",
                 "fused-adam", "init-on-device", "opt-offload", "act-offload", "sac", "fsdp", "fsdp-offload", "tp",
-                "expandable-segments", "lora", "qlora", "compile"}
+                "expandable-segments", "lora", "qlora", "compile", "chunked-ce"}
     assert set(REGISTRY) == expected
     for name, cls in REGISTRY.items():
         assert cls.name == name and cls.summary and cls.__doc__, name

@@ -37,6 +37,8 @@ CONFLICTS = {frozenset(pair) for pair in [
     ("fsdp", "fsdp-offload"), ("opt-offload", "fsdp"), ("opt-offload", "fsdp-offload"), ("opt-offload", "opt-in-bwd"),
     ("amp-fp16", "opt-in-bwd"), ("amp-fp16", "fsdp"), ("amp-fp16", "fsdp-offload"),
     ("tp", "fsdp-offload"), ("tp", "opt-offload"), ("tp", "amp-fp16"),
+    # chunked-ce calls the trunk and the output projection itself, around the root module's FSDP and TP hooks.
+    ("chunked-ce", "fsdp"), ("chunked-ce", "fsdp-offload"), ("chunked-ce", "tp"),
     # one adapter per run (qlora is lora over 4-bit weights); membench does not shard, offload or split a peft
     # model's or bitsandbytes' 4-bit weights with these yet (lora+fsdp it does: FSDP2 over the peft model)
     ("lora", "qlora"), ("lora", "tp"), ("lora", "opt-offload"), ("lora", "fsdp-offload"),
