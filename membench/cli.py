@@ -405,10 +405,20 @@ def print_predictions(results: list, args, attention: str | None = None, why: st
         lines = device_lines(results, target)
         if lines:
             print("\n" + "\n".join(lines))
+        _print_time(results)
     print()
     if target is not None:
         print(answer(results, target))
     print("\n".join(assumptions(results, target, args.explain, attention, why)))
+
+
+def _print_time(results: list) -> None:
+    """Each run's predicted step time (membench/predict/time/), where the predictions hold one."""
+    from membench.predict.time.show import time_lines
+
+    lines = time_lines(results)
+    if lines:
+        print("\n" + "\n".join(lines))
 
 
 def cmd_check(args) -> int:

@@ -28,6 +28,7 @@ from membench.predict.emulate import fake, versions
 from membench.predict.emulate.autocast import cuda_policy
 from membench.predict.emulate.kernels import CudaKernels
 from membench.predict.ranks import predict_ranks
+from membench.predict.time import OpRecorder, predict_time
 from membench.results import Memory, RunRecord, result_path, write_record
 from membench.spec import Job, RunSpec
 from membench.step import batches
@@ -118,6 +119,8 @@ class Traced:
     round_to: int
     kernel_calls: list = dataclasses.field(default_factory=list)  # calls that may take kernel scratch (fit)
     assumed: list[str] = dataclasses.field(default_factory=list)  # what was answered without being known
+    ops: list = dataclasses.field(default_factory=list)  # a CUDA prediction's measured step, op by op (predict/time)
+    time: object = None  # its predicted step time (results.schema.PredictedTime)
 
 
 def predict_memory(job: Job, round_to: int | None = None, rank: int = 0) -> Memory:
@@ -171,6 +174,9 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     traced.assumed = [*values.answered(), *filter(None, [compiled_note])]
     if attention is not None:
         traced.memory.attention = attention.summary()
+    if gpu is not None and traced.ops and not ranks:  # single-GPU runs; collectives are not timed yet
+        traced.time = predict_time(traced.ops, gpu.name, gpu.sm_count, gpu.compute_capability, spec.batch_size,
+                                   workload.items_per_sample, workload.unit)
     return traced
 
 
@@ -250,14 +256,16 @@ def _measured_step(session: Session, primed: steady.Primed | None, round_to: int
     tracker = session.meter.tracker
     measured_from = len(tracker.trace or ())
     start_bytes = tracker.current
-    with steady.watching(session) if primed is not None else contextlib.nullcontext() as seen:
+    recorder = OpRecorder(tracker) if tracker.kernels is not None else contextlib.nullcontext()
+    with steady.watching(session) if primed is not None else contextlib.nullcontext() as seen, recorder:
         memory, _, _ = session.measure(1)
+    ops = recorder.calls if tracker.kernels is not None else []
     # A copy: the tracker's list goes on growing with frees while what the step left is collected later (in
     # another prediction, even), and fit compares traces event for event.
     trace = list(tracker.trace or ())
     calls = list(tracker.kernel_calls or ())
     if primed is None:
-        return Traced(memory, trace, measured_from, round_to, calls)
+        return Traced(memory, trace, measured_from, round_to, calls, ops=ops)
     gc.collect()  # what the step left for the collector: a run's next step frees it as it begins
     garbage = [e.key for e in tracker.trace[len(trace):] if e.kind == "free"]
     try:
@@ -265,7 +273,7 @@ def _measured_step(session: Session, primed: steady.Primed | None, round_to: int
                                       start_bytes, round_to, calls)
     except steady.CannotWrite:
         return None
-    return Traced(memory, written.events, written.measured_from, round_to, written.kernel_calls)
+    return Traced(memory, written.events, written.measured_from, round_to, written.kernel_calls, ops=ops)
 
 
 def _label(traced: Traced, spec: RunSpec, stack: Stack,
@@ -414,6 +422,7 @@ def predict(job: Job, round_to: int | None = None) -> RunRecord:
         traced = predict_traced(job, round_to, trace=job.run.device == "cuda")
         stated = versions.notice() if job.run.device == "cuda" else None  # rules not checked on this torch
         record.memory, record.assumed = traced.memory, [*traced.assumed, *filter(None, [stated])] or None
+        record.predicted_time = traced.time
         record.world_size = world_size(job.run, stack) or 1
         if record.world_size > 1:  # each rank whose shards differ (uneven shards), rank 0 first
             record.ranks = predict_ranks(job, round_to, record.memory, predict_memory)
