@@ -443,8 +443,10 @@ def cmd_fit(args) -> int:
     # Planned at --accum-steps samples, a batch every technique takes (accumulation splits it into micro-batches);
     # each technique's search then runs over the multiples of the smallest batch it takes. The child process
     # (the only one that imports torch) plans, searches and says whether this machine has a CUDA GPU.
+    if args.objective == "speed" and args.device != "cuda":
+        raise UserError("--objective speed needs --device cuda: step time is predicted for a CUDA GPU")
     request = {"plan": _predict_plan(args, args.accum_steps), "budget": budget, "by": by,
-               "max_batch": args.max_batch, "jobs": args.jobs}
+               "max_batch": args.max_batch, "jobs": args.jobs, "objective": args.objective}
     printing = _import_meanwhile("tabulate")  # verdict is imported above
     answer = call_isolated("fit", request, args.timeout, f"fitting {args.workload!r}")
     printing.join()
@@ -460,7 +462,17 @@ def cmd_fit(args) -> int:
         fits = [confirm_on_gpu(j, f, budget - (outside_allocator(j.run) if by == "device" else 0),
                                args.out or Path("results") / "fit") for j, f in zip(jobs, fits)]
     print_fits(fits, budget, by, args, checked, answer["cannot_see"], target)
+    _print_fastest(fits)
     return 0
+
+
+def _print_fastest(fits: list) -> None:
+    """fit --objective speed: the fastest technique and batch that fit, by predicted throughput."""
+    from membench.predict.time.show import fastest_lines
+
+    lines = fastest_lines(fits)
+    if lines:
+        print("\n" + "\n".join(lines))
 
 
 def print_fits(fits: list, budget: int, by: str, args, checked: str, cannot_see: list[str], target: str | None) -> None:
@@ -607,6 +619,9 @@ def _add_fit_and_replay_commands(sub) -> None:
                         "device (reserved + the CUDA context + NCCL's buffers per rank, as predict's whole-device "
                         "estimate: for a budget of the whole card)")
     p.add_argument("--no-confirm", action="store_true", help="on a GPU, do not confirm predictions with real runs")
+    p.add_argument("--objective", choices=("memory", "speed"), default="memory",
+                   help="memory (default): the largest batch per technique; speed: also each one's predicted step "
+                        "time at that batch, and the fastest technique and batch that fit (docs/time.md)")
     p.add_argument("--out", type=_path, default=None, help="where confirmation runs go (default results/fit)")
     p.set_defaults(func=cmd_fit)
 

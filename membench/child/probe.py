@@ -186,6 +186,9 @@ def fit_request(request: dict) -> dict:
             raise UserError(f"cannot fit {job.name}: {exc}") from None
 
     def fit_one(job: Job) -> Fit:
+        return _timed(job, _fitted(job), request.get("objective"))
+
+    def _fitted(job: Job) -> Fit:
         if by != "device":
             return fit_batch(job, budget, by, predict_traced, request["max_batch"], on_probe=probe)
         # The whole device: reserved memory under the budget less what the rank holds outside the allocator
@@ -207,6 +210,16 @@ def fit_request(request: dict) -> dict:
     # whether the CLI's process, which never imports torch, may confirm the fits with real runs on this GPU.
     return {"fits": [dataclasses.asdict(f) for f in fits], "jobs": [job.to_dict() for job in jobs],
             "local_gpu": local_gpu_name(), "cannot_see": list(CANNOT_SEE), "target": _target(request["plan"])}
+
+
+def _timed(job: Job, fit: Fit, objective: str | None) -> Fit:
+    """fit --objective speed: the fit with its predicted step time at the batch found (one more prediction)."""
+    if objective != "speed" or not fit.batch:
+        return fit
+    time = predict_traced(job.with_run(batch_size=fit.batch)).time
+    if time is None:
+        return fit
+    return dataclasses.replace(fit, step_s=time.step_s, throughput=time.throughput, unit=time.unit)
 
 
 def fork_refused() -> str | None:

@@ -33,6 +33,10 @@ class Fit:
     simulations: int = 0  # batches evaluated from derived allocations (no prediction)
     method: str = "full search"
     fails_below: list[int] = field(default_factory=list)  # smaller batches that do not fit (reserved memory)
+    # fit --objective speed: the predicted step time and throughput at `batch` (membench/predict/time/)
+    step_s: float | None = None
+    throughput: float | None = None
+    unit: str = ""
 
 
 @dataclass(frozen=True)

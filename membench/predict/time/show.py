@@ -34,3 +34,19 @@ def breakdown_line(t) -> str:
     """The per-class busy time of one prediction, largest first."""
     parts = sorted(((k, v) for k, v in t.by_class_s.items() if v > 0), key=lambda kv: -kv[1])
     return ", ".join(f"{name} {_ms(seconds)}" for name, seconds in parts)
+
+
+def fastest_lines(fits: list) -> list[str]:
+    """fit --objective speed: each fitted technique's predicted throughput at its largest batch, the fastest
+    first. Each technique is timed at the largest batch it fits (a larger batch is rarely slower per sample; smaller
+    ones are not searched)."""
+    timed = sorted((f for f in fits if f.throughput), key=lambda f: -f.throughput)
+    if not timed:
+        return []
+    best = timed[0]
+    lines = [f"Fastest that fits (predicted step time, no GPU ran): {best.run} at batch {best.batch}, "
+             f"{best.throughput:,.1f} {best.unit}/s ({_ms(best.step_s)} a step)"]
+    lines += [f"  {f.run} at batch {f.batch}: {f.throughput:,.1f} {f.unit}/s ({_ms(f.step_s)} a step, "
+              f"{best.throughput / f.throughput - 1:+.0%} slower per {f.unit.rstrip('s')} than {best.run})"
+              for f in timed[1:]]
+    return lines
