@@ -109,10 +109,19 @@ def kernel_launches(func, args) -> int:
     return max(1, math.ceil(tensors / MTA_MAX_TENSORS[depth - 1]), math.ceil(chunks / MTA_MAX_BLOCKS))
 
 
+def _mutated(func, args) -> list[torch.Tensor]:
+    """The tensors an op writes in place by its schema (`Tensor(a!)`, `Tensor(a!)[]`): what a foreach op or a
+    fused optimizer, which return nothing, writes."""
+    arguments = func._schema.arguments
+    return [t for arg, value in zip(arguments, args)
+            if arg.alias_info is not None and arg.alias_info.is_write for t in _tensors(value)]
+
+
 def op_bytes(func, args, out) -> int:
     """Bytes read and written: every input tensor and every output once (an in-place op's output is its input,
-    written back); an index op reads only the rows its output holds."""
-    outs = _tensors(out)
+    written back; an op that returns nothing writes the arguments its schema marks as written); an index op reads
+    only the rows its output holds."""
+    outs = _tensors(out) or _mutated(func, args)
     written = sum(_nbytes(t) for t in outs)
     if func.overloadpacket in GATHERS:
         indices = sum(_nbytes(t) for t in _tensors(args) if not t.is_floating_point())

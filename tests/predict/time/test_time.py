@@ -110,3 +110,15 @@ def test_a_cuda_prediction_records_its_step_time_and_ckpt_costs_more(tmp_path):
     path = result_path(tmp_path, records[1].name)
     write_record(path, records[1])
     assert read_result(path).predicted_time == ckpt
+
+
+def test_a_foreach_op_writes_what_its_schema_marks():
+    """_foreach_add_(xs, ys) over three fp32 tensors of 1,000 elements returns nothing: it reads xs and ys (6 x
+    4,000 B) and writes xs back (3 x 4,000 B): 36,000 B, in one kernel (3 tensors, 3 chunks: under
+    multi_tensor_apply's limits)."""
+    with FakeTensorMode():
+        xs = [torch.empty(1000) for _ in range(3)]
+        ys = [torch.empty(1000) for _ in range(3)]
+        out = torch._foreach_add_(xs, ys)
+        call = classify(aten._foreach_add_.List, (xs, ys), {}, out, "optimizer")
+    assert call.bytes == 36_000 and call.kernels == 1
