@@ -40,6 +40,9 @@ SYNC_OPS = {aten._local_scalar_dense, aten.is_nonzero, aten.equal}  # the host w
 HOST_OPS = {torch.ops.profiler._record_function_enter_new, torch.ops.profiler._record_function_exit}  # host only
 # Reads only the rows its indices pick, not the whole weight.
 GATHERS = {aten.embedding, aten.index_select, aten.gather, aten.index}
+# Write their output without reading it (a fill, random numbers).
+WRITE_ONLY = {aten.zero_, aten.fill_, aten.zeros_like, aten.ones_like, aten.full_like, aten.normal_, aten.uniform_,
+              aten.bernoulli_, aten.random_}
 
 # multi_tensor_apply (aten/src/ATen/native/cuda/MultiTensorApply.cuh), the kernels of foreach ops and fused
 # optimizers: a launch takes at most depth_to_max_tensors[depth - 1] tensors and depth_to_max_blocks chunks of
@@ -126,6 +129,8 @@ def op_bytes(func, args, out) -> int:
     if func.overloadpacket in GATHERS:
         indices = sum(_nbytes(t) for t in _tensors(args) if not t.is_floating_point())
         return 2 * written + indices
+    if func.overloadpacket in WRITE_ONLY:
+        return written
     return sum(_nbytes(t) for t in _tensors(args)) + written
 
 

@@ -122,3 +122,11 @@ def test_a_foreach_op_writes_what_its_schema_marks():
         out = torch._foreach_add_(xs, ys)
         call = classify(aten._foreach_add_.List, (xs, ys), {}, out, "optimizer")
     assert call.bytes == 36_000 and call.kernels == 1
+
+
+def test_a_fill_only_writes():
+    """zero_ on 1,000 fp32 elements writes 4,000 B and reads nothing."""
+    with FakeTensorMode():
+        x = torch.empty(1000)
+        call = classify(aten.zero_.default, (x,), {}, x.zero_(), "optimizer")
+    assert call.bytes == 4_000
