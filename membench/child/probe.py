@@ -186,7 +186,7 @@ def fit_request(request: dict) -> dict:
             raise UserError(f"cannot fit {job.name}: {exc}") from None
 
     def fit_one(job: Job) -> Fit:
-        return _timed(job, _fitted(job), request.get("objective"))
+        return timed_fit(job, _fitted(job), request.get("objective"))
 
     def _fitted(job: Job) -> Fit:
         if by != "device":
@@ -212,7 +212,7 @@ def fit_request(request: dict) -> dict:
             "local_gpu": local_gpu_name(), "cannot_see": list(CANNOT_SEE), "target": _target(request["plan"])}
 
 
-def _timed(job: Job, fit: Fit, objective: str | None) -> Fit:
+def timed_fit(job: Job, fit: Fit, objective: str | None) -> Fit:
     """fit --objective speed: the fit with its predicted step time at the batch found (one more prediction)."""
     if objective != "speed" or not fit.batch:
         return fit

@@ -12,6 +12,7 @@ from membench.predict.time import efficiency
 from membench.predict.time.hardware import SPEEDS, speed
 from membench.predict.time.model import estimate, op_time
 from membench.predict.time.ops import OpCall, classify
+from membench.predict.time.show import time_lines
 
 aten = torch.ops.aten
 A100_SMS, A100_CC = 108, (8, 0)
@@ -110,6 +111,10 @@ def test_a_cuda_prediction_records_its_step_time_and_ckpt_costs_more(tmp_path):
     path = result_path(tmp_path, records[1].name)
     write_record(path, records[1])
     assert read_result(path).predicted_time == ckpt
+    lines = time_lines(records)
+    assert lines[0].startswith("Predicted step time on A100 (a prediction: no GPU ran")
+    cost = f"ckpt: {ckpt.step_s / base.step_s - 1:+.0%} step time vs baseline"
+    assert lines[2].endswith(cost) and "tokens/s" in lines[2] and cost not in lines[1]
 
 
 def test_a_foreach_op_writes_what_its_schema_marks():
