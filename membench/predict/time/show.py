@@ -25,7 +25,7 @@ def time_lines(results: list) -> list[str]:
         line = (f"  {r.name:<{width}}  {_ms(t.step_s)} ({_ms(t.low_s)}-{_ms(t.high_s)})  "
                 f"{t.throughput:,.1f} {t.unit}/s  {mfu}")
         if baseline is not None and not r.is_baseline and baseline.step_s > 0:
-            line += f"  {r.name}: {t.step_s / baseline.step_s - 1:+.0%} step time vs baseline"
+            line += f"  {r.name}: {round((t.step_s / baseline.step_s - 1) * 100):+d}% step time vs baseline"
         lines.append(line)
     return lines
 

@@ -113,7 +113,7 @@ def test_a_cuda_prediction_records_its_step_time_and_ckpt_costs_more(tmp_path):
     assert read_result(path).predicted_time == ckpt
     lines = time_lines(records)
     assert lines[0].startswith("Predicted step time on A100 (a prediction: no GPU ran")
-    cost = f"ckpt: {ckpt.step_s / base.step_s - 1:+.0%} step time vs baseline"
+    cost = f"ckpt: {round((ckpt.step_s / base.step_s - 1) * 100):+d}% step time vs baseline"
     assert lines[2].endswith(cost) and "tokens/s" in lines[2] and cost not in lines[1]
 
 
