@@ -1,5 +1,6 @@
 """Sessions run with the interpreter nox runs under (venv_backend="none"): nothing is reinstalled (torch is large),
-so CI installs once (`pip install -c constraints.txt -e .[test]`) and then `nox -s tests gate bench`."""
+so CI installs once (`pip install -c constraints.txt -e .[test]`) and then `nox -s tests gate bench`. `accuracy` is
+the exception: it needs the torch release the GPU data was recorded with, in an environment of its own."""
 
 from __future__ import annotations
 
@@ -43,3 +44,13 @@ def bench_compare(session: nox.Session) -> None:
     against = session.posargs[0] if session.posargs else ""
     session.run(PYTHON, "-m", "pytest", "benchmarks", "-q", "-n", "0", f"--benchmark-compare={against}".rstrip("="),
                 "--benchmark-compare-fail=min:15%", *session.posargs[1:])
+
+
+@nox.session(venv_backend="venv", reuse_venv=True)
+def accuracy(session: nox.Session) -> None:
+    """The accuracy gate (benchmarks/accuracy_gate.py) in its own environment with the torch the committed GPU data
+    was recorded with (benchmarks/accuracy-constraints.txt: 2.11.0): fails when a row is further off than
+    results/accuracy/ says. `nox -s accuracy -- --update` writes the table; `-- --plant-mib 1` must fail."""
+    session.install("-q", "-r", "benchmarks/accuracy-constraints.txt")
+    session.install("-q", "--no-deps", "-e", ".")
+    session.run("python", "benchmarks/accuracy_gate.py", *session.posargs)

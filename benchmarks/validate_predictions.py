@@ -171,10 +171,10 @@ HF_ROWS = [
 ]
 
 
-def hf_rows() -> list[list]:
-    """Each published row against `membench predict`'s reserved memory (+ the doc's own context figure): as today's
-    torch and transformers train, and with what the doc's software kept that they do not, for either torch its date
-    allows (software_2022.py)."""
+def hf_predictions() -> list[tuple[str, int, list[float], float]]:
+    """Each published row against `membench predict`'s reserved memory (+ the doc's own context figure), in MB: as
+    today's torch and transformers train, and with what the doc's software kept that they do not, for either torch
+    its date allows (software_2022.py). (setting, published MB, [today, as 1.10, as 1.9], seconds per prediction)."""
     from software_2022 import early_2022
 
     from membench.api import plan
@@ -190,13 +190,18 @@ def hf_rows() -> list[list]:
     rows = []
     for setting, techniques, optimizer, published in HF_ROWS:
         started = time.perf_counter()
-        row = [setting, published]
+        mbs = []
         for software in (contextlib.nullcontext(), early_2022("1.10"), early_2022("1.9")):
             with software:
-                mb = predicted_mb(techniques, optimizer)
-            row += [f"{mb:,.0f}", f"{(mb - published) / published:+.1%}"]
-        rows.append([*row, f"{(time.perf_counter() - started) / 3:.1f}"])
+                mbs.append(predicted_mb(techniques, optimizer))
+        rows.append((setting, published, mbs, (time.perf_counter() - started) / 3))
     return rows
+
+
+def hf_rows() -> list[list]:
+    """hf_predictions as the table prints them."""
+    return [[setting, published, *[x for mb in mbs for x in (f"{mb:,.0f}", f"{(mb - published) / published:+.1%}")],
+             f"{seconds:.1f}"] for setting, published, mbs, seconds in hf_predictions()]
 
 
 NOTHING_CHECKED = 3  # the traces' folder is absent: nothing was compared with a real GPU

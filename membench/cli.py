@@ -106,11 +106,12 @@ def _reshard(text: str) -> bool | int:
     raise argparse.ArgumentTypeError(f"{text[:40]!r} is not true, false or a world size to reshard to")
 
 
-def _mesh_text(text: str) -> str:
-    from membench.techniques.mesh import parse_mesh
+def _mesh(text: str):
+    """--mesh read once, here, into a membench.spec.mesh.Mesh (a RunSpec keeps its text)."""
+    from membench.spec.mesh import parse_mesh
 
     try:
-        return parse_mesh(text).text
+        return parse_mesh(text)
     except UserError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -119,7 +120,7 @@ def add_sharding_options(p: argparse.ArgumentParser) -> None:
     from membench.spec import DTYPES
 
     group = p.add_argument_group("sharding", "fsdp, fsdp-offload and tp: the mesh and FSDP2's own options")
-    group.add_argument("--mesh", type=_mesh_text, default=None, metavar="DIM=SIZE,...",
+    group.add_argument("--mesh", type=_mesh, default=None, metavar="DIM=SIZE,...",
                        help="the device mesh by torchtitan's dimension names: dp_shard (FSDP), dp_replicate (HSDP "
                             "with dp_shard), tp (the tp technique), e.g. dp_replicate=2,dp_shard=4 or dp_shard=4,tp=2; "
                             "its size is the number of ranks (default: dp_shard over every rank)")
@@ -135,11 +136,12 @@ def add_sharding_options(p: argparse.ArgumentParser) -> None:
                             "fully_shard's, true for blocks)")
 
 
-def _gpu_name(text: str) -> str:
-    from membench.predict.gpus import gpu
+def _gpu(text: str):
+    """--gpu read once, here, into a membench.spec.gpu.Gpu (a RunSpec keeps its name)."""
+    from membench.spec.gpu import gpu
 
     try:
-        return gpu(text).name
+        return gpu(text)
     except UserError as exc:
         raise argparse.ArgumentTypeError(str(exc).replace("unknown --gpu", "unknown GPU")) from None
 
@@ -148,12 +150,12 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
     """Where the numbers of a prediction are for (computed on this machine's CPU either way)."""
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                    help="the device predicted for (default cuda; cpu: what the exact CPU tracker would measure)")
-    from membench.predict.gpus import DEFAULT_GPU, GPUS
+    from membench.spec.gpu import DEFAULT_GPU, GIVEN, GPUS
 
-    p.add_argument("--gpu", default=None, type=_gpu_name, metavar="NAME",
+    p.add_argument("--gpu", default=None, type=_gpu, metavar="NAME",
                    help=f"the GPU a --device cuda prediction is for: its cuBLAS workspace and compute capability "
                          f"(default: this machine's GPU where torch sees one of these, else {DEFAULT_GPU}; valid: "
-                         f"{', '.join(GPUS)})")
+                         f"{', '.join(GPUS)}; or {GIVEN})")
     p.add_argument("--world-size", type=_checked("world_size"), default=None,
                    help=f"ranks a distributed technique (FSDP) is predicted for, in one process (default: --mesh's "
                         f"size, else 1; at most {CHECKS['world_size'].high})")
@@ -217,12 +219,12 @@ GOAL_HELP = ("what the recommendation optimises: lowest-peak (default: the lowes
 def _model_options(args) -> dict:
     return dict(accum_steps=args.accum_steps, optimizer=args.optimizer, lr=args.lr, seed=args.seed,
                 seq_len=args.seq_len, zero_grad=args.zero_grad, clip_grad_norm=args.clip_grad_norm,
-                inference=args.inference, mesh=args.mesh, param_dtype=args.param_dtype,
+                inference=args.inference, mesh=args.mesh.text if args.mesh else None, param_dtype=args.param_dtype,
                 reduce_dtype=args.reduce_dtype, reshard_after_forward=args.reshard_after_forward)
 
 
 def run_options(args) -> dict:
-    """`membench run`'s options as `api.plan` (and `membench.run_sweep`) take them."""
+    """`membench run`'s options as `plan.plan` (and `membench.run_sweep`) take them."""
     return dict(steps=args.steps, warmup=args.warmup, min_time_s=args.min_time, check=not args.no_check,
                 timeout_s=args.timeout, timeline=args.timeline, predict=args.predict,
                 peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
@@ -234,9 +236,7 @@ def _ranks_per_node(args) -> int:
     """--nproc-per-node, or on one node (no --torchrun-args) --mesh's size when that is not given."""
     if args.mesh is None or args.nproc_per_node != 1 or args.torchrun_args:
         return args.nproc_per_node
-    from membench.techniques.mesh import parse_mesh
-
-    return parse_mesh(args.mesh).size
+    return args.mesh.size
 
 
 def cmd_run(args) -> int:
@@ -347,16 +347,14 @@ def _predict_plan(args, batch_size: int) -> dict:
         workspace_from_config(os.environ["CUBLAS_WORKSPACE_CONFIG"])
     world = args.world_size
     if args.mesh is not None:
-        from membench.techniques.mesh import parse_mesh
-
-        world = parse_mesh(args.mesh, None if world is None else world).size
+        world = args.mesh.over(world).size
     world = world or 1
     if world > CHECKS["world_size"].high:  # a --mesh of more ranks than a prediction can play
-        raise UserError(f"--mesh {args.mesh} is {world} ranks, more than a prediction can play: at most "
+        raise UserError(f"--mesh {args.mesh.text} is {world} ranks, more than a prediction can play: at most "
                         f"{CHECKS['world_size'].high}")
     return dict(workload=args.workload, techniques=args.techniques, batch_size=batch_size,
                 target_device=args.device, nproc_per_node=world, check=False, timeline=False,
-                warmup=args.warmup, gpu=args.gpu if args.device == "cuda" else None,
+                warmup=args.warmup, gpu=args.gpu.name if args.device == "cuda" and args.gpu else None,
                 **_model_options(args))
 
 
@@ -384,21 +382,23 @@ def cmd_predict(args) -> int:
     out = Path(answer["out"])
     results = [read_result(result_path(out, name)) for name in answer["names"]]
     print_predictions(results, args, answer.get("attention"), answer.get("target"))
+    if answer.get("arch"):
+        print(answer["arch"])
     print(f"predictions: {out}")
     return 0 if all(r.status == "ok" for r in results) else 1
 
 
 def print_predictions(results: list, args, attention: str | None = None, why: str | None = None) -> None:
     """The table, then the answer for the target GPU first among the conclusions, then what was assumed. `why`:
-    why the GPU predicted for is that one, where --gpu was not given (api.plan chose it)."""
-    from membench.predict.gpus import gpu
+    why the GPU predicted for is that one, where --gpu was not given (plan.plan chose it)."""
+    from membench.predict.gpus import predicted_for
     from membench.predict.verdict import answer, assumptions
     from membench.report.table import render
     from membench.results.sweep import Sweep
 
     print(render(Sweep.group(results)))
-    # api.plan chose the GPU where --gpu is not given: the records say which
-    target = gpu(results[0].spec.run.gpu if results else args.gpu) if args.device == "cuda" else None
+    # plan.plan chose the GPU where --gpu is not given: the records say which
+    target = (predicted_for(results[0].spec.run) if results else args.gpu) if args.device == "cuda" else None
     if target is not None:  # each run's whole-device estimate per rank and its sources: what the answer reads
         from membench.predict.device import device_lines
 
@@ -451,7 +451,7 @@ def cmd_fit(args) -> int:
     answer = call_isolated("fit", request, args.timeout, f"fitting {args.workload!r}")
     printing.join()
     fits = [Fit(**f) for f in answer["fits"]]
-    target = Job.from_dict(answer["jobs"][0]).run.gpu if answer["jobs"] else args.gpu
+    target = Job.from_dict(answer["jobs"][0]).run.card if answer["jobs"] else args.gpu
     checked = confirmation(args, target, answer.get("local_gpu"), answer.get("target"))
     confirm = checked.startswith("confirmed on this GPU")
     if confirm:  # real runs on this GPU, each in its own process
@@ -462,6 +462,8 @@ def cmd_fit(args) -> int:
         fits = [confirm_on_gpu(j, f, budget - (outside_allocator(j.run) if by == "device" else 0),
                                args.out or Path("results") / "fit") for j, f in zip(jobs, fits)]
     print_fits(fits, budget, by, args, checked, answer["cannot_see"], target)
+    if answer.get("arch"):
+        print(answer["arch"])
     _print_fastest(fits)
     return 0
 
@@ -475,12 +477,11 @@ def _print_fastest(fits: list) -> None:
         print("\n" + "\n".join(lines))
 
 
-def print_fits(fits: list, budget: int, by: str, args, checked: str, cannot_see: list[str], target: str | None) -> None:
+def print_fits(fits: list, budget: int, by: str, args, checked: str, cannot_see: list[str], target) -> None:
     """The table of largest batches, how they were searched, then the answer first among the conclusions."""
     from tabulate import tabulate
 
     from membench.common.units import ByteFormat
-    from membench.predict.gpus import gpu
     from membench.predict.verdict import fit_answer, fit_assumptions
 
     # One unit for the table, with enough decimals that peaks either side of the budget never print the same.
@@ -495,29 +496,24 @@ def print_fits(fits: list, budget: int, by: str, args, checked: str, cannot_see:
     if methods:
         print("searched " + "; ".join(methods) + " (predictions: full predictions made; simulated: batches "
               "evaluated from derived allocations through the allocator simulator)")
-    card = gpu(target) if args.device == "cuda" else None
+    card = target if args.device == "cuda" else None
     print()
     print(fit_answer(fits, budget, by, card))
     print("\n".join(fit_assumptions(card, by, checked, cannot_see, args.explain)))
 
 
-def confirmation(args, target: str | None, local: str | None, why: str | None) -> str:
+def confirmation(args, target, local: str | None, why: str | None) -> str:
     """Whether the fits are confirmed with real runs, and if not why not: only on the card they were predicted for
-    (`local`: the name torch gives this machine's GPU, asked by the child; `why`: why `target` was chosen)."""
-    from membench.predict.gpus import gpu
+    (`local`: the name torch gives this machine's GPU, asked by the child; `why`: why `target`, a Gpu, was chosen)."""
+    from membench.spec.gpu import find
 
     if args.device != "cuda":
         return "cpu target"
-    here = None
-    if local is not None:
-        try:
-            here = gpu(local).name
-        except UserError:  # a card the table does not know: never the one predicted for
-            here = None
+    here = find(local) if local is not None else None  # a card the table does not know: never the one predicted for
     checked = ("not confirmed (no CUDA GPU here)" if local is None else "not confirmed (--no-confirm)"
-               if args.no_confirm else "confirmed on this GPU" if here == target
-               else f"not confirmed: predicted for {target}, this machine's GPU is {local}")
-    return checked + (f"; {target}: {why}" if why else "")
+               if args.no_confirm else "confirmed on this GPU" if here is not None and here == target
+               else f"not confirmed: predicted for {target.name}, this machine's GPU is {local}")
+    return checked + (f"; {target.name}: {why}" if why else "")
 
 
 def cmd_replay(args) -> int:

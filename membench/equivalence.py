@@ -288,7 +288,7 @@ def _check(spec: RunSpec, stack: Stack, workload: Workload, check_steps: int = 2
     """
     from membench.launch.distributed import agree, data_rank
 
-    rank, world = data_rank(spec.mesh)  # tensor-parallel ranks share a batch: the data-parallel ranks split it
+    rank, world = data_rank(spec)  # tensor-parallel ranks share a batch: the data-parallel ranks split it
     if not stack.techniques:
         return Equivalence(verdict="reference", detail="the baseline is the reference")
     setup = _setup(spec, stack, world, check_steps)

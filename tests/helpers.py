@@ -143,7 +143,7 @@ def probe_in_process(monkeypatch):
     """Plan a user's package.module:factory workload in this process instead of the launcher's child process: the
     same planning and the same answer, without starting Python and torch again. tests/launch/test_isolation.py checks
     the child process itself (a factory that hangs, aborts or raises)."""
-    from membench import api
+    from membench import plan
     from membench.child.probe import plan_here
     from membench.common.errors import UserError
 
@@ -153,7 +153,7 @@ def probe_in_process(monkeypatch):
             raise UserError(str(answer["error"]).splitlines()[0])
         return [Job.from_dict(d) for d in answer["jobs"]]
 
-    monkeypatch.setattr(api, "probe", probe)
+    monkeypatch.setattr(plan, "probe", probe)
     yield
 
 

@@ -153,28 +153,48 @@ def test_a_graph_without_circle_has_none(edges):
     assert find_cycle(edges) is None
 
 
-# --- Layers: which parts of the package may never import which -------------------------------------------------
-# Each rule: modules under the first prefix never import a module under any of the others (function-level imports
-# count). The ground floor (`common`) imports nothing else of membench; the child entry points (`child/`), the CLI
-# and the Python API are the only modules that may import commands.
-COMMANDS = ("membench.api", "membench.cli", "membench.child")
+# --- Layers: the floors of the house, from the ground up ---------------------------------------------------------
+# Every folder and every module of the package's root is a part, and every part stands on one floor. A module imports
+# its own part and the parts of the floors below it, never a part of its own floor or of one above (function-level
+# imports count). `membench` is the package's __init__ (it imports the API inside `run_sweep`); only `cli`, `api`,
+# `plan` and `child/` sit above the commands (`predict/`, `report/`, `gate/`).
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("common",),                                # errors, files, typed JSON, units, vocabulary
+    ("private", "spec"),                        # torch's private APIs; a run's vocabulary (RunSpec, Gpu, Mesh)
+    ("results", "allocator", "workloads"),      # the record; the caching allocator; models and batches
+    ("environment", "trackers", "optimizers"),  # where a run happened; measurement; optimizers by name
+    ("step",),                                  # TrainState and the training step
+    ("techniques",),                            # hooks on the step
+    ("launch",),                                # the parent side of processes
+    ("measure", "equivalence"),                 # the measuring session; the verdict
+    ("predict",),                               # commands: predictions and fit
+    ("report",),                                # commands: report
+    ("gate", "plan"),                           # commands: check, compare; the planner
+    ("child",),                                 # what runs inside the processes
+    ("api",),                                   # the Python API
+    ("membench",),                              # the package's __init__
+    ("cli",),                                   # the command line
+    ("__main__",),                              # python -m membench
+)
+
+
+def floor_of(module: str, top: str = "membench") -> tuple[int, str] | None:
+    """(its floor, its part) for a module of the package; None where no row names its part."""
+    part = module.split(".")[1] if "." in module else module.removeprefix(top) or "membench"
+    for level, parts in enumerate(FLOORS):
+        if part in parts:
+            return level, part
+    return None
+
+
+# Beyond the floors, parts that never import some parts below them: what runs inside a process is child/'s, not
+# launch/'s; the report reads records, not the machinery that made them; the gate holds results, it predicts nothing.
 NEVER: dict[str, tuple[str, ...]] = {
-    "membench.launch": COMMANDS + ("membench.predict", "membench.report", "membench.gate", "membench.equivalence",
-                                   "membench.measure", "membench.trackers", "membench.workloads"),
-    "membench.trackers": COMMANDS + ("membench.predict", "membench.launch", "membench.report", "membench.gate",
-                                     "membench.techniques", "membench.equivalence", "membench.measure"),
-    "membench.report": COMMANDS + ("membench.launch", "membench.trackers", "membench.techniques", "membench.predict",
-                                   "membench.gate", "membench.allocator", "membench.workloads"),
-    "membench.results": COMMANDS + ("membench.launch", "membench.trackers", "membench.report", "membench.predict",
-                                    "membench.techniques", "membench.gate", "membench.workloads"),
-    "membench.allocator": COMMANDS + ("membench.launch", "membench.trackers", "membench.report", "membench.predict",
-                                      "membench.techniques", "membench.gate", "membench.workloads"),
-    "membench.techniques": COMMANDS + ("membench.predict", "membench.launch", "membench.report", "membench.gate"),
-    "membench.workloads": COMMANDS + ("membench.techniques", "membench.predict", "membench.launch", "membench.trackers",
-                                      "membench.report", "membench.gate"),
-    "membench.predict": COMMANDS + ("membench.report", "membench.gate"),
-    "membench.gate": COMMANDS + ("membench.predict", "membench.launch"),
-    "membench.child": ("membench.cli",),
+    "membench.launch": ("membench.trackers", "membench.workloads"),
+    "membench.report": ("membench.trackers", "membench.techniques", "membench.allocator", "membench.workloads"),
+    "membench.results": ("membench.workloads",),
+    "membench.allocator": ("membench.workloads",),
+    "membench.gate": ("membench.predict", "membench.launch"),
 }
 
 
@@ -191,12 +211,26 @@ def forbidden_imports(found: list[Import], known: set[tuple[str, str]] = frozens
     for imp in found:
         if (imp.source, imp.target) in known:
             continue
-        if under(imp.source, "membench.common") and not under(imp.target, "membench.common"):
-            bad.append(f"{imp.source}:{imp.line} imports {imp.target} (common imports nothing else of membench)")
         for floor, never in NEVER.items():
             if under(imp.source, floor) and any(under(imp.target, n) for n in never):
                 bad.append(f"{imp.source}:{imp.line} imports {imp.target} ({floor} never imports it)")
+        source, target = floor_of(imp.source), floor_of(imp.target)
+        if source is None or target is None or source[1] == target[1]:
+            continue  # a part without a row fails test_every_part_has_a_floor; a part imports itself freely
+        if target[0] >= source[0]:
+            where = "its own floor" if target[0] == source[0] else "a floor above"
+            bad.append(f"{imp.source}:{imp.line} imports {imp.target} ({target[1]} is on {where} of {source[1]})")
     return bad
+
+
+def parts(root: Path) -> set[str]:
+    """Every part of the package: its folders and the modules of its root ('membench' for its __init__)."""
+    return {floor_part for name in modules(root) if (floor_part := name.split(".")[1] if "." in name else "membench")}
+
+
+def test_every_part_has_a_floor():
+    missing = sorted(part for part in parts(PACKAGE) if floor_of(f"membench.{part}") is None)
+    assert not missing, f"parts with no row in FLOORS (add one): {missing}"
 
 
 def test_no_layer_imports_what_sits_above_it():
@@ -204,21 +238,32 @@ def test_no_layer_imports_what_sits_above_it():
     assert not bad, "\n".join(bad)
 
 
-def test_the_never_import_table_catches_an_arrow_that_runs_back_up(tmp_path):
-    """The check sees a lower floor reaching up, through a function-level import."""
+def test_the_floors_catch_an_arrow_that_runs_back_up(tmp_path):
+    """The check sees a lower floor reaching up, through a function-level import, from a folder and from a root
+    module alike, and a part reaching sideways to another part of its own floor."""
     pkg = tmp_path / "membench"
     for folder in ("launch", "common", "predict"):
         (pkg / folder).mkdir(parents=True)
         (pkg / folder / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
     (pkg / "api.py").write_text("")
+    (pkg / "step.py").write_text("def f():\n    from membench.predict import run\n    return run\n")
+    (pkg / "private.py").write_text("from membench import spec\n")
+    (pkg / "spec.py").write_text("")
     (pkg / "launch" / "sweep.py").write_text("def f():\n    from membench import api\n    return api\n")
     (pkg / "common" / "units.py").write_text("from membench.predict import run\n")
-    (pkg / "predict" / "run.py").write_text("from membench.common import units\n")
+    (pkg / "predict" / "run.py").write_text("from membench.common import units\nfrom membench import step\n")
+    (pkg / "gate").mkdir()
+    (pkg / "gate" / "__init__.py").write_text("from membench.launch import sweep\n")
     assert forbidden_imports(imports(pkg)) == [
-        "membench.common.units:1 imports membench.predict.run (common imports nothing else of membench)",
-        "membench.launch.sweep:2 imports membench.api (membench.launch never imports it)",
+        "membench.common.units:1 imports membench.predict.run (predict is on a floor above of common)",
+        "membench.gate:1 imports membench.launch.sweep (membench.gate never imports it)",
+        "membench.launch.sweep:2 imports membench.api (api is on a floor above of launch)",
+        "membench.private:1 imports membench.spec (spec is on its own floor of private)",
+        "membench.step:2 imports membench.predict.run (predict is on a floor above of step)",
     ]
+    (pkg / "newpart.py").write_text("")
+    assert "newpart" in parts(pkg) and floor_of("membench.newpart") is None
 
 
 def test_the_root_holds_at_most_a_dozen_modules_and_trackers_only_measure():

@@ -1,7 +1,7 @@
 """The probes' child side, in their own process, where importing and calling the user's code cannot hang, abort or
 crash the sweep itself (the launcher starts them and waits):
 
-- `python -m membench.child.probe PLAN_ARGS.json` (probe.probe): the arguments of `api.plan` in, one line of JSON
+- `python -m membench.child.probe PLAN_ARGS.json` (probe.probe): the arguments of `plan.plan` in, one line of JSON
   out, {"jobs": [...]} or {"error": "one line"}.
 - `python -m membench.child.probe --call KIND REQUEST.json ANSWER.json` (probe.call_isolated): predict or
   fit, from loading the user's code to the answer, written to a file (the user's prints never mix with it).
@@ -26,13 +26,13 @@ import sys
 from pathlib import Path
 
 from membench import private
-from membench.api import plan
 from membench.common.errors import UserError, failure_line
 from membench.common.fsio import make_dir
 from membench.common.units import fmt_bytes
 from membench.launch import lifeline
 from membench.launch.pool import WorkerDied, run_in_order
 from membench.launch.sweep import LOCK_NAME, locked
+from membench.plan import plan
 from membench.predict.device import outside_allocator
 from membench.predict.emulate.sdpa import describe
 from membench.predict.fit import Fit, default_jobs, fit_batch
@@ -146,7 +146,7 @@ def _predict_into(request: dict, out: Path) -> dict:
     attentions = [r.memory.attention for r in records if r.memory is not None and r.memory.attention is not None]
     # Folded here, where torch is imported already: the CLI's process prints it without importing torch.
     return {"names": [job.name for job in jobs], "out": str(out), "attention": describe(attentions),
-            "target": _target(request["plan"])}
+            "target": _target(request["plan"]), "arch": _arch(jobs)}
 
 
 def _workers(asked: int | None, jobs: int, serially: str) -> int:
@@ -161,10 +161,17 @@ def _workers(asked: int | None, jobs: int, serially: str) -> int:
 
 
 def _target(plan: dict) -> str | None:
-    """Why a CUDA prediction without --gpu is for the GPU it is for (api.plan chose it), for the output."""
+    """Why a CUDA prediction without --gpu is for the GPU it is for (plan.plan chose it), for the output."""
     from membench.predict.gpus import default_target
 
     return default_target().why if plan.get("target_device") == "cuda" and plan.get("gpu") is None else None
+
+
+def _arch(jobs: list[Job]) -> str | None:
+    """The line saying the installed torch cannot run on the GPU predicted for, or None (predict/gpus.arch_note)."""
+    from membench.predict.gpus import arch_note, predicted_for
+
+    return arch_note(predicted_for(jobs[0].run)) if jobs and jobs[0].run.device == "cuda" else None
 
 
 def fit_request(request: dict) -> dict:
@@ -209,7 +216,8 @@ def fit_request(request: dict) -> dict:
     # Asked once the workers are done (naming the GPU starts CUDA's driver, after which a fork could not use CUDA):
     # whether the CLI's process, which never imports torch, may confirm the fits with real runs on this GPU.
     return {"fits": [dataclasses.asdict(f) for f in fits], "jobs": [job.to_dict() for job in jobs],
-            "local_gpu": local_gpu_name(), "cannot_see": list(CANNOT_SEE), "target": _target(request["plan"])}
+            "local_gpu": local_gpu_name(), "cannot_see": list(CANNOT_SEE), "target": _target(request["plan"]),
+            "arch": _arch(jobs)}
 
 
 def timed_fit(job: Job, fit: Fit, objective: str | None) -> Fit:

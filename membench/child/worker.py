@@ -63,12 +63,14 @@ class Measured:
     ranks: list[RankSummary] | None = None
     numerics: Numerics | None = None  # the stack's, once resolved
     prediction: PredictionCheck | None = None
+    timeline_error: str | None = None  # the recording pass failed; the stages after it ran
 
     def record_on(self, record: RunRecord) -> None:
         record.memory, record.timing, record.timeline = self.memory, self.timing, self.timeline
         record.equivalence, record.world_size, record.ranks = self.equivalence, self.world_size, self.ranks
         record.numerics = self.numerics
         record.prediction = self.prediction
+        record.timeline_error = self.timeline_error
 
 
 class Worker:
@@ -121,7 +123,7 @@ class Worker:
     def _stages(self, workload: Workload, stack: Stack, meter) -> Measured:
         spec, how, done = self.spec, self.job.measure, self.measured
         rank, world = distributed.rank_world()
-        data_rank, data_world = distributed.data_rank(spec.mesh)  # the ranks of one tp group share a batch
+        data_rank, data_world = distributed.data_rank(spec)  # the ranks of one tp group share a batch
         self.session = session = Session(spec, stack, workload, meter, batches(workload, spec, data_rank, data_world))
         progress.report("build")
         self.build_info = session.build()
@@ -141,8 +143,8 @@ class Worker:
         done.memory = self._with_build(memory)
         if how.timeline and self.out is not None:
             progress.report("timeline")
-            done.timeline = session.record_timeline(stem(self.out))
-            if meter.device == "cuda":  # where the peak comes from: seen in the recording pass only on CUDA
+            done.timeline = self._timeline(session)
+            if done.timeline is not None and meter.device == "cuda":  # the peak's source: the recording pass's
                 memory.top_modules, memory.top_sites = done.timeline.top_modules, done.timeline.top_sites
         tensor_bytes = meter.current()
         session.detach()
@@ -172,6 +174,20 @@ class Worker:
             progress.report("predict")
             done.prediction = self._prediction(meter)
         return done
+
+    def _timeline(self, session: Session) -> TimelineInfo | None:
+        """The recording pass, contained: it is the one stage that uses the allocator's labelled history
+        (private.py), so a failure there is a note on the run and the stages after it (timing, equivalence, the
+        prediction) still run. An OOM is not contained: the budget it hit is the run's answer."""
+        try:
+            return session.record_timeline(stem(self.out))
+        except Exception as exc:  # noqa: BLE001 - any failure of the optional pass: said on the record, not the end
+            if isinstance(exc, torch.OutOfMemoryError) or host_refusal(exc) is not None:
+                raise
+            traceback.print_exc()  # into the run's log, whole
+            self.measured.timeline_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+            session.stage = "measure"
+            return None
 
     def _prediction(self, meter) -> PredictionCheck:
         """The run predicted for this device, beside what it measured (predict/beside.py)."""

@@ -7,7 +7,7 @@ The parent's side only: what runs inside the processes is membench.child.
   `fork` (a forked child for a workload object, or the caller's own process).
 - `distributed`: torchrun's process group and the merge of the ranks' records; `progress` carries a worker's
   stages back; `lifeline` makes a child die with the sweep.
-- `probe`: a user's code planned or predicted in a child process (api.plan, predict, fit).
+- `probe`: a user's code planned or predicted in a child process (plan.plan, predict, fit).
 
 Nothing is imported here.
 """

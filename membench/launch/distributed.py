@@ -52,12 +52,10 @@ def rank_world() -> tuple[int, int]:
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
 
-def data_rank(mesh: str | None) -> tuple[int, int]:
-    """This rank's place among the ranks that split the batch (techniques/mesh.py: tp ranks share one)."""
-    from membench.techniques.mesh import data_parallel
-
+def data_rank(spec) -> tuple[int, int]:
+    """This rank's place among the ranks that split a RunSpec's batch (spec/mesh.py: tp ranks share one)."""
     rank, world = rank_world()
-    return data_parallel(mesh, rank, world) if world > 1 else (rank, world)
+    return spec.mesh_of(world).data_parallel(rank) if world > 1 else (rank, world)
 
 
 def gather(obj) -> list:

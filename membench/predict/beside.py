@@ -1,5 +1,5 @@
 """A measured run's own prediction, beside its measurement: every `membench run` predicts each run on fake tensors
-for the device it ran on (the CPU, or the GPU's entry in predict/gpus.py), after the run measured everything, in
+for the device it ran on (the CPU, or the GPU's entry in spec/gpu.py), after the run measured everything, in
 the worker's process, and records both peaks, the error, and, where they differ by more than TOLERANCE, the first
 allocation or free where the predicted step and the step the allocator recorded part ways (each side's category,
 module and Python line), with the files to attach to a report. A user's GPU run so validates the predictor on
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from membench.allocator.events import TraceEvent
+from membench.common.errors import UserError
 from membench.common.fsio import atomic_write_text
 from membench.predict import gpus
 from membench.results import AllocationSide, Divergence, Memory, PredictionCheck
@@ -47,17 +48,17 @@ class Target:
 
 
 def target_for(device: str, properties=None, device_name: str = "") -> Target | str:
-    """The GPU of predict/gpus.py that stands for this device: the one with its compute capability, multiprocessor
-    count and threads per multiprocessor (what a prediction reads: cuBLAS's workspace, the attention kernel,
-    reductions' scratch), its name preferred where several match; else one of the same compute capability, saying
-    which scratch sizes then differ. A str: why none can."""
+    """The GPU of spec/gpu.py's table that stands for this device: the one with its compute capability,
+    multiprocessor count and threads per multiprocessor (what a prediction reads: cuBLAS's workspace, the attention
+    kernel, reductions' scratch), the one its name matches preferred where several do; else one of the same compute
+    capability, saying which scratch sizes then differ. A str: why none can."""
     if device != "cuda":
         return Target(None, "cpu")
     cc = (properties.major, properties.minor)
     sms, threads = properties.multi_processor_count, properties.max_threads_per_multi_processor
     same_cc = [g for g in gpus.GPUS.values() if g.compute_capability == cc]
     exact = [g for g in same_cc if g.sm_count == sms and g.max_threads_per_sm == threads]
-    named = [g for g in exact if g.name.split("-")[0].upper() in device_name.upper().replace(" ", "")]
+    named = [g for g in exact if g is gpus.find(device_name)]  # the table's one name-matching rule
     if named or exact:
         g = (named or exact)[0]
         return Target(g.name, f"{g.name} (sm{cc[0]}{cc[1]}, {sms} SMs: as this {device_name or 'GPU'})")
@@ -66,14 +67,16 @@ def target_for(device: str, properties=None, device_name: str = "") -> Target | 
         return Target(g.name, f"{g.name} (sm{cc[0]}{cc[1]}; this {device_name or 'GPU'} has {sms} SMs of {threads} "
                               f"threads, {g.name} {g.sm_count} of {g.max_threads_per_sm}: reductions' scratch may "
                               "differ)")
-    return (f"no GPU in membench's table (predict/gpus.py) has compute capability {cc[0]}.{cc[1]} "
+    return (f"no GPU in membench's table (spec/gpu.py) has compute capability {cc[0]}.{cc[1]} "
             f"({device_name or 'this GPU'})")
 
 
 def target_named(device_name: str) -> Target | str:
     """target_for the GPU of membench's table that a record names (its environment's device_name), from that GPU's
     own properties: what a CPU machine predicts a recorded GPU run for."""
-    gpu = gpus.gpu(device_name)
+    gpu = gpus.find(device_name)
+    if gpu is None:
+        raise UserError(f"no GPU in membench's table is named {device_name[:60]!r}; it has: {', '.join(gpus.GPUS)}")
     properties = types.SimpleNamespace(major=gpu.compute_capability[0], minor=gpu.compute_capability[1],
                                        multi_processor_count=gpu.sm_count,
                                        max_threads_per_multi_processor=gpu.max_threads_per_sm)

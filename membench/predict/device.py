@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from membench.results.schema import OnCard
-from membench.techniques.mesh import Mesh
+from membench.spec.gpu import CUDA_CONTEXT_BYTES, CUDA_CONTEXT_SOURCE
+from membench.spec.mesh import Mesh
 
 How = Literal["simulated", "estimated", "measured"]
 
@@ -25,16 +26,7 @@ How = Literal["simulated", "estimated", "measured"]
 # 1.65 GB segment short there. docs/predict.md, "Where the driver puts segments", has the figures.
 SEGMENT_PLACEMENT = "top-down"
 
-# What a training process holds outside the caching allocator (the CUDA context, cuBLAS's and cuDNN's handles, the
-# kernels loaded lazily, torch's default since 1.13), measured on an NVIDIA H200 with torch 2.11.0+cu130 (CUDA 13.0,
-# driver 580.159.04) after a matmul, cuDNN attention and a convolution ran forward and backward: 804,061,184 B
-# (648,871,936 B right after CUDA started; benchmarks/gpu_acceptance.py's "CUDA context",
-# results/gpu-acceptance/). One figure for every GPU and driver, none other measured: the context differs between
-# them and grows with the kernels a run loads. (pytorch/pytorch#86509's 287,047,680 B, CUDA 11, was 2.8x too low
-# there.)
-CUDA_CONTEXT_BYTES = 804_061_184
-CUDA_CONTEXT_SOURCE = ("measured on an NVIDIA H200 (torch 2.11, CUDA 13.0, driver 580) after a matmul, cuDNN "
-                       "attention and a convolution; other GPUs and drivers differ")
+# The CUDA context (CUDA_CONTEXT_BYTES, where measured: CUDA_CONTEXT_SOURCE) is the GPU table's figure.
 
 # NCCL's per-protocol buffer of one connection on one channel (src/init.cc, DEFAULT_*_BUFFSIZE): Simple 4 MiB,
 # LL 8 lines x 512 threads x 8 steps x 16 B, LL128 120 elements x 640 threads x 8 steps x 8 B.
@@ -100,20 +92,19 @@ class Fits:
     device_bytes: int
 
 
-def fits_on(estimate: DeviceEstimate, memory_gb: int) -> Fits:
-    """Against the GPU's nominal memory in GB (10**9 B), at most what the card reports, so a "yes" is not
-    optimistic."""
-    device = memory_gb * 10**9
+def fits_on(estimate: DeviceEstimate, memory_bytes: int) -> Fits:
+    """Against the GPU's memory (the table's: nominal, in GB of 10**9 B, at most what the card reports, so a "yes"
+    is not optimistic)."""
+    device = memory_bytes
     return Fits(estimate.total <= device, device - estimate.total, device)
 
 
 def run_mesh(run) -> Mesh:
     """The mesh a RunSpec's ranks form: one rank where no technique is distributed."""
     from membench.techniques import REGISTRY
-    from membench.techniques.mesh import parse_mesh
 
     distributed = any(REGISTRY[n].distributed for n in run.techniques if n in REGISTRY)
-    return parse_mesh(run.mesh, run.nproc_per_node) if distributed else Mesh()
+    return run.mesh_of(run.nproc_per_node) if distributed else Mesh()
 
 
 def outside_allocator(run) -> int:
@@ -122,18 +113,18 @@ def outside_allocator(run) -> int:
     return whole_device(0, run_mesh(run)).total
 
 
-def card_capacity(memory_gb: int, mesh: Mesh) -> int:
+def card_capacity(memory_bytes: int, mesh: Mesh) -> int:
     """What the caching allocator can get on the card: its nominal memory less the context and NCCL's buffers."""
-    return memory_gb * 10**9 - whole_device(0, mesh).total
+    return memory_bytes - whole_device(0, mesh).total
 
 
-def on_card(events: list, settings, peak_reserved_bytes: int, memory_gb: int, mesh: Mesh) -> OnCard | None:
+def on_card(events: list, settings, peak_reserved_bytes: int, memory_bytes: int, mesh: Mesh) -> OnCard | None:
     """Where the unbounded simulation reserves more than the card's capacity: the trace replayed under it, as the
     caching allocator meets a failing cudaMalloc (it releases cached blocks and retries, then raises out of
     memory). None where it fits unbounded: no cudaMalloc fails, so the replay under the capacity is the same."""
     from membench.allocator import reserved_summary
 
-    capacity = card_capacity(memory_gb, mesh)
+    capacity = card_capacity(memory_bytes, mesh)
     if peak_reserved_bytes <= capacity:
         return None
     r = reserved_summary(events, settings, capacity=capacity, placement=SEGMENT_PLACEMENT)
@@ -168,7 +159,7 @@ def _device_line(name: str, reserved: int, card: OnCard | None, mesh: Mesh, gpu)
     from membench.common.units import fmt_bytes
 
     estimate = whole_device(card.peak_reserved_bytes if card and not card.oom else reserved, mesh)
-    fit = fits_on(estimate, gpu.memory_gb)
+    fit = fits_on(estimate, gpu.memory_bytes)
     parts = " + ".join(f"{p.name} {fmt_bytes(p.bytes)} ({p.how})" for p in estimate.parts)
     answer = f"yes, margin {fmt_bytes(fit.margin_bytes)}" if fit.fits and not (card and card.oom) else (
         f"no, margin -{fmt_bytes(abs(fit.margin_bytes))}")
@@ -176,5 +167,5 @@ def _device_line(name: str, reserved: int, card: OnCard | None, mesh: Mesh, gpu)
         answer = (f"no, out of memory even after the allocator releases its cached blocks (simulated under "
                   f"{fmt_bytes(card.capacity_bytes)})" if card.oom else
                   f"{answer}, releasing cached blocks (unbounded it would reserve {fmt_bytes(reserved)})")
-    line = f"  {name}: {fmt_bytes(estimate.total)} = {parts}; fits on {gpu.name} ({gpu.memory_gb} GB): {answer}"
+    line = f"  {name}: {fmt_bytes(estimate.total)} = {parts}; fits on {gpu.name} ({gpu.memory_label}): {answer}"
     return line, estimate

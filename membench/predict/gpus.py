@@ -1,11 +1,10 @@
-"""The GPUs a CUDA prediction can be for: what of each one changes the memory a training step takes.
+"""What of a GPU changes the memory a training step takes, beyond the table's figures (membench/spec/gpu.py).
 
-A prediction runs on CPU fake tensors; what the GPU decides is added from this table: the cuBLAS workspace each
+A prediction runs on CPU fake tensors; what the GPU decides is added from its `Gpu`: the cuBLAS workspace each
 cuBLAS handle takes from the caching allocator, and the compute capability that decides it (and the attention
 kernel); the multiprocessor count and the threads each multiprocessor runs at most, which size the scratch buffers
 CUDA's reductions take (predict/emulate/reductions.py); the compute capability picks cub's sort tuning there too.
-Memory sizes are the nominal ones the GPUs are sold with (GB as printed on the card's specification); the total a
-process can use is a little less (the CUDA context and the driver take their share).
+Here too: the GPU a prediction is for when --gpu is not given (`default_target`), and the cuBLAS workspaces.
 """
 
 from __future__ import annotations
@@ -18,71 +17,11 @@ import sys
 from dataclasses import dataclass
 
 from membench.common.errors import UserError
+from membench.spec.gpu import ALIASES, DEFAULT_GPU, GPUS, Gpu, find, gpu
 
-DEFAULT_GPU = "H100"
-
-
-@dataclass(frozen=True)
-class Gpu:
-    name: str
-    compute_capability: tuple[int, int]
-    memory_gb: int  # nominal, as sold
-    # cudaDeviceProp.multiProcessorCount and .maxThreadsPerMultiProcessor, which ATen's setReduceConfig reads.
-    sm_count: int
-    max_threads_per_sm: int
-    warp_size: int = 32  # every NVIDIA GPU so far
-
-    @property
-    def cublas_workspace_bytes(self) -> int:
-        return cublas_workspace_bytes(self.compute_capability)
-
-    def describe(self) -> str:
-        major, minor = self.compute_capability
-        return (f"{self.name} (sm{major}{minor}, {self.memory_gb} GB nominal; cuBLAS workspace "
-                f"{self.cublas_workspace_bytes:,} B per handle)")
+__all__ = ["ALIASES", "DEFAULT_GPU", "GPUS", "Gpu", "gpu"]  # the table's names, read here by earlier code and tests
 
 
-# SM counts: NVIDIA's datasheets / whitepapers for each product (H100 SXM5 132, H100 PCIe 114, H200 132, A100 108,
-# V100 80, L4 58, RTX 4090 128, A10G 80, T4 40). Threads per SM: the CUDA C++ Programming Guide's table of
-# technical specifications per compute capability (2048 for 7.0, 8.0 and 9.0; 1536 for 8.6 and 8.9; 1024 for 7.5).
-GPUS = {g.name: g for g in (
-    Gpu("H100", (9, 0), 80, 132, 2048),  # SXM5
-    Gpu("H100-PCIe", (9, 0), 80, 114, 2048),
-    Gpu("H200", (9, 0), 141, 132, 2048),
-    Gpu("A100", (8, 0), 80, 108, 2048),
-    Gpu("A100-40GB", (8, 0), 40, 108, 2048),
-    Gpu("V100", (7, 0), 16, 80, 2048),
-    Gpu("V100-32GB", (7, 0), 32, 80, 2048),
-    Gpu("L4", (8, 9), 24, 58, 1536),
-    Gpu("RTX4090", (8, 9), 24, 128, 1536),
-    Gpu("A10G", (8, 6), 24, 80, 1536),
-    Gpu("T4", (7, 5), 16, 40, 1024),
-)}
-
-
-# Other names of the table's GPUs: what torch.cuda.get_device_name() and nvidia-smi call each card, and the
-# spellings of the product's form factor and size. Matched like the table's names: whole, case and the choice of
-# space or '-' aside ("h100 sxm5" is H100; "h-1-0-0" is nothing).
-ALIASES = {
-    "H100": ("H100-SXM", "H100-SXM5", "H100-80GB", "NVIDIA H100 80GB HBM3"),
-    "H100-PCIe": ("NVIDIA H100 PCIe",),
-    "H200": ("NVIDIA H200",),
-    "A100": ("A100-80GB", "A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB"),
-    "A100-40GB": ("A100-SXM4-40GB", "NVIDIA A100-SXM4-40GB", "A100-PCIE-40GB", "NVIDIA A100-PCIE-40GB"),
-    "V100": ("V100-16GB", "V100-SXM2-16GB", "Tesla V100-SXM2-16GB", "V100-PCIE-16GB", "Tesla V100-PCIE-16GB"),
-    "V100-32GB": ("V100-SXM2-32GB", "Tesla V100-SXM2-32GB", "V100-PCIE-32GB", "Tesla V100-PCIE-32GB"),
-    "L4": ("NVIDIA L4",),
-    "RTX4090": ("RTX 4090", "GeForce RTX 4090", "NVIDIA GeForce RTX 4090"),
-    "A10G": ("NVIDIA A10G",),
-    "T4": ("Tesla T4",),
-}
-
-
-def _key(name: str) -> str:
-    return " ".join(name.replace("-", " ").split()).casefold()
-
-
-_BY_KEY = {_key(alias): GPUS[name] for name, aliases in ALIASES.items() for alias in (name, *aliases)}
 @dataclass(frozen=True)
 class Target:
     """The GPU a CUDA prediction is for when --gpu is not given, and why, in words for the output."""
@@ -113,31 +52,54 @@ def default_target() -> Target:
     """This machine's GPU when torch sees one the table knows (by the name torch gives it), else DEFAULT_GPU."""
     local = local_gpu_name()
     if local is None:
-        return Target(gpu(DEFAULT_GPU), f"the default {DEFAULT_GPU}: no CUDA GPU here")
-    try:
-        return Target(gpu(local), f"this machine's GPU ({local})")
-    except UserError:
-        return Target(gpu(DEFAULT_GPU), f"the default {DEFAULT_GPU}: this machine's {local} is not in the table "
-                                        f"(--gpu names one: {', '.join(GPUS)})")
+        return Target(GPUS[DEFAULT_GPU], f"the default {DEFAULT_GPU}: no CUDA GPU here")
+    if (card := find(local)) is not None:
+        return Target(card, f"this machine's GPU ({local})")
+    return Target(GPUS[DEFAULT_GPU], f"the default {DEFAULT_GPU}: this machine's {local} is not in the table "
+                                    f"(--gpu names one: {', '.join(GPUS)})")
 
 
-def gpu(name: str | None) -> Gpu:
-    """The GPU of that name or alias (ALIASES; case, spaces and '-' aside), or one line naming the valid ones. None
-    is the default GPU; any text must name one (an empty one names none)."""
-    if name is None:
-        name = DEFAULT_GPU
-    found = _BY_KEY.get(_key(name)) if isinstance(name, str) and len(name) <= 100 else None
-    if found is None:
-        shown = repr(name) if not isinstance(name, str) or len(name) <= 60 else repr(name[:60]) + "..."
-        raise UserError(f"unknown --gpu {shown}; valid: {', '.join(GPUS)} (or the name torch or nvidia-smi gives "
-                        "the card, e.g. 'NVIDIA H100 80GB HBM3')")
-    return found
+def predicted_for(run) -> Gpu:
+    """The GPU a CUDA prediction of RunSpec `run` is for: the one it names (`card`), else DEFAULT_GPU."""
+    return run.card or GPUS[DEFAULT_GPU]
+
+
+def runs_on(compute_capability: tuple[int, int], arch_list: list[str]) -> bool:
+    """Whether code built for `arch_list` (torch.cuda.get_arch_list(): "sm_90", "compute_90", "sm_90a") runs on a
+    card of this compute capability. The CUDA C++ Programming Guide, "Binary Compatibility": a cubin for X.y runs on
+    X.z with z >= y only (an architecture-specific "a" cubin on X.y alone); "PTX Compatibility": PTX for a compute
+    capability is compiled by the driver for any card of that one or higher."""
+    for arch in arch_list:
+        kind, _, version = arch.partition("_")
+        digits = version.rstrip("af")
+        if not digits.isdigit() or len(digits) < 2:
+            continue
+        built = (int(digits[:-1]), int(digits[-1]))
+        if kind == "compute" and built <= compute_capability:
+            return True
+        if kind == "sm" and (built == compute_capability or (
+                not version.endswith("a") and built[0] == compute_capability[0] and built[1] <= compute_capability[1])):
+            return True
+    return False
+
+
+def arch_note(card: Gpu, arch_list: list[str] | None = None) -> str | None:
+    """One line where the installed torch has no code for `card` (its torch.cuda.get_arch_list(), which the wheel
+    answers without a GPU): a run there fails at its first kernel, so the prediction is for a setup that cannot run
+    as installed. None where it has, and for a torch built without CUDA (which no GPU runs: the card's own torch
+    is not known here)."""
+    import torch
+
+    archs = torch.cuda.get_arch_list() if arch_list is None else arch_list
+    if not archs or runs_on(card.compute_capability, archs):
+        return None
+    return (f"warning: torch {torch.__version__} was built for {' '.join(archs)}, not for {card.name} ({card.sm}): "
+            "a run there stops at its first kernel (\"no kernel image is available\"); predicted as if it could run")
 
 
 # Compute capability majors whose default cuBLAS workspace is 32 MiB: Hopper (9) and Blackwell (10, 12), as
 # parseChosenWorkspaceSize reads `properties->major` in the 2.14-era CublasHandlePool.cpp (earlier releases: sm90
-# only; a later one adds 11). No GPU of the table has major 10 or 12 yet; a torch outside versions.py's checked
-# releases is said in the output.
+# only; a later one adds 11). A torch outside versions.py's checked releases is said in the output.
 LARGE_WORKSPACE_MAJORS = (9, 10, 12)
 
 

@@ -46,12 +46,11 @@ def predict_ranks(job, round_to: int | None, rank0, predict_memory) -> list:
     other by `predict_memory(job, round_to, rank)` (membench.predict.run's, passed in)."""
     from membench.predict.emulate import fake
     from membench.results.schema import RankSummary
-    from membench.techniques.mesh import parse_mesh
     from membench.workloads import load_workload
 
     spec = job.run
     model = fake.build_on_meta(load_workload(spec.workload, spec.seq_len).build_model)
-    mesh = parse_mesh(spec.mesh, spec.nproc_per_node)
+    mesh = spec.mesh_of(spec.nproc_per_node)
     ranks = distinct_ranks(model_first_dims(model, mesh.tp), mesh)
     memories = {0: rank0, **{r: predict_memory(job, round_to, rank=r) for r in ranks if r}}
     return [RankSummary(rank=r, peak_allocated_bytes=m.peak_allocated_bytes, peak_reserved_bytes=m.peak_reserved_bytes,

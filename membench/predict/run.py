@@ -28,7 +28,7 @@ from membench.predict.emulate import fake, versions
 from membench.predict.emulate.autocast import cuda_policy
 from membench.predict.emulate.kernels import CudaKernels
 from membench.predict.ranks import predict_ranks
-from membench.predict.time import OpRecorder, predict_time
+from membench.predict.time import SPEEDS, OpRecorder, predict_time
 from membench.results import Memory, RunRecord, result_path, write_record
 from membench.spec import Job, RunSpec
 from membench.step import batches
@@ -148,7 +148,7 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     ranks = world_size(spec, stack)
     meta_model = _model_on_meta(run, stack, workload, ranks)
     warmup = min(job.measure.warmup, 1)  # after one step the optimizer state exists: the steady state
-    gpu = gpus.gpu(spec.gpu) if cuda else None
+    gpu = gpus.predicted_for(spec) if cuda else None
     # A separate cuBLASLt workspace (torch before 2.13) comes with a thread's first biased addmm, which priming
     # cannot know of before the step: the warm-up step is run.
     primes = derive_warmup and _derivable(spec, stack, warmup, ranks) and not (
@@ -174,7 +174,8 @@ def predict_traced(job: Job, round_to: int | None = None, trace: bool = True, de
     traced.assumed = [*values.answered(), *filter(None, [compiled_note])]
     if attention is not None:
         traced.memory.attention = attention.summary()
-    if gpu is not None and traced.ops and not ranks:  # single-GPU runs; collectives are not timed yet
+    # Single-GPU runs of a card with speed figures (predict/time/hardware.py); collectives are not timed yet.
+    if gpu is not None and traced.ops and not ranks and gpu.name in SPEEDS:
         traced.time = predict_time(traced.ops, gpu.name, gpu.sm_count, gpu.compute_capability, spec.batch_size,
                                    workload.items_per_sample, workload.unit)
     return traced
@@ -287,7 +288,7 @@ def _label(traced: Traced, spec: RunSpec, stack: Stack,
         reserved = _add_reserved(memory, traced.events, stack, spec.memory_budget)
         if spec.memory_budget is None:  # more than the GPU holds, unbounded: replayed under it (predict/device.py)
             memory.on_card = device.on_card(traced.events, allocator_settings(stack), memory.peak_reserved_bytes,
-                                            gpus.gpu(spec.gpu).memory_gb, device.run_mesh(spec))
+                                            gpus.predicted_for(spec).memory_bytes, device.run_mesh(spec))
         if on_streams is not None:
             names, by_stream = on_streams
             memory.streams = streams.stream_uses(names, by_stream, reserved.reserved_by_stream_at_peak)

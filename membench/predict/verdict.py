@@ -95,11 +95,11 @@ def cheapest(fits: list[Fitting]) -> Fitting | None:
 def capacity(gpu: Gpu) -> int:
     """The card's memory as sold (GB of 10**9 bytes), what the fits line compares the whole-device estimate with
     (as predict/device.py's fits_on)."""
-    return gpu.memory_gb * 10**9
+    return gpu.memory_bytes
 
 
 def _gb(gpu: Gpu) -> str:
-    return f"{gpu.name} ({gpu.memory_gb} GB = {fmt_bytes(capacity(gpu))})"
+    return f"{gpu.name} ({gpu.memory_label} = {fmt_bytes(capacity(gpu))})"
 
 
 def answer(records: list[RunRecord], gpu: Gpu) -> str:
@@ -149,6 +149,7 @@ def assumptions(records: list[RunRecord], gpu: Gpu | None, explain: bool, attent
         chosen = f" ({why})" if why else ""
         lines = [f"PREDICTED (no timing) for {_gpu_in_short(gpu)}{chosen}, with CUDA's autocast and kernels;",
                  "reserved memory from the caching-allocator simulator" + _not_seen(seen, explain)]
+        lines += [f"{gpu.name}: {gpu.assumed()}"] if gpu.given else []
     everything = list(dict.fromkeys(a for r in records for a in (r.assumed or [])))
     alone = [a for a in everything if any(mark in a for mark in ALONE)]
     assumed = [a for a in everything if a not in alone]
@@ -224,6 +225,7 @@ def fit_assumptions(gpu: Gpu | None, by: str, checked: str, cannot_see: list[str
         lines = [f"PREDICTED (no timing) for {_gpu_in_short(gpu)}; {checked}."]
     if by == "device":  # predict/device.py's parts: the CUDA context and NCCL's buffers are estimates
         lines[0] = lines[0][:-1] + "; peaks include the estimated CUDA context and NCCL buffers (`membench predict`)."
+    lines += [f"{gpu.name}: {gpu.assumed()}"] if gpu is not None and gpu.given else []
     if explain:
         return lines + ["A prediction cannot see:"] + [f"  - {item}" for item in cannot_see]
     if cannot_see:

@@ -154,6 +154,8 @@ def run_line(result: RunRecord, skipped: bool = False, wall_s: float | None = No
         line += f", {fmt_duration(wall_s)}"
     if result.error:
         line += f" ({result.error.splitlines()[0][:160]})"
+    if result.timeline_error:
+        line += f" (no timeline: {result.timeline_error[:160]})"
     return ("(resumed) " if skipped else "") + line
 
 

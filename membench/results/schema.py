@@ -366,6 +366,7 @@ class RunRecord:
     # A prediction's answers to what it could not know (values read back, the eager model of a compiled one, rules
     # of another torch release), each with where it came from: predict/emulate/values.py and predict/run.py.
     assumed: list[str] | None = None
+    timeline_error: str | None = None  # the recording pass failed (the run's other figures stand): why
     predicted_time: PredictedTime | None = None  # a CUDA prediction's step time (membench/predict/time/)
     path: Path | None = field(default=None, compare=False)  # where it was loaded from; never written
 

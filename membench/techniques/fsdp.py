@@ -2,7 +2,7 @@
 
 from membench.common.errors import UserError
 from membench.techniques.base import Technique
-from membench.techniques.mesh import check_tp, fsdp_submesh, parse_mesh
+from membench.techniques.mesh import check_tp, fsdp_submesh
 
 
 def _dtype(name: str | None):
@@ -49,7 +49,7 @@ class Fsdp(Technique):
         return self._offload_policy()
 
     def validate(self, spec, workload) -> None:
-        check_tp(parse_mesh(spec.mesh, None), spec.techniques)
+        check_tp(spec.mesh_of(), spec.techniques)
 
     def configure(self, state) -> None:
         import torch.distributed as dist

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from membench.common.errors import UserError
 from membench.techniques.base import Technique
-from membench.techniques.mesh import parse_mesh
 
 # Hugging Face's module names for torchtitan's (wq, wk, wv, wo / w1, w3, w2 / attention_norm, ffn_norm).
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -83,7 +82,7 @@ class TensorParallel(Technique):
     options = ("mesh",)
 
     def validate(self, spec, workload) -> None:
-        mesh = parse_mesh(spec.mesh, None)
+        mesh = spec.mesh_of()
         if mesh.tp < 2:
             raise UserError(f"technique tp needs a tp dimension of 2 or more in --mesh (e.g. --mesh tp=2, or "
                             f"--mesh dp_shard=4,tp=2 with fsdp); --mesh is {mesh.text}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 import statistics
 import time
 from collections.abc import Callable
@@ -13,21 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from membench.results import Interleaved, Timing
 from membench.spec import MIN_COMPARE_PAIRS
-
-# Dense peak FLOP/s by the model name a device reports (torch.cuda.get_device_name) and compute dtype, from NVIDIA's
-# data sheets (the tensor-core figures without sparsity, i.e. half the sheets' starred numbers). fp32 means true fp32
-# (PyTorch's default matmul precision "highest", no TF32). The form factors of one chip differ: an H100 PCIe card
-# ("NVIDIA H100 PCIe") has 114 SMs at lower clocks, the NVL card ("NVIDIA H100 NVL") lower clocks than the SXM
-# module ("NVIDIA H100 80GB HBM3"); each variant is its own entry, matched before the chip's name alone.
-PEAK_FLOPS = {
-    "H100 PCIe": {"fp32": 51e12, "bf16": 756e12},  # H100 PCIe data sheet (2022): FP32 51, BF16 1,513* TFLOPS
-    "H100 NVL": {"fp32": 60e12, "bf16": 835e12},  # H100 data sheet (2023), NVL column: 60, 1,671*
-    "H200 NVL": {"fp32": 60e12, "bf16": 835e12},  # H200 data sheet (2024), NVL column: 60, 1,671*
-    "H200": {"fp32": 67e12, "bf16": 989e12},  # H200 SXM: 67, 1,979*
-    "H100": {"fp32": 67e12, "bf16": 989e12},  # H100 SXM: 67, 1,979*
-    "A100": {"fp32": 19.5e12, "bf16": 312e12},  # A100 PCIe and SXM alike: 19.5, 624*
-    "L4": {"fp32": 30.3e12, "bf16": 121e12},  # L4: 30.3, 242*
-}
+from membench.spec.gpu import of_device
 
 # A timed run goes on past its --steps to fill --min-time, but never past this many times --steps.
 MAX_STEPS_FACTOR = 20
@@ -161,11 +146,7 @@ def count_flops(step: Callable[[], object]) -> tuple[int | None, str | None]:
 
 
 def peak_flops(device_name: str, dtype: str) -> float | None:
-    """The peak for a device name such as "NVIDIA H100 80GB HBM3": the first entry (most specific first) whose
-    words all appear as whole words, so "L4" is not "L40" or "L40S" and "H100" is not an "H100 PCIe"."""
-    words = re.findall(r"[A-Za-z0-9]+", device_name.upper())
-    for model, table in PEAK_FLOPS.items():
-        wanted = model.upper().split()
-        if any(words[i:i + len(wanted)] == wanted for i in range(len(words))):
-            return table.get(dtype)
-    return None
+    """The dense peak FLOP/s of the device torch names so ("NVIDIA H100 80GB HBM3") for a compute dtype: the GPU
+    table's figure (membench/spec/gpu.py, matched by its one rule), None where the table has none."""
+    card = of_device(device_name)
+    return card.peak(dtype) if card is not None else None

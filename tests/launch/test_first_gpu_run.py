@@ -105,7 +105,8 @@ def test_a_rank_that_left_in_the_equivalence_check_makes_the_runs_verdict(tmp_pa
 @pytest.mark.parametrize("name,bf16", [("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12),
                                        ("NVIDIA H100 NVL", 835e12), ("NVIDIA H200", 989e12),
                                        ("NVIDIA H200 NVL", 835e12), ("NVIDIA A100-SXM4-80GB", 312e12),
-                                       ("NVIDIA L4", 121e12), ("NVIDIA L40S", None)])
+                                       ("NVIDIA L4", 121e12), ("NVIDIA L40S", 362.05e12),
+                                       ("NVIDIA GeForce RTX 3090", None), ("NVIDIA GH200 480GB", None)])
 def test_peak_flops_tell_an_h100s_form_factors_apart(name, bf16):
     assert timing.peak_flops(name, "bf16") == bf16
 

@@ -31,9 +31,9 @@ def test_the_target_is_the_table_entry_with_this_gpus_capability_and_multiproces
     odd = types.SimpleNamespace(**{**vars(H100_SXM), "multi_processor_count": 66})
     near = beside.target_for("cuda", odd, "NVIDIA H100 (a MIG slice)")
     assert near.gpu == "H100" and "66 SMs" in near.described and "may differ" in near.described
-    missing = beside.target_for("cuda", types.SimpleNamespace(major=12, minor=0, multi_processor_count=188,
-                                                              max_threads_per_multi_processor=1536), "NVIDIA B300")
-    assert isinstance(missing, str) and "12.0" in missing and "predict/gpus.py" in missing
+    missing = beside.target_for("cuda", types.SimpleNamespace(major=11, minor=0, multi_processor_count=20,
+                                                              max_threads_per_multi_processor=1536), "NVIDIA Thor")
+    assert isinstance(missing, str) and "11.0" in missing and "spec/gpu.py" in missing
 
 
 def test_a_recorded_gpus_name_gives_its_own_table_entry():

@@ -70,12 +70,13 @@ def test_the_prediction_says_which_gpu_it_is_for_and_why(tmp_path, capsys):
 def test_fit_confirms_only_on_the_card_predicted_for():
     """A GPU here that is not the one predicted for: no confirmation runs, and the output says why."""
     args = argparse.Namespace(device="cuda", no_confirm=False)
-    assert cli.confirmation(args, "H100", "NVIDIA A100-SXM4-80GB", None) == \
+    h100, a100 = gpus.gpu("H100"), gpus.gpu("A100")
+    assert cli.confirmation(args, h100, "NVIDIA A100-SXM4-80GB", None) == \
         "not confirmed: predicted for H100, this machine's GPU is NVIDIA A100-SXM4-80GB"
-    assert cli.confirmation(args, "A100", "NVIDIA A100-SXM4-80GB", "this machine's GPU (NVIDIA A100-SXM4-80GB)") == \
+    assert cli.confirmation(args, a100, "NVIDIA A100-SXM4-80GB", "this machine's GPU (NVIDIA A100-SXM4-80GB)") == \
         "confirmed on this GPU; A100: this machine's GPU (NVIDIA A100-SXM4-80GB)"
-    assert cli.confirmation(args, "H100", "a card no table knows", None).startswith("not confirmed: predicted for H100")
-    assert cli.confirmation(args, "H100", None, None) == "not confirmed (no CUDA GPU here)"
-    assert cli.confirmation(argparse.Namespace(device="cuda", no_confirm=True), "A100", "NVIDIA A100-SXM4-80GB",
+    assert cli.confirmation(args, h100, "a card no table knows", None).startswith("not confirmed: predicted for H100")
+    assert cli.confirmation(args, h100, None, None) == "not confirmed (no CUDA GPU here)"
+    assert cli.confirmation(argparse.Namespace(device="cuda", no_confirm=True), a100, "NVIDIA A100-SXM4-80GB",
                             None) == "not confirmed (--no-confirm)"
     assert cli.confirmation(argparse.Namespace(device="cpu", no_confirm=False), None, None, None) == "cpu target"

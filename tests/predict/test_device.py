@@ -45,7 +45,7 @@ def test_it_fits_up_to_the_gpus_nominal_memory_and_says_the_margin():
     def of(total):
         return DeviceEstimate((DevicePart("reserved", total, "simulated", "-"),))
 
-    edge, over = fits_on(of(80 * 10**9), 80), fits_on(of(80 * 10**9 + 1), 80)
+    edge, over = fits_on(of(80 * 10**9), 80 * 10**9), fits_on(of(80 * 10**9 + 1), 80 * 10**9)
     assert (edge.fits, edge.margin_bytes, over.fits, over.margin_bytes) == (True, 0, False, -1)
 
 
@@ -85,11 +85,12 @@ def test_a_trace_that_reserves_more_than_the_card_is_replayed_under_it():
     a, b = TraceEvent.alloc("a", 100 * MiB), TraceEvent.alloc("b", 150 * MiB)
     # Unbounded, a's 100 MiB segment stays cached and b takes a new one: 250 MiB reserved, more than the card has.
     # Under it, b's cudaMalloc fails, the allocator releases a's cached segment and retries: 150 MiB at the peak.
-    assert on_card([a, TraceEvent.free("a"), b], None, 250 * MiB, 1, Mesh()) == OnCard(ONE_GB_CARD, 150 * MiB, False)
+    assert (on_card([a, TraceEvent.free("a"), b], None, 250 * MiB, 10**9, Mesh())
+            == OnCard(ONE_GB_CARD, 150 * MiB, False))
     # Both live: nothing cached to release, out of memory
-    assert on_card([a, b], None, 250 * MiB, 1, Mesh()).oom
+    assert on_card([a, b], None, 250 * MiB, 10**9, Mesh()).oom
     # What fits unbounded is not replayed: no cudaMalloc would fail
-    assert on_card([a], None, 100 * MiB, 1, Mesh()) is None
+    assert on_card([a], None, 100 * MiB, 10**9, Mesh()) is None
 
 
 def test_the_fits_line_follows_the_replay_under_the_card():

@@ -110,7 +110,9 @@ def test_a_trace_does_not_depend_on_when_the_cycle_collector_runs():
 
 
 def test_cli_fit_prints_a_table(capsys):
-    code = cli.main(["fit", "--workload", "vit-tiny", "--techniques", "ckpt", "--budget", "4MiB", "--max-batch", "64"])
+    # --gpu named: without it the target is this machine's GPU where there is one, and the line would name it
+    code = cli.main(["fit", "--workload", "vit-tiny", "--techniques", "ckpt", "--budget", "4MiB", "--max-batch", "64",
+                     "--gpu", "H100"])
     out = capsys.readouterr().out
     assert code == 0
     assert "max batch (predicted)" in out and "ckpt" in out and "PREDICTED (no timing) for H100" in out

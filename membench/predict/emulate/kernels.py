@@ -44,7 +44,7 @@ from membench.predict.emulate.layer_norm import layer_norm_copies
 from membench.predict.emulate.reductions import KernelScratch
 from membench.predict.emulate.sdpa import math_mask_add
 from membench.predict.emulate.versions import release
-from membench.predict.gpus import cublaslt_workspace_bytes
+from membench.predict.gpus import cublas_workspace_bytes, cublaslt_workspace_bytes
 from membench.private import in_backward
 
 # The aten ops that run through cuBLAS on CUDA (matmuls; linear and matmul reach these), float types only.
@@ -109,7 +109,7 @@ class CudaKernels:
 
     def __init__(self, gpu, workspace_bytes: int | None = None, lt_workspace_bytes: int | None = None):
         self.workspaces = CublasWorkspaces(
-            gpu.cublas_workspace_bytes if workspace_bytes is None else workspace_bytes,
+            cublas_workspace_bytes(gpu.compute_capability) if workspace_bytes is None else workspace_bytes,
             cublaslt_workspace_bytes(release()) if lt_workspace_bytes is None else lt_workspace_bytes)
         self.scratch = KernelScratch(gpu)
         self.paths = BackwardPaths()

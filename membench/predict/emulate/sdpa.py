@@ -210,7 +210,7 @@ def math_mask_add(func, args, kwargs):
 @contextlib.contextmanager
 def cuda_sdpa(gpu=None):
     """While active, attention runs as it would on `gpu` (default: the default --gpu); yields the Sites seen."""
-    sites = Sites(gpus.gpu(None) if gpu is None else gpu)
+    sites = Sites(gpus.GPUS[gpus.DEFAULT_GPU] if gpu is None else gpu)
     _ACTIVE.append(sites)
     try:
         with composite_kernel_replaced("scaled_dot_product_attention", _sdpa):

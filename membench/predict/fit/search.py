@@ -136,7 +136,7 @@ def _derived(predictions: _Predictions, budget: int, kmax: int) -> tuple[AffineT
     NotAffine, with both reasons, where neither pair gives one."""
     job, step, real = predictions.job, predictions.step, predictions.real
     settings = allocator_settings(resolve(job.run))
-    scratch = KernelScratch(gpus.gpu(job.run.gpu)) if job.run.device == "cuda" else None
+    scratch = KernelScratch(gpus.predicted_for(job.run)) if job.run.device == "cuda" else None
     try:
         return AffineTrace.derive(real(2), 2 * step, real(3), 3 * step, settings, scratch), 2
     except NotAffine as why:

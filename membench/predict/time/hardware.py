@@ -25,6 +25,16 @@ compute/accelerator/README.md, "TFLOPS comparison table", for the H100, H200 and
   (2023), from AWS's figures: FP32 31.2, TF32 35, BF16/FP16 70 TFLOPS dense; 600 GB/s; PCIe Gen4. A second-hand
   source: the least sure figures of the table.
 - T4: NVIDIA T4 datasheet (2019): FP32 8.1, mixed-precision FP16/FP32 65 TFLOPS; 320 GB/s; PCIe Gen3.
+- H100 NVL / H200 NVL: the H100 and H200 datasheets' NVL columns: FP32 60, TF32 835*, BF16/FP16 1,671*, FP8
+  3,341* TFLOPS; 3.9 TB/s (H100 NVL), 4.8 TB/s (H200 NVL); NVLink bridge 600 / 900 GB/s; PCIe Gen5.
+- L40S / L40: NVIDIA L40S and L40 datasheets: FP32 91.6 / 90.5, TF32 366* / 181*, BF16/FP16 362.05 / 181 dense, FP8
+  1,466* / 724* TFLOPS; 864 GB/s; PCIe Gen4.
+- A10: NVIDIA A10 datasheet: FP32 31.2, TF32 125*, BF16/FP16 250* TFLOPS; 600 GB/s; PCIe Gen4. A40: NVIDIA A40
+  datasheet: FP32 37.4, TF32 149.6*, BF16 299.4* (FP16 with FP32 accumulate as BF16) TFLOPS; 696 GB/s; PCIe Gen4.
+- B200 (SXM): ml-engineering's TFLOPS comparison table (NVIDIA's HGX figures): FP32 80, TF32 1,125, BF16/FP16
+  2,250, FP8 4,500 TFLOPS; its memory table: HBM3e 8.0 TB/s. NVLink 1,800 GB/s and PCIe Gen5 (NVIDIA's B200 page).
+- The table's other cards (RTX 3090, RTX 3080, RTX A6000, RTX 2060, RTX 5090) have no figures here yet: a
+  prediction for them prints no step time.
 
 PCIe figures are per direction (x16 Gen3 16 GB/s, Gen4 32 GB/s, Gen5 64 GB/s: the PCI-SIG's raw rates); NVLink
 figures are the datasheets' per-GPU totals over both directions.
@@ -66,6 +76,7 @@ _H100 = dict(fp32=67 * TERA, tf32=494.5 * TERA, fp16=989.5 * TERA, bf16=989.5 * 
 _A100 = dict(fp32=19.5 * TERA, tf32=156 * TERA, fp16=312 * TERA, bf16=312 * TERA, fp8=None)
 _V100 = dict(fp32=15.7 * TERA, tf32=None, fp16=125 * TERA, bf16=None, fp8=None)
 _GEN3, _GEN4, _GEN5 = 16 * GB, 32 * GB, 64 * GB
+_NVL = dict(fp32=60 * TERA, tf32=417.5 * TERA, fp16=835.5 * TERA, bf16=835.5 * TERA, fp8=1670.5 * TERA)
 
 SPEEDS = {s.name: s for s in (
     GpuSpeed("H100", **_H100, memory_bandwidth=3350 * GB, pcie=_GEN5, nvlink=900 * GB,
@@ -90,6 +101,20 @@ SPEEDS = {s.name: s for s in (
              memory_bandwidth=600 * GB, pcie=_GEN4, nvlink=None, source="Baseten's A10 vs A10G (AWS figures)"),
     GpuSpeed("T4", fp32=8.1 * TERA, tf32=None, fp16=65 * TERA, bf16=None, fp8=None,
              memory_bandwidth=320 * GB, pcie=_GEN3, nvlink=None, source="NVIDIA T4 datasheet"),
+    GpuSpeed("H100-NVL", **_NVL, memory_bandwidth=3900 * GB, pcie=_GEN5, nvlink=600 * GB,
+             source="NVIDIA H100 datasheet, NVL"),
+    GpuSpeed("H200-NVL", **_NVL, memory_bandwidth=4800 * GB, pcie=_GEN5, nvlink=900 * GB,
+             source="NVIDIA H200 datasheet, NVL"),
+    GpuSpeed("L40S", fp32=91.6 * TERA, tf32=183 * TERA, fp16=362 * TERA, bf16=362 * TERA, fp8=733 * TERA,
+             memory_bandwidth=864 * GB, pcie=_GEN4, nvlink=None, source="NVIDIA L40S datasheet"),
+    GpuSpeed("L40", fp32=90.5 * TERA, tf32=90.5 * TERA, fp16=181 * TERA, bf16=181 * TERA, fp8=362 * TERA,
+             memory_bandwidth=864 * GB, pcie=_GEN4, nvlink=None, source="NVIDIA L40 datasheet"),
+    GpuSpeed("A10", fp32=31.2 * TERA, tf32=62.5 * TERA, fp16=125 * TERA, bf16=125 * TERA, fp8=None,
+             memory_bandwidth=600 * GB, pcie=_GEN4, nvlink=None, source="NVIDIA A10 datasheet"),
+    GpuSpeed("A40", fp32=37.4 * TERA, tf32=74.8 * TERA, fp16=149.7 * TERA, bf16=149.7 * TERA, fp8=None,
+             memory_bandwidth=696 * GB, pcie=_GEN4, nvlink=112.5 * GB, source="NVIDIA A40 datasheet"),
+    GpuSpeed("B200", fp32=80 * TERA, tf32=1125 * TERA, fp16=2250 * TERA, bf16=2250 * TERA, fp8=4500 * TERA,
+             memory_bandwidth=8000 * GB, pcie=_GEN5, nvlink=1800 * GB, source="ml-engineering's table, B200 SXM"),
 )}
 
 

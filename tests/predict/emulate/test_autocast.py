@@ -113,8 +113,8 @@ def test_one_cublas_workspace_per_handle_main_then_autograd():
 
 
 def test_workspace_sizes_follow_torchs_rule():
-    assert gpus.gpu("H100").cublas_workspace_bytes == 32 * 2**20
-    assert gpus.gpu("a100").cublas_workspace_bytes == 8_519_680  # 4096 KiB x 2 + 16 KiB x 8
+    assert gpus.cublas_workspace_bytes(gpus.gpu("H100").compute_capability) == 32 * 2**20
+    assert gpus.cublas_workspace_bytes(gpus.gpu("a100").compute_capability) == 8_519_680  # 4096 KiB x 2 + 16 KiB x 8
     assert gpus.cublas_workspace_bytes((8, 0), {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}) == 32 * 2**20
     assert gpus.cublas_workspace_bytes((9, 0), {"CUBLAS_WORKSPACE_CONFIG": ":16:8:4096:2"}) == 8_519_680
     # As torch: no ":SIZE:COUNT" found is a warning and the default (tests/test_fuzz.py has the rest).

@@ -145,7 +145,8 @@ def test_a_full_sum_with_a_dtype_argument_reduces_every_dim():
 
 
 def test_every_gpu_has_the_threads_per_multiprocessor_of_its_compute_capability():
-    threads = {(7, 0): 2048, (7, 5): 1024, (8, 0): 2048, (8, 6): 1536, (8, 9): 1536, (9, 0): 2048}
+    threads = {(7, 0): 2048, (7, 5): 1024, (8, 0): 2048, (8, 6): 1536, (8, 9): 1536, (9, 0): 2048, (10, 0): 2048,
+               (12, 0): 1536}  # the CUDA C++ Programming Guide, technical specifications per compute capability
     for gpu in gpus.GPUS.values():
         assert gpu.max_threads_per_sm == threads[gpu.compute_capability], gpu.name
         assert gpu.sm_count > 0 and gpu.warp_size == 32

@@ -25,8 +25,10 @@ def _classified(op, *shapes_dtype):
         return classify(op, tuple(args), {}, out, "forward")
 
 
-def test_every_gpu_of_the_memory_table_has_speed_figures():
-    assert set(SPEEDS) == set(GPUS)
+def test_the_speed_figures_are_for_cards_of_the_gpu_table():
+    """Keyed by the GPU table's names; the cards without figures (RTX 3090, ...) predict no step time."""
+    assert set(SPEEDS) <= set(GPUS)
+    assert {"H100", "H200", "A100", "V100", "L4", "T4"} <= set(SPEEDS)
 
 
 def test_a_gemm_by_hand_on_an_a100():

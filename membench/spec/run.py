@@ -17,6 +17,8 @@ from typing import Literal
 
 from membench.common.errors import UserError
 from membench.common.typedjson import build_checked
+from membench.spec.gpu import Gpu, gpu
+from membench.spec.mesh import Mesh, check_reshard_after_forward, parse_mesh
 
 Device = Literal["cpu", "cuda"]
 ZeroGrad = Literal["none", "zeros"]
@@ -139,8 +141,8 @@ class RunSpec:
     zero_grad: ZeroGrad = "none"  # after the step, gradients are freed (set_to_none) or kept as zeros (pre-2.0)
     clip_grad_norm: float | None = None  # clip the gradients' total 2-norm to this before the step
     inference: bool = False  # forward only: eval mode, torch.inference_mode, no backward, no optimizer
-    # The GPU a CUDA prediction is for (membench.predict.gpus: its cuBLAS workspace, its kernels); None: measured runs,
-    # and predictions for cpu. Predictions for different GPUs are different sweeps.
+    # The GPU a CUDA prediction is for, by its name in membench/spec/gpu.py's table or its properties (`card` is its
+    # Gpu); None: measured runs, and predictions for cpu. Predictions for different GPUs are different sweeps.
     gpu: str | None = None
     # Sharded training (fsdp, fsdp-offload, tp; techniques/mesh.py): the device mesh by torchtitan's dimension
     # names ("dp_shard=8,tp=2"; None: one dp_shard dimension of every rank), and FSDP2's MixedPrecisionPolicy
@@ -179,18 +181,14 @@ class RunSpec:
             raise UserError(f"unknown device {self.device!r}; valid: auto, cuda, cpu")
         if self.zero_grad not in ZERO_GRAD:
             raise UserError(f"unknown --zero-grad {self.zero_grad!r}; valid: {', '.join(ZERO_GRAD)}")
-        if self.gpu is not None:
-            from membench.predict.gpus import gpu
-
-            gpu(self.gpu)
+        if self.gpu is not None and gpu(self.gpu).name != self.gpu:
+            return dataclasses.replace(self, gpu=gpu(self.gpu).name).validated()  # one spelling: runs pair by it
         if not isinstance(self.inference, bool):
             raise UserError(f"--inference must be true or false, got {self.inference!r}")
         for option, dtype in (("--param-dtype", self.param_dtype), ("--reduce-dtype", self.reduce_dtype)):
             if dtype is not None and dtype not in DTYPES:
                 raise UserError(f"unknown {option} {dtype!r}; valid: {', '.join(DTYPES)}")
         if self.mesh is not None or self.reshard_after_forward is not None:
-            from membench.techniques.mesh import check_reshard_after_forward, parse_mesh
-
             # Its size against the ranks is checked where they are known: predict's --world-size, and each rank
             # of a run (several nodes: nproc_per_node is one node's share).
             mesh = parse_mesh(self.mesh if self.mesh is not None else None, self.nproc_per_node
@@ -201,6 +199,16 @@ class RunSpec:
                 _check(self, "reshard_after_forward")
             check_reshard_after_forward(self.reshard_after_forward, mesh)
         return self
+
+    @property
+    def card(self) -> Gpu | None:
+        """The GPU a CUDA prediction is for, as the table's typed value (the record keeps its name)."""
+        return None if self.gpu is None else gpu(self.gpu)
+
+    def mesh_of(self, world: int | None = None) -> Mesh:
+        """The device mesh as a typed value: --mesh, checked against `world` ranks where given; without --mesh one
+        dp_shard dimension of `world` ranks (default: nproc_per_node, one node's share)."""
+        return parse_mesh(self.mesh, world) if self.mesh is not None else Mesh(dp_shard=world or self.nproc_per_node)
 
 
 MIN_COMPARE_PAIRS = 6
