@@ -464,10 +464,20 @@ def print_predictions(results: list, args, attention: str | None = None, why: st
         lines = device_lines(results, target) + fragmented(results)
         if lines:
             print("\n" + "\n".join(lines))
+        _print_time(results)
     print()
     if target is not None:
         print(answer(results, target))
     print("\n".join(assumptions(results, target, args.explain, attention, why)))
+
+
+def _print_time(results: list) -> None:
+    """Each run's predicted step time (membench/predict/time/), where the predictions hold one."""
+    from membench.predict.time.show import time_lines
+
+    lines = time_lines(results)
+    if lines:
+        print("\n" + "\n".join(lines))
 
 
 def cmd_check(args) -> int:
@@ -500,8 +510,10 @@ def cmd_fit(args) -> int:
     # Planned at --accum-steps samples, a batch every technique takes (accumulation splits it into micro-batches);
     # each technique's search then runs over the multiples of the smallest batch it takes. The child process
     # (the only one that imports torch) plans, searches and says whether this machine has a CUDA GPU.
+    if args.objective == "speed" and args.device != "cuda":
+        raise UserError("--objective speed needs --device cuda: step time is predicted for a CUDA GPU")
     request = {"plan": _predict_plan(args, args.batch_size or args.accum_steps), "budget": budget, "by": by,
-               "over": over, "max_batch": args.max_batch, "jobs": args.jobs}
+               "over": over, "max_batch": args.max_batch, "jobs": args.jobs, "objective": args.objective}
     printing = _import_meanwhile("tabulate")  # verdict is imported above
     answer = call_isolated("fit", request, args.timeout, f"fitting {args.workload!r}")
     printing.join()
@@ -519,6 +531,7 @@ def cmd_fit(args) -> int:
     print_fits(fits, budget, by, args, checked, answer["cannot_see"], target)
     if answer.get("arch"):
         print(answer["arch"])
+    _print_fastest(fits)
     return 0
 
 
@@ -547,6 +560,17 @@ def _fit_world_size(args, budget: int) -> int:
           "GPU: the whole-device estimate (reserved + CUDA context + NCCL buffers); world sizes 1, 2, 4, ... then "
           "bisected between the last over and the first fit (over multiples of 8 where those are more than 8 apart).")
     return 0
+
+
+def _print_fastest(fits: list) -> None:
+    """fit --objective speed: the fastest technique and batch that fit, by predicted throughput."""
+    from membench.predict.time.show import fastest_lines
+
+    lines = fastest_lines(fits)
+    if lines:
+        print("\n" + "\n".join(lines))
+
+
 
 
 def print_fits(fits: list, budget: int, by: str, args, checked: str, cannot_see: list[str], target) -> None:
@@ -692,6 +716,9 @@ def _add_fit_and_replay_commands(sub) -> None:
                         "fewest ranks whose whole device per rank is within the budget; seq-len: the longest "
                         "sequence instead of the largest batch, at --batch-size, by the device's default peak")
     p.add_argument("--no-confirm", action="store_true", help="on a GPU, do not confirm predictions with real runs")
+    p.add_argument("--objective", choices=("memory", "speed"), default="memory",
+                   help="memory (default): the largest batch per technique; speed: also each one's predicted step "
+                        "time at that batch, and the fastest technique and batch that fit (docs/time.md)")
     p.add_argument("--out", type=_path, default=None, help="where confirmation runs go (default results/fit)")
     p.set_defaults(func=cmd_fit)
 

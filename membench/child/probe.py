@@ -227,6 +227,9 @@ def fit_request(request: dict) -> dict:
     traced = functools.partial(predict_traced, cache=ModelCache())  # every batch tried starts from one meta model
 
     def fit_one(job: Job) -> Fit:
+        return timed_fit(job, _fitted(job), request.get("objective"))
+
+    def _fitted(job: Job) -> Fit:
         if over == "seq-len":
             return longest_sequence(job, budget, by, traced, request["max_batch"], on_probe=probe)
         if by != "device":
@@ -250,6 +253,16 @@ def fit_request(request: dict) -> dict:
     return {"fits": [dataclasses.asdict(f) for f in fits], "jobs": [job.to_dict() for job in jobs],
             "local_gpu": local_gpu_name(), "cannot_see": list(CANNOT_SEE), "target": _target(request["plan"]),
             "arch": _arch(jobs)}
+
+
+def timed_fit(job: Job, fit: Fit, objective: str | None) -> Fit:
+    """fit --objective speed: the fit with its predicted step time at the batch found (one more prediction)."""
+    if objective != "speed" or not fit.batch:
+        return fit
+    time = predict_traced(job.with_run(batch_size=fit.batch)).time
+    if time is None:
+        return fit
+    return dataclasses.replace(fit, step_s=time.step_s, throughput=time.throughput, unit=time.unit)
 
 
 def fork_refused() -> str | None:

@@ -33,6 +33,7 @@ from membench.predict.emulate.lowbit_optimizers import note as lowbit_note
 from membench.predict.emulate.off_device import OffDeviceLedger
 from membench.predict.emulate.sdpa import CudaSdpa
 from membench.predict.ranks import predict_ranks
+from membench.predict.time import SPEEDS, OpRecorder, predict_time
 from membench.results import Compiled, Memory, RunRecord, result_path, write_record
 from membench.spec import Job, RunSpec
 from membench.step import batches
@@ -122,6 +123,8 @@ class Traced:
     kernel_calls: list = dataclasses.field(default_factory=list)  # calls that may take kernel scratch (fit)
     assumed: list[str] = dataclasses.field(default_factory=list)  # what was answered without being known
     compiled: Compiled | None = None  # the compile technique: the partitioner's saved tensors (predict/compiled.py)
+    ops: list = dataclasses.field(default_factory=list)  # a CUDA prediction's measured step, op by op (predict/time)
+    time: object = None  # its predicted step time (results.schema.PredictedTime)
 
 
 def predict_memory(job: Job, round_to: int | None = None, rank: int = 0, cache: ModelCache | None = None) -> Memory:
@@ -196,6 +199,10 @@ def _predict_once(job: Job, round_to: int | None, trace: bool, derive_warmup: bo
         traced.assumed.append(compiled.APPROXIMATED)
     if kernels is not None:
         traced.memory.attention = kernels.find(CudaSdpa).sites.summary()
+    # Single-GPU runs of a card with speed figures (predict/time/hardware.py); collectives are not timed yet.
+    if gpu is not None and traced.ops and not ranks and gpu.name in SPEEDS:
+        traced.time = predict_time(traced.ops, gpu.name, gpu.sm_count, gpu.compute_capability, spec.batch_size,
+                                   workload.items_per_sample, workload.unit)
     return traced
 
 
@@ -285,14 +292,16 @@ def _measured_step(session: Session, primed: steady.Primed | None, round_to: int
     tracker = session.meter.tracker
     measured_from = len(tracker.trace or ())
     start_bytes = tracker.current
-    with steady.watching(session) if primed is not None else contextlib.nullcontext() as seen:
+    recorder = OpRecorder(tracker) if tracker.kernels is not None else contextlib.nullcontext()
+    with steady.watching(session) if primed is not None else contextlib.nullcontext() as seen, recorder:
         memory, _, _ = session.measure(1)
+    ops = recorder.calls if tracker.kernels is not None else []
     # A copy: the tracker's list goes on growing with frees while what the step left is collected later (in
     # another prediction, even), and fit compares traces event for event.
     trace = list(tracker.trace or ())
     calls = list(tracker.kernel_calls or ())
     if primed is None:
-        return Traced(memory, trace, measured_from, round_to, calls)
+        return Traced(memory, trace, measured_from, round_to, calls, ops=ops)
     gc.collect()  # what the step left for the collector: a run's next step frees it as it begins
     garbage = [e.key for e in tracker.trace[len(trace):] if e.kind == "free"]
     step = steady.MeasuredStep(trace, measured_from, garbage, memory.peak_allocated_bytes, start_bytes, round_to,
@@ -301,7 +310,7 @@ def _measured_step(session: Session, primed: steady.Primed | None, round_to: int
         written = steady.write_warmup(primed, seen, step)
     except steady.CannotWrite:
         return None
-    return Traced(memory, written.events, written.measured_from, round_to, written.kernel_calls)
+    return Traced(memory, written.events, written.measured_from, round_to, written.kernel_calls, ops=ops)
 
 
 def _label(traced: Traced, spec: RunSpec, stack: Stack,
@@ -445,6 +454,7 @@ def predict(job: Job, round_to: int | None = None, cache: ModelCache | None = No
         stated = versions.notice() if job.run.device == "cuda" else None  # rules not checked on this torch
         record.memory, record.assumed = traced.memory, [*traced.assumed, *filter(None, [stated])] or None
         record.compiled = traced.compiled
+        record.predicted_time = traced.time
         record.world_size = world_size(job.run, stack) or 1
         if record.world_size > 1:  # each rank whose shards differ (uneven shards), rank 0 first
             record.ranks = predict_ranks(job, round_to, record.memory, functools.partial(predict_memory, cache=cache))

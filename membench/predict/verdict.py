@@ -34,6 +34,10 @@ class Fit:
     method: str = "full search"
     fails_below: list[int] = field(default_factory=list)  # smaller batches that do not fit (reserved memory)
     over: str = "batch"  # what was searched: the batch, or (fit --by seq-len) the sequence length at a fixed batch
+    # fit --objective speed: the predicted step time and throughput at `batch` (membench/predict/time/)
+    step_s: float | None = None
+    throughput: float | None = None
+    unit: str = ""
 
 
 @dataclass(frozen=True)

@@ -383,6 +383,27 @@ class RankSummary:
 
 
 @dataclass
+class PredictedTime:
+    """A prediction's step time on the GPU it is for, from the step's ops (membench/predict/time/): no GPU ran it.
+    low_s and high_s: every efficiency figure at the fast and at the slow end of its published band."""
+
+    gpu: str
+    step_s: float
+    low_s: float
+    high_s: float
+    by_class_s: dict[str, float]  # GPU busy seconds: gemm, attention, elementwise, optimizer, communication; and
+    # launch: the time the GPU waits for the host to issue ops
+    recomputed_s: float  # of the busy seconds, checkpointing's forward run again
+    flops: int  # torch's FLOP counter's count, recomputation left out
+    mfu: float | None  # flops / step_s against the dense peak of peak_dtype
+    peak_dtype: str
+    throughput: float  # units per second
+    unit: str  # "samples" or "tokens"
+    kernels: int
+    method: str
+
+
+@dataclass
 class RunRecord:
     """One run's result file: what ran (spec), where (env), and what was measured or why not (status, error)."""
 
@@ -417,6 +438,7 @@ class RunRecord:
     # of another torch release), each with where it came from: predict/emulate/values.py and predict/run.py.
     assumed: list[str] | None = None
     timeline_error: str | None = None  # the recording pass failed (the run's other figures stand): why
+    predicted_time: PredictedTime | None = None  # a CUDA prediction's step time (membench/predict/time/)
     path: Path | None = field(default=None, compare=False)  # where it was loaded from; never written
 
     @property

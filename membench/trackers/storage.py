@@ -65,6 +65,7 @@ class StorageTracker(TorchDispatchMode):
         # predict/emulate/registry.KernelCall), kept so that fit can work them out at other batch sizes.
         self.kernel_calls: list | None = [] if trace else None
         self.kernels = None  # a CUDA prediction's predict.emulate.kernels.CudaKernels: called around every op
+        self.on_op = None  # called (func, args, kwargs, out) after every op this mode runs (predict/time's recorder)
         # A prediction of several streams (predict/streams.py): the stream an allocation would be made on now, as a
         # small int (0: the default stream); an allocation's trace event then carries it, when it is not 0.
         self.stream_of = None
@@ -118,7 +119,7 @@ class StorageTracker(TorchDispatchMode):
             # Run the decomposition here, with this mode on top again, as it runs outside inference_mode.
             with self:
                 return func.decompose(*args, **(kwargs or {}))
-        kernels = self.kernels
+        kernels, called = self.kernels, func
         if kernels is not None:  # a CUDA prediction: the in-place paths a plain run takes where this mode changes them
             func = kernels.rewrite(func, args, kwargs)
         out = func(*args, **(kwargs or {}))
@@ -127,6 +128,8 @@ class StorageTracker(TorchDispatchMode):
         if kernels is not None:  # and what CUDA kernels allocate besides their outputs
             kernels.after(func, args, kwargs, out, self)
         self.track_outputs(out)
+        if self.on_op is not None:
+            self.on_op(called, args, kwargs or {}, out)
         return out
 
     def track_outputs(self, out) -> None:
