@@ -346,6 +346,9 @@ class RunRecord:
     # of another torch release), each with where it came from: predict/emulate/values.py and predict/run.py.
     assumed: list[str] | None = None
     timeline_error: str | None = None  # the recording pass failed (the run's other figures stand): why
+    # A run across nodes (spec.launch.nodes): the global rank whose record this is (its memory and timing are that
+    # rank's); each node writes one, and a report merges them into the run's (results/nodes.py).
+    rank: int | None = None
     path: Path | None = field(default=None, compare=False)  # where it was loaded from; never written
 
     @property
