@@ -141,9 +141,9 @@ def run_job(job: Job, out_dir: Path, launcher: Launcher, on_stage: Callable[[Sta
 
 
 def through_torchrun(job: Job, stack: Stack) -> bool:
-    """Several ranks on this node, a distributed technique, or several nodes (whose every run is one job across
-    them, the baseline too: each node's sweep starts the same runs in the same order)."""
-    return job.run.nproc_per_node > 1 or stack.distributed or job.launch.nodes.several
+    """Several ranks on this node, or a distributed technique (across nodes, one torchrun job over them all). The
+    other runs (the baseline included) are single-device runs, on each node alone (plan.py)."""
+    return job.run.nproc_per_node > 1 or stack.distributed
 
 
 def spec_file(runs_dir: Path, job: Job) -> Path:

@@ -43,7 +43,11 @@ def merged(records: list[RunRecord]) -> RunRecord:
     if failed:
         first = min(failed, key=lambda r: r.status != "oom")
         out.status = first.status
-        out.error = "; ".join(f"node {r.spec.launch.nodes.node_rank} (rank {r.rank}): {r.error}"
-                              for r in sorted(failed, key=lambda r: r is not first))
+        out.error = "; ".join(f"{_where(r)}: {r.error}" for r in sorted(failed, key=lambda r: r is not first))
         out.memory = base.memory or first.memory
     return out
+
+
+def _where(record: RunRecord) -> str:
+    node = f"node {record.spec.launch.nodes.node_rank}"
+    return node if record.rank is None else f"{node} (rank {record.rank})"

@@ -53,8 +53,9 @@ def test_the_options_become_torchruns_own():
     c10d = Nodes(nnodes=2, node_rank=1, rdzv_endpoint="node0:29500", rdzv_id="job7")
     assert _command(c10d) == ["--nproc-per-node=1", "--nnodes=2", "--node-rank=1", "--rdzv-backend=c10d",
                               "--rdzv-endpoint=node0:29500", "--rdzv-id=job7-fsdp"]
-    # The baseline too goes through torchrun across nodes: every run is one job over every node.
-    assert _command(c10d, techniques=())[-1] == "--rdzv-id=job7-baseline"
+    # The baseline is a single-device run, on each node alone, as on one node (plan.py).
+    job = dataclasses.replace(spec("gpt-tiny"), launch=LaunchSpec(nodes=c10d))
+    assert "torch.distributed.run" not in command_for(job, resolve(job.run), Path("s.json"), Path("o.json"))
     static = Nodes(nnodes=2, node_rank=0, master_addr="node0", master_port=29400)
     assert _command(static, torchrun_args="--max-restarts=0") == [
         "--nproc-per-node=1", "--nnodes=2", "--node-rank=0", "--master-addr=node0", "--master-port=29400",
@@ -95,6 +96,19 @@ def test_a_runs_node_records_merge_into_global_rank_0s(tmp_path):
     assert len(load_dir(tmp_path / "node0")) == 1  # one node's folder alone still reads
 
 
+def test_a_single_device_run_on_each_node_reads_as_node_0s(tmp_path):
+    """The baseline is not a torchrun job: each node measured it alone (record.rank None); one result, node 0's,
+    and a node where it failed says so."""
+    for node in (1, 0):
+        record = dataclasses.replace(_record(node=node, rank=0), name="baseline", rank=None, ranks=None,
+                                     status="oom" if node == 1 else "ok", error="planted" if node == 1 else None)
+        record.spec = dataclasses.replace(record.spec, run=dataclasses.replace(record.spec.run, techniques=()))
+        write_record(tmp_path / f"node{node}" / "baseline.json", record)
+    (run,) = load_dir(tmp_path)
+    assert run.path.parent.name == "node0" and run.ranks is None
+    assert (run.status, run.error) == ("oom", "node 1: planted")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -122,6 +136,8 @@ def test_two_nodes_on_this_machine_equal_one_node_rank_for_rank(tmp_path):
 
     for name in one:
         assert two[name].status == one[name].status == "ok"
-        assert two[name].world_size == one[name].world_size == 2
-        assert figures(two[name]) == figures(one[name]), name
         assert two[name].memory.peak_allocated_bytes == one[name].memory.peak_allocated_bytes  # rank 0's
+    # The baseline ran on each node alone (a single-device run, as on one node): the report keeps node 0's.
+    assert two["baseline"].world_size is None and two["baseline"].path.parent.name == "node0"
+    assert two["fsdp"].world_size == one["fsdp"].world_size == 2
+    assert figures(two["fsdp"]) == figures(one["fsdp"])
