@@ -132,8 +132,8 @@ def test_two_nodes_on_this_machine_equal_one_node_rank_for_rank(tmp_path):
     assert sorted(two) == sorted(one) == ["baseline", "fsdp"]
 
     def figures(record: RunRecord) -> list[tuple]:
-        # The breakdown's total, not its split: which category a reduce-scatter's output has at the peak (a
-        # gradient yet, or still a temporary) differed between two runs here, with the same total.
+        # The breakdown's total, not its split: which category 26004 bytes at fsdp's peak have (a gradient yet, or
+        # still a temporary) differed between two one-node runs of 2 processes here too, with the same total.
         return [(s.rank, s.peak_allocated_bytes, s.peak_phase, s.build_peak_bytes, sum(s.breakdown_at_peak.values()))
                 for s in record.ranks]
 
