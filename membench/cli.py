@@ -252,6 +252,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--torchrun-args", default=default(LaunchSpec, "torchrun_args"),
                    help="extra torchrun arguments for several nodes, e.g. \"--nnodes=2 --node-rank=0 "
                         "--rdzv-endpoint=host0:29500\" (default: --standalone)")
+    _add_node_options(p)
     p.add_argument("--goal", default="lowest-peak", help=GOAL_HELP)
     p.add_argument("--timeline", action=argparse.BooleanOptionalAction, default=default(MeasureSpec, "timeline"),
                    help="after the measured step, record a categorised memory timeline in a few extra untimed steps "
@@ -259,6 +260,30 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--predict", action=argparse.BooleanOptionalAction, default=default(MeasureSpec, "predict"),
                    help="after each run, predict it on fake tensors for the device it ran on and print the "
                         "prediction beside the measurement, with where they part ways (default: on)")
+
+
+def _add_node_options(p: argparse.ArgumentParser) -> None:
+    """torchrun's multi-node options, passed through (spec/nodes.py checks them; docs/run.md, "Several nodes")."""
+    from membench.spec import default
+    from membench.spec.nodes import Nodes
+
+    group = p.add_argument_group("several nodes", "torchrun's options of the same names: run the same command on "
+                                 "every node; node K writes OUT/nodeK, and `membench report OUT` merges them")
+    group.add_argument("--nnodes", type=int, default=default(Nodes, "nnodes"), help="how many nodes (default 1)")
+    group.add_argument("--node-rank", type=int, default=default(Nodes, "node_rank"), help="this node's, 0 to N-1")
+    group.add_argument("--rdzv-endpoint", default="", metavar="HOST:PORT",
+                       help="where the nodes meet: a host every node reaches (usually the first node) and a free port")
+    group.add_argument("--rdzv-backend", default="", help="torchrun's rendezvous backend (default: c10d with "
+                       "--rdzv-endpoint, static with --master-addr)")
+    group.add_argument("--rdzv-id", default="", help="the job's id, the same on every node (default: membench)")
+    group.add_argument("--master-addr", default="", help="static rendezvous: the host of node rank 0")
+    group.add_argument("--master-port", type=int, default=None, help="static rendezvous: its port (default 29500)")
+
+
+def _nodes(args) -> dict:
+    return dict(nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
+                rdzv_backend=args.rdzv_backend, rdzv_id=args.rdzv_id, master_addr=args.master_addr,
+                master_port=args.master_port)
 
 
 GOAL_HELP = ("what the recommendation optimises: lowest-peak (default: the lowest peak that trains the same model, "
@@ -282,13 +307,13 @@ def run_options(args) -> dict:
     return dict(steps=args.steps, warmup=args.warmup, min_time_s=args.min_time, check=not args.no_check,
                 timeout_s=args.timeout, timeline=args.timeline, predict=args.predict,
                 peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
-                nproc_per_node=_ranks_per_node(args), torchrun_args=args.torchrun_args,
+                nproc_per_node=_ranks_per_node(args), torchrun_args=args.torchrun_args, nodes=_nodes(args),
                 memory_budget=args.memory_budget, **_model_options(args))
 
 
 def _ranks_per_node(args) -> int:
     """--nproc-per-node, or on one node (no --torchrun-args) --mesh's size when that is not given."""
-    if args.mesh is None or args.nproc_per_node != 1 or args.torchrun_args:
+    if args.mesh is None or args.nproc_per_node != 1 or args.torchrun_args or args.nnodes > 1:
         return args.nproc_per_node
     return args.mesh.size
 
@@ -304,6 +329,8 @@ def cmd_run(args) -> int:
     goal = parse_goal(args.goal)
     jobs = plan(args.workload, args.techniques, args.batch_size, args.device, **run_options(args))
     out = args.out or default_out_dir(jobs[0].run)
+    if jobs[0].launch.nodes.several:  # one folder per node: each node's sweep locks and archives its own
+        out = out / f"node{jobs[0].launch.nodes.node_rank}"
     # The folder is locked and checked before the progress display starts: a refusal is then the only line.
     with locked(out):
         check_result_paths(jobs, out)

@@ -23,6 +23,7 @@ from membench.spec import (
 )
 from membench.spec.gpu import Gpu
 from membench.spec.mesh import Mesh
+from membench.spec.nodes import Nodes
 from membench.techniques import parse_techniques, resolve
 from membench.workloads import check_workload_name, is_user_workload, load_workload
 
@@ -63,7 +64,10 @@ def _split_options(options: dict) -> tuple[dict, dict, dict]:
 def _named(options: dict) -> dict:
     """gpu= and mesh= as the API's caller may give them, a Gpu and a Mesh, by the names a RunSpec keeps."""
     typed = {"gpu": (Gpu, lambda g: g.name), "mesh": (Mesh, lambda m: m.text)}
-    return {k: typed[k][1](v) if k in typed and isinstance(v, typed[k][0]) else v for k, v in options.items()}
+    named = {k: typed[k][1](v) if k in typed and isinstance(v, typed[k][0]) else v for k, v in options.items()}
+    if isinstance(named.get("nodes"), Nodes):  # as JSON carries it to the probe's child (launch/probe.py)
+        named["nodes"] = dataclasses.asdict(named["nodes"])
+    return named
 
 
 def plan(workload: str = DEFAULT_WORKLOAD, techniques: str | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
@@ -80,6 +84,8 @@ def plan(workload: str = DEFAULT_WORKLOAD, techniques: str | None = None, batch_
     check_workload_name(workload)
     options = _named(options)
     run_opts, measure_opts, launch_opts = _split_options(options)
+    if "nodes" in launch_opts:
+        launch_opts["nodes"] = Nodes(**launch_opts["nodes"])
     launch = LaunchSpec(**launch_opts).validated()
     if is_user_workload(workload) and not in_process:
         # The user's code (their factory) runs in a child process, under the timeout: it plans there and sends

@@ -395,6 +395,8 @@ def _run(job: Job, out: Path) -> tuple[RunRecord, bool]:
         record.oom_snapshot = FileRef(file=oom_snapshot.name, file_bytes=oom_snapshot.stat().st_size)
     record.wall_s = time.time() - started
     rank = distributed.rank_world()[0]
+    if job.launch.nodes.several and distributed.launched_by_torchrun():
+        record.rank = rank
     write_record(out if rank == 0 else distributed.rank_record_path(out, rank), record)
     return record, record.status in ("oom", "error") or worker.leave_group
 

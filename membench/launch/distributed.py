@@ -105,11 +105,12 @@ def rank_record_path(out: Path, rank: int) -> Path:
     return out.parent / "runs" / f"{out.name.removesuffix('.json')}.rank{rank}.json"
 
 
-def merge_ranks(out: Path, since: float):
+def merge_ranks(out: Path, since: float, rank0_here: bool = True):
     """The run's record from its ranks' records written since `since` (rank 0's is the run's result file), when
     a rank failed or rank 0 left none (it was stopped after another rank failed); None when rank 0's record
     stands as it is. A failed rank's status is the run's (an OOM first: another rank's error is then most
-    likely the failed rank's absence), and every failed rank's error is kept, by rank."""
+    likely the failed rank's absence), and every failed rank's error is kept, by rank. rank0_here=False: one
+    node of several, where global rank 0 may run elsewhere; without it, the node's record is its first rank's."""
     from membench.results import read_result
 
     def fresh(path: Path):
@@ -141,7 +142,7 @@ def merge_ranks(out: Path, since: float):
     elif left:
         detail = "; ".join(f"rank {rank}: {r.equivalence.detail}" for rank, r in left.items())
         merged.equivalence = dataclasses.replace(left[min(left)].equivalence, detail=detail)
-    if records[0] is None:
+    if records[0] is None and rank0_here:
         stopped = "rank 0 left no record (stopped after another rank failed)"
         if failed:
             merged.error = f"{merged.error}; {stopped}"

@@ -120,8 +120,10 @@ def run_job(job: Job, out_dir: Path, launcher: Launcher, on_stage: Callable[[Sta
     except KeyboardInterrupt:
         worker.kill()
         raise
-    if job.run.nproc_per_node > 1 or stack.distributed:  # every rank wrote its record: a failed rank's is the run's
-        merged = merge_ranks(out_path, started)
+    if through_torchrun(job, stack):  # every rank wrote its record: a failed rank's is the run's
+        # Across nodes, global rank 0 may be on another node (spec/nodes.py): this node's record is then its first
+        # rank's, and the report merges the nodes' records (results/nodes.py).
+        merged = merge_ranks(out_path, started, rank0_here=not job.launch.nodes.several)
         if merged is not None:
             merged.log_tail = _log_tail(log)
             return _written(out_path, merged)
@@ -136,6 +138,12 @@ def run_job(job: Job, out_dir: Path, launcher: Launcher, on_stage: Callable[[Sta
     if last:  # the reason it gave, if any (torchrun's "error: unrecognized arguments: ..."); the log has the rest
         record.error += f"; its log ends: {last[:300]}"
     return _written(out_path, record)
+
+
+def through_torchrun(job: Job, stack: Stack) -> bool:
+    """Several ranks on this node, or a distributed technique (across nodes, one torchrun job over them all). The
+    other runs (the baseline included) are single-device runs, on each node alone (plan.py)."""
+    return job.run.nproc_per_node > 1 or stack.distributed
 
 
 def spec_file(runs_dir: Path, job: Job) -> Path:

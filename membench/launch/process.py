@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from membench.common.fsio import open_fresh
-from membench.launch.lifecycle import run_job, spec_file
+from membench.launch.lifecycle import run_job, spec_file, through_torchrun
 from membench.launch.lifeline import child_env, interrupts_held, preexec_for
 from membench.results import RunRecord
 from membench.results.progress import Stage
@@ -25,13 +25,15 @@ WORKER = "membench.child.worker"
 
 
 def command_for(job: Job, stack: Stack, spec_path: Path, out_path: Path) -> list[str]:
-    if job.run.nproc_per_node > 1 or stack.distributed:
-        # One machine: torchrun's standalone rendezvous; several: the user's own torchrun arguments.
-        rendezvous = shlex.split(job.launch.torchrun_args) if job.launch.torchrun_args else ["--standalone"]
+    if through_torchrun(job, stack):
+        # One machine: torchrun's standalone rendezvous; several: the nodes' options (spec/nodes.py), and the
+        # user's own torchrun arguments.
+        nodes = job.launch.nodes.torchrun_options(job.name)
+        extra = shlex.split(job.launch.torchrun_args)
+        rendezvous = [*nodes, *extra] if nodes or extra else ["--standalone"]
         return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={job.run.nproc_per_node}",
                 *rendezvous, "-m", WORKER, str(spec_path), str(out_path)]
     return [sys.executable, "-m", WORKER, str(spec_path), str(out_path)]
-
 
 
 class Subprocess:

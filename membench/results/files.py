@@ -11,6 +11,7 @@ from pathlib import Path
 from membench.common.errors import UserError
 from membench.common.fsio import atomic_write_text, make_dir, own_dir
 from membench.common.typedjson import read_json_file
+from membench.results.nodes import merge_nodes
 from membench.results.schema import RunRecord
 from membench.spec import Job
 
@@ -41,7 +42,7 @@ def load_dir(path: Path) -> list[RunRecord]:
     if not path.exists():
         raise UserError(f"results path {path} does not exist")
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*.json") if _is_result_name(p, path))
-    results = [read_result(p) for p in files if p.name != "sweep.json"]
+    results = merge_nodes([read_result(p) for p in files if p.name != "sweep.json"])  # a run across nodes: one
     if not results:
         raise UserError(f"no membench results under {path}")
     return results

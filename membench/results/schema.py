@@ -439,6 +439,9 @@ class RunRecord:
     assumed: list[str] | None = None
     timeline_error: str | None = None  # the recording pass failed (the run's other figures stand): why
     predicted_time: PredictedTime | None = None  # a CUDA prediction's step time (membench/predict/time/)
+    # A run across nodes (spec.launch.nodes): the global rank whose record this is (its memory and timing are that
+    # rank's); each node writes one, and a report merges them into the run's (results/nodes.py).
+    rank: int | None = None
     path: Path | None = field(default=None, compare=False)  # where it was loaded from; never written
 
     @property

@@ -19,6 +19,7 @@ from membench.common.errors import UserError
 from membench.common.typedjson import build_checked
 from membench.spec.gpu import Gpu, gpu
 from membench.spec.mesh import Mesh, check_reshard_after_forward, parse_mesh
+from membench.spec.nodes import Nodes
 
 Device = Literal["cpu", "cuda"]
 ZeroGrad = Literal["none", "zeros"]
@@ -275,10 +276,12 @@ class LaunchSpec:
     """How a run is launched: its own process (torchrun for distributed runs), stopped after timeout_s."""
 
     timeout_s: float = 1800.0
-    torchrun_args: str = ""  # passed to torchrun as is, e.g. "--nnodes=2 --rdzv-endpoint=host:29500"
+    torchrun_args: str = ""  # passed to torchrun as is, e.g. "--rdzv-conf=timeout=900"
+    nodes: Nodes = field(default_factory=Nodes)  # several machines (spec/nodes.py)
 
     def validated(self) -> LaunchSpec:
         _check(self, "timeout_s")
+        self.nodes.validated()
         try:
             args = shlex.split(self.torchrun_args)
         except ValueError as exc:
