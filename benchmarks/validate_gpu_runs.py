@@ -1,7 +1,7 @@
 """Predictions against the real GPU runs kept in results/gpu-runs/: each run re-predicted here, on this machine's CPU,
 for the GPU it ran on, beside the peaks that GPU measured.
 
-    python benchmarks/validate_gpu_runs.py [ARCHIVE ...] [--only TEXT] [--jobs N]
+    python benchmarks/validate_gpu_runs.py [ARCHIVE ...] [--only TEXT] [--jobs N] [--write-doc]
 
 An archive holds the results folders of `membench run --device cuda` runs (benchmarks/gpu_acceptance.py --keep,
 packed as results/README.md says). Each run that measured its memory in one process is predicted from its own
@@ -175,5 +175,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def write_doc(argv: list[str]) -> int:
+    """`--write-doc`: run as asked and write what it printed into docs/accuracy.md's section of this script."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import doc_section
+
+    rest = [a for a in argv if a != "--write-doc"]
+    return doc_section.run_and_write(lambda: main(rest), doc_section.ACCURACY,
+                                     "benchmarks/validate_gpu_runs.py --write-doc")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(write_doc(sys.argv[1:]) if "--write-doc" in sys.argv else main(sys.argv[1:]))

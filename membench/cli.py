@@ -61,7 +61,7 @@ def add_workload_options(p: argparse.ArgumentParser, batch: bool = True) -> None
 
     p.add_argument("--workload", default=DEFAULT_WORKLOAD,
                    help=f"{', '.join(BUILTIN)}, hf:NAME[,key=value...] (a Hugging Face model from its config, "
-                        f"needs membench[hf]), or package.module:factory, imported from the working directory "
+                        f"needs the [hf] extra), or package.module:factory, imported from the working directory "
                         f"(default: {DEFAULT_WORKLOAD})")
     if batch:
         p.add_argument("--batch-size", type=_checked("batch_size"), default=DEFAULT_BATCH_SIZE,

@@ -33,9 +33,10 @@ import torch
 from torch import nn
 
 from membench.common.errors import UserError
+from membench.common.install import extra_hint
 from membench.workloads.base import Batch, Workload
 
-MISSING = "Hugging Face workloads need transformers: pip install membench[hf]"
+MISSING = "Hugging Face workloads need transformers"  # then how to install it, for this install (extra_hint)
 HEADS = ("causal-lm", "masked-lm", "seq-cls", "image-cls")
 DEFAULT_SEQ_LEN = 1024  # capped by the model's own context length
 MAX_INT = 2**31 - 1  # no config size or count is larger; past it, torch's own index types overflow
@@ -49,7 +50,7 @@ def _transformers():
     try:
         import transformers
     except ImportError:
-        raise UserError(MISSING) from None
+        raise UserError(f"{MISSING}: {extra_hint('hf')}") from None
     return transformers
 
 
