@@ -15,9 +15,9 @@ from torch import nn
 
 import membench
 import membench.api
-from membench.common.install import extra_hint
 from membench import optimizers
 from membench.common.errors import UserError
+from membench.common.install import extra_hint
 from membench.predict.run import predict_memory
 from membench.spec import OPTIMIZERS
 from membench.workloads import Workload, load_workload

@@ -44,15 +44,16 @@ def test_the_accuracy_page_holds_what_the_script_prints(capsys):
 def test_readme_quotes_the_held_out_summary():
     data, what = blind_h200.first_version()
     summary = blind_h200.summary(blind_h200.rows(data), what)
-    held = re.search(r"\*\*held out\*\*.*?\):\s+(peak\s+allocated.*?);\s+(peak\s+reserved.*?)\.\s+\*\*Fitted", README, re.S)
+    held = re.search(r"\*\*held out\*\*.*?\):\s+(peak\s+allocated.*?);\s+(peak\s+reserved.*?)\.\s+\*\*Fitted",
+                     README, re.S)
     for part in held.groups():
         assert " ".join(part.split()) in summary
 
 
 def test_readme_quotes_the_fitted_on_summary():
     section = doc_section.section(doc_section.ACCURACY, "benchmarks/validate_gpu_runs.py --write-doc")
-    fitted = re.search(r"\*\*Fitted on\*\*.*?traces:\s+(peak\s+allocated.*?;\s+peak\s+reserved\s+within\s+1%\s+on\s+\d+)",
-                       README, re.S)
+    fitted = re.search(r"\*\*Fitted on\*\*.*?traces:\s+(peak\s+allocated.*?;\s+peak\s+reserved\s+within\s+1%"
+                       r"\s+on\s+\d+)", README, re.S)
     assert " ".join(fitted.group(1).split()) in " ".join(section.split())
 
 
