@@ -389,16 +389,18 @@ def cmd_predict(args) -> int:
 
 
 def print_predictions(results: list, args, attention: str | None = None, why: str | None = None) -> None:
-    """The table, then the answer for the target GPU first among the conclusions, then what was assumed. `why`:
+    """The answer for the target GPU first, then the table, the whole-device estimates and what was assumed. `why`:
     why the GPU predicted for is that one, where --gpu was not given (api.plan chose it)."""
     from membench.predict.gpus import gpu
     from membench.predict.verdict import answer, assumptions
     from membench.report.table import render
     from membench.results.sweep import Sweep
 
-    print(render(Sweep.group(results)))
     # api.plan chose the GPU where --gpu is not given: the records say which
     target = gpu(results[0].spec.run.gpu if results else args.gpu) if args.device == "cuda" else None
+    if target is not None:  # the answer first: does it fit, and the cheapest listed technique that does
+        print(answer(results, target) + "\n")
+    print(render(Sweep.group(results)))
     if target is not None:  # each run's whole-device estimate per rank and its sources: what the answer reads
         from membench.predict.device import device_lines
 
@@ -406,8 +408,6 @@ def print_predictions(results: list, args, attention: str | None = None, why: st
         if lines:
             print("\n" + "\n".join(lines))
     print()
-    if target is not None:
-        print(answer(results, target))
     print("\n".join(assumptions(results, target, args.explain, attention, why)))
 
 

@@ -31,7 +31,7 @@ from membench.predict.ranks import predict_ranks
 from membench.results import Memory, RunRecord, result_path, write_record
 from membench.spec import Job, RunSpec
 from membench.step import batches
-from membench.techniques import Stack, Technique, resolve, torch_older_than
+from membench.techniques import Stack, Technique, cost_of, resolve, torch_older_than
 from membench.trackers.memory import CpuMeter
 from membench.workloads import Workload, load_workload
 
@@ -411,6 +411,7 @@ def predict(job: Job, round_to: int | None = None) -> RunRecord:
     try:
         stack = resolve(job.run, target_device=job.run.device)
         record.numerics = stack.numerics  # whether it changes precision, for the report (it has no check)
+        record.cost = cost_of(job.run.techniques)  # how the report names the cheapest (results/choice.py)
         traced = predict_traced(job, round_to, trace=job.run.device == "cuda")
         stated = versions.notice() if job.run.device == "cuda" else None  # rules not checked on this torch
         record.memory, record.assumed = traced.memory, [*traced.assumed, *filter(None, [stated])] or None

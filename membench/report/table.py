@@ -83,7 +83,32 @@ def notes(sweep: Sweep) -> list[str]:
     if any(s.verdict == "undecided" for s in speeds.values()):
         said.append(f"undecided: a large change inside a wide interval; {noise.RERUN}")
     said += [f"{name}: speed not compared ({s.why_not})" for name, s in speeds.items() if s.verdict == "not-compared"]
+    said += [above_baseline(r, ref) for r in sweep.finished if ref is not None and r is not ref]
     return [s for s in said if s]
+
+
+def _backends(r: RunRecord) -> dict[str, str]:
+    """A CUDA prediction's attention kernels: backend -> why the faster ones were refused."""
+    attention = r.memory.attention if r.memory else None
+    return {site.backend: "; ".join(site.refused) for site in (attention.sites if attention else [])}
+
+
+def above_baseline(r: RunRecord, ref: RunRecord) -> str | None:
+    """Why a prediction is above the baseline where the record says why: the attention kernel the GPU falls back to
+    (bf16 on a T4 runs the math path, which holds the whole score matrix). None otherwise."""
+    m, b = r.memory, ref.memory
+    if not r.predicted or m is None or b is None:
+        return None
+    above = [what for what, mine, base in (("allocated", m.peak_allocated_bytes, b.peak_allocated_bytes),
+                                           ("reserved", m.peak_reserved_bytes, b.peak_reserved_bytes))
+             if mine is not None and base is not None and mine > base]
+    mine, base = _backends(r), _backends(ref)
+    new = [k for k in mine if k not in base]
+    if not above or not new:
+        return None
+    rule = r.memory.attention.rule
+    return (f"{r.name}: predicted above the baseline ({' and '.join(above)}): its attention runs the {new[0]} kernel "
+            f"({mine[new[0]]}; {rule}), where the baseline's runs {', '.join(base) or 'none'}")
 
 
 def fold(headers: list[str], body: list[list[str]], width: int = WIDTH) -> list[tuple[list[str], list[list[str]]]]:
