@@ -16,7 +16,7 @@ from membench.common.errors import UserError
 from membench.common.fsio import atomic_write_bytes, atomic_write_text, make_dir, read_bounded, side_file
 from membench.common.vocab import CATEGORIES
 from membench.report import noise
-from membench.report.explain import breakdown
+from membench.report.view import SweepView
 from membench.results import RunRecord
 from membench.results.sweep import Sweep
 from membench.results.timeline import Timeline, parse_timeline
@@ -72,8 +72,10 @@ def _ok(sweep: Sweep) -> list[RunRecord]:
     return [r for r in sweep.runs if r.status == "ok" and r.peak]
 
 
-def peak_chart(sweep: Sweep) -> Figure | None:
+def peak_chart(v: SweepView) -> Figure | None:
+    sweep = v.sweep
     runs = _ok(sweep)
+    parts = {r.record.name: r.parts() or {} for r in v.runs}
     if not runs:
         return None
     peaks = [r.peak for r in runs]
@@ -85,7 +87,7 @@ def peak_chart(sweep: Sweep) -> Figure | None:
     xs = range(len(runs))
     bottoms = [0.0] * len(runs)
     for c in CATEGORIES:
-        heights = [((breakdown(r) or {}).get(c, 0)) / scale for r in runs]
+        heights = [parts[r.name].get(c, 0) / scale for r in runs]
         if any(heights):
             ax.bar(xs, heights, 0.6, bottom=bottoms, color=COLORS[c], label=c.replace("_", " "))
             bottoms = [b + h for b, h in zip(bottoms, heights)]
@@ -232,11 +234,13 @@ def pareto_chart(sweep: Sweep) -> Figure | None:
     return fig
 
 
-def write_all(sweep: Sweep, out_dir: Path) -> dict[str, dict]:
-    """Every chart that has data, saved under out_dir; name -> save() output."""
+def write_all(v: SweepView, out_dir: Path) -> dict[str, dict]:
+    """Every chart that has data, saved under out_dir; name -> save() output. Drawn from the sweep's view (the peak
+    chart's categories are the tables'); the timelines and the throughputs are each run's own records."""
     charts = {}
-    for name, make in (("peak", peak_chart), ("timelines", timeline_chart), ("pareto", pareto_chart)):
-        fig = make(sweep)
+    for name, make in (("peak", peak_chart), ("timelines", lambda v: timeline_chart(v.sweep)),
+                       ("pareto", lambda v: pareto_chart(v.sweep))):
+        fig = make(v)
         if fig is not None:
             charts[name] = save(fig, out_dir, name)
     return charts

@@ -145,24 +145,31 @@ def tabulated(headers: list[str], body: list[list[str]], fmt: str = "simple") ->
     return tabulate(body, headers=headers, tablefmt=fmt, disable_numparse=True)
 
 
-def render_sweep(sweep: Sweep, fmt: str = "simple") -> str:
+def render_parts(title: str, headers: list[str], body: list[list[str]], said: list[str], fmt: str = "simple") -> str:
     """One sweep's table under its title, folded to WIDTH in a terminal, with its notes."""
-    headers, body = rows(sweep)
-    parts = fold(headers, body) if fmt not in MARKDOWN_FORMATS else [(headers, body)]
-    text = "\n\n".join(tabulated(h, b, fmt) for h, b in parts)
-    lines = [f"{sweep.title()}:", text] + [textwrap.fill(f"note: {n}", WIDTH, subsequent_indent="  ")
-                                          for n in notes(sweep)]
+    parts = fold(list(headers), [list(r) for r in body]) if fmt not in MARKDOWN_FORMATS else [(headers, body)]
+    text = "\n\n".join(tabulated(list(h), [list(r) for r in b], fmt) for h, b in parts)
+    lines = [f"{title}:", text] + [textwrap.fill(f"note: {n}", WIDTH, subsequent_indent="  ") for n in said]
     return "\n".join(lines)
+
+
+def render_sweep(sweep: Sweep, fmt: str = "simple") -> str:
+    headers, body = rows(sweep)
+    return render_parts(sweep.title(), headers, body, notes(sweep), fmt)
+
+
+def join_tables(tables: list[str], fmt: str = "simple") -> str:
+    """Tables of several sweeps, with a note that they are never compared."""
+    if len(tables) > 1:
+        tables = [*tables, f"note: {len(tables)} sweeps (different workload, batch size or device) are shown apart; "
+                           "runs are only compared within a sweep"]
+    text = "\n\n".join(tables)
+    return inert_markdown(text) if fmt in MARKDOWN_FORMATS else text
 
 
 def render(sweeps: list[Sweep], fmt: str = "simple") -> str:
     """One table per sweep, each titled; a note when there are several, which are never compared."""
-    parts = [render_sweep(s, fmt) for s in sweeps]
-    if len(sweeps) > 1:
-        parts.append(f"note: {len(sweeps)} sweeps (different workload, batch size or device) are shown apart; "
-                     "runs are only compared within a sweep")
-    text = "\n\n".join(parts)
-    return inert_markdown(text) if fmt in MARKDOWN_FORMATS else text
+    return join_tables([render_sweep(s, fmt) for s in sweeps], fmt)
 
 
 BREAKDOWN_HEADERS = ["run", "peak", "peak phase"] + [c.replace("_", " ") for c in CATEGORIES]

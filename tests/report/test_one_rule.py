@@ -3,6 +3,12 @@ same CUDA predictions, named with what it changes where it changes something."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+
+import pytest
+
 from membench.predict.gpus import gpu
 from membench.predict.verdict import answer, capacity
 from membench.report.recommend import recommend
@@ -89,3 +95,20 @@ def test_a_prediction_above_the_baseline_says_the_attention_kernel_it_falls_back
             "runs efficient") in said
     bf16.memory.attention = base.memory.attention  # the same kernels: no reason the record knows, no note
     assert not [n for n in notes(Sweep.group([base, bf16])[0]) if n.startswith("bf16:")]
+
+
+@pytest.mark.slow
+def test_predict_and_report_on_hf_llama_agree(tmp_path):
+    """issue 46's case: predict on hf:llama with bf16 among the techniques prints the fits line first, saying what
+    the pick changes, and `membench report` on the same folder recommends the same technique."""
+    out = tmp_path / "p"
+    command = [sys.executable, "-m", "membench", "predict", "--workload", "hf:llama", "--techniques",
+               "opt-in-bwd,bf16,ckpt+opt-in-bwd+bf16", "--out", str(out)]
+    predicted = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert predicted.returncode == 0, predicted.stderr[-2000:]
+    first = predicted.stdout.splitlines()[0]
+    pick = re.search(r"cheapest listed that fits: (\S+) \(.*changes the numerics", first).group(1)
+    reported = subprocess.run([sys.executable, "-m", "membench", "report", str(out), "--no-files"],
+                              capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert reported.returncode == 0, reported.stderr[-2000:]
+    assert f"pick {pick}: the cheapest listed that fits the H100 (" in reported.stdout
