@@ -228,7 +228,9 @@ def pareto_chart(sweep: Sweep) -> Figure | None:
                     textcoords="offset points", fontsize=8)
     ax.set_xlabel(f"peak allocated ({unit})")
     ax.set_ylabel(f"throughput ({_text(runs[0].timing.unit or 'samples/s')}; bars: CI of the median)")
-    ax.set_title("Memory vs throughput (lower-right is worse, upper-left better)")
+    # The bars come from each run's own timed steps, runs timed apart (a change of load between them is in no
+    # bar): the table's "speed vs base" is the interleaved comparison, and the chart says it is not that.
+    ax.set_title("Memory vs throughput, each run timed apart\n(the table's speed vs base is timed in alternation)")
     ax.legend(fontsize=8)
     ax.margins(0.15)
     return fig

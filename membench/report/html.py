@@ -142,7 +142,8 @@ def render(v: SweepView, charts: dict[str, dict], report_dir: Path) -> str:
     sweep, title, headers, body = v.sweep, v.heading, list(v.headers), [list(r) for r in v.rows]
     captions = {"peak": "Peak memory by technique (stacked by category at the peak; dashed line: the baseline)",
                 "timelines": "Memory timelines on one scale: baseline vs each technique",
-                "pareto": "Memory vs throughput, with the Pareto front"}
+                "pareto": "Memory vs throughput, with the Pareto front: each run timed apart, so a change of load "
+                           "between runs is in no bar; the summary's speed vs base is timed in alternation"}
     timeline = timeline_html.render(list(sweep.runs))
     # The interactive timeline replaces the static one in the page (report.md keeps timelines.png).
     shown = {n: c for n, c in charts.items() if not (timeline and n == "timelines")}

@@ -83,6 +83,7 @@ def notes(sweep: Sweep) -> list[str]:
     if any(s.verdict == "undecided" for s in speeds.values()):
         said.append(f"undecided: a large change inside a wide interval; {noise.RERUN}")
     said += [f"{name}: speed not compared ({s.why_not})" for name, s in speeds.items() if s.verdict == "not-compared"]
+    said += [f"{name}: {s.why_not}" for name, s in speeds.items() if s.verdict == "not-enough"]
     said += [above_baseline(r, ref) for r in sweep.finished if ref is not None and r is not ref]
     return [s for s in said if s]
 

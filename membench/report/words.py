@@ -38,6 +38,7 @@ _CELL: dict[str, Callable[[Speed], str]] = {
     "within-noise": lambda s: f"within noise ({s.change_pct:+.1f}%)",
     "undecided": lambda s: f"undecided ({s.change_pct:+.1f}%)",
     "not-compared": lambda s: "-",
+    "not-enough": lambda s: "not enough steps",
 }
 
 
@@ -61,6 +62,7 @@ _SPEED: dict[str, Callable[[Speed], str]] = {
     "undecided": lambda s: f"its throughput against the baseline's is undecided: {RERUN} ({s.change_pct:+.1f}%; "
                            f"{_interval(s)})",
     "not-compared": lambda s: f"its speed was not compared with the baseline's ({s.why_not})",
+    "not-enough": lambda s: s.why_not,
 }
 
 
