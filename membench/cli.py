@@ -97,6 +97,15 @@ def add_workload_options(p: argparse.ArgumentParser, batch: bool = True) -> None
     add_sharding_options(p)
 
 
+def _table_format(text: str) -> str:
+    from tabulate import tabulate_formats
+
+    if text not in tabulate_formats:
+        raise argparse.ArgumentTypeError(f"--format {text}: not a table format; use one of "
+                                         f"{', '.join(sorted(tabulate_formats))}")
+    return text
+
+
 def _reshard(text: str) -> bool | int:
     word = text.strip().lower()
     if word in ("true", "false"):
@@ -310,17 +319,17 @@ def cmd_report(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from membench.common.fsio import atomic_write_text, check_regular_target
+    from membench.common.fsio import atomic_write_text, check_text_target
     from membench.gate.compare import render
     from membench.results import load_dir
 
     if args.markdown:  # refused before anything is read or printed
-        check_regular_target(args.markdown, "--markdown")
+        check_text_target(args.markdown, "--markdown")
     old, new = load_dir(args.old), load_dir(args.new)
     text = render(old, new, fmt=args.format)
     print(text)
     if args.markdown:
-        atomic_write_text(check_regular_target(args.markdown, "--markdown"), render(old, new, fmt="github") + "\n")
+        atomic_write_text(check_text_target(args.markdown, "--markdown"), render(old, new, fmt="github") + "\n")
         print(f"\nwrote {args.markdown}")
     return 0
 
@@ -542,7 +551,8 @@ def _add_measure_commands(sub) -> None:
     p = sub.add_parser("report", help="print the comparison table of a results directory and write report.html, "
                                       "report.md, results.csv and charts")
     p.add_argument("results", type=_path, help="a folder of results: what `membench run --out` wrote, such as results")
-    p.add_argument("--format", default="simple", help="a tabulate format: simple, github (markdown), ...")
+    p.add_argument("--format", default="simple", type=_table_format,
+                   help="a tabulate format: simple, github (markdown), ...")
     p.add_argument("--out", type=_path, default=None, help="where to write the report (default RESULTS/report)")
     p.add_argument("--no-files", action="store_true", help="only print the table")
     p.add_argument("--goal", default="lowest-peak", help=GOAL_HELP)
@@ -550,7 +560,8 @@ def _add_measure_commands(sub) -> None:
     p = sub.add_parser("compare", help="two result sets side by side (before/after a change), with deltas")
     p.add_argument("old", type=_path, help="the results before the change (a folder of results)")
     p.add_argument("new", type=_path, help="the results after it; runs are paired by name and workload")
-    p.add_argument("--format", default="simple", help="a tabulate format: simple, github (markdown), ...")
+    p.add_argument("--format", default="simple", type=_table_format,
+                   help="a tabulate format: simple, github (markdown), ...")
     p.add_argument("--markdown", type=_path, default=None, help="also write the table as markdown to this file")
     p.set_defaults(func=cmd_compare)
 
