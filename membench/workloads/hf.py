@@ -150,8 +150,19 @@ def load_config(spec: str):
             config.validate()
         except Exception as exc:  # noqa: BLE001 - as above
             raise UserError(f"workload 'hf:{spec}': transformers refuses the config: {_first_line(exc)}") from None
+    _check_heads(spec, config)
     config.use_cache = False  # training: no key/value cache kept beside the activations
     return config
+
+
+def _check_heads(spec: str, config) -> None:
+    """Grouped-query attention repeats each key/value head num_attention_heads / num_key_value_heads times
+    (transformers' repeat_kv): a count that does not divide is refused here, in one line, rather than failing
+    inside the model's forward or, worse, predicted as a model no GPU could run."""
+    heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    if isinstance(heads, int) and isinstance(kv, int) and heads > 0 and kv > 0 and heads % kv:
+        raise UserError(f"workload 'hf:{spec}': num_attention_heads={heads} is not a multiple of "
+                        f"num_key_value_heads={kv}: each key/value head serves a whole group of query heads")
 
 
 def _cached_or_local(name: str) -> bool:
