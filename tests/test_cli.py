@@ -48,6 +48,22 @@ CASES = [
 ]
 
 
+SHARDING_CASES = [
+    (["predict", "--workload", "gpt-tiny", "--batch-size", "2", "--techniques", "ckpt", "--mesh", "dp_shard=2"],
+     "--mesh shape sharded training: add a sharding technique to --techniques (fsdp, "),
+    (["predict", "--workload", "gpt-tiny", "--batch-size", "2", "--techniques", "ckpt,opt-in-bwd", "--param-dtype",
+      "bf16", "--reshard-after-forward", "false"], "--param-dtype, --reshard-after-forward shape sharded training"),
+    (["run", "--workload", "gpt-tiny", "--batch-size", "2", "--device", "cpu", "--reduce-dtype", "fp32"],
+     "--reduce-dtype shape sharded training"),
+]
+
+
+@pytest.mark.parametrize("args,message", SHARDING_CASES)
+def test_sharding_options_without_a_sharding_technique_are_refused(monkeypatch, args, message):
+    with probe_in_process(monkeypatch):
+        one_line_and_exit_2(args, message)
+
+
 def run(args):
     return cli(*args)
 
