@@ -216,8 +216,9 @@ def pareto_chart(sweep: Sweep) -> Figure | None:
         color = "#55A868" if on_front else "#888888"
         interval = noise.throughput_interval(r.timing)
         if interval is not None:
-            ax.errorbar([m / scale], [t], yerr=[[t - interval[0]], [interval[1] - t]], fmt="none", ecolor=color,
-                        elinewidth=1, capsize=3, zorder=1.5)
+            # clipped at 0: a crafted median outside its own interval draws no bar that way, never a traceback
+            ax.errorbar([m / scale], [t], yerr=[[max(0.0, t - interval[0])], [max(0.0, interval[1] - t)]],
+                        fmt="none", ecolor=color, elinewidth=1, capsize=3, zorder=1.5)
         precision = r.changes_precision
         marker = "*" if r.is_baseline else "D" if precision else "o"
         ax.scatter([m / scale], [t], s=50 if on_front else 30, color=color, marker=marker, zorder=2,

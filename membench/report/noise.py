@@ -9,6 +9,7 @@ speed claim at all.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -84,10 +85,14 @@ def beats(a: Speed, b: Speed) -> bool:
 
 def step_interval(timing: Timing | None) -> tuple[float, float] | None:
     """The median step time's interval (low, high) in seconds; None where the result has none (recorded before
-    intervals were, one step) or only half of one (a hand-edited file): every use below asks here."""
+    intervals were, one step), only half of one, or one upside down (a hand-edited file): every use below asks
+    here."""
     if timing is None or timing.ci_low_s is None or timing.ci_high_s is None:
         return None
-    return timing.ci_low_s, timing.ci_high_s
+    low, high = timing.ci_low_s, timing.ci_high_s
+    if not (math.isfinite(low) and math.isfinite(high) and 0 <= low <= high):  # a crafted file: no interval at all
+        return None
+    return low, high
 
 
 def spread(timing: Timing | None) -> float | None:

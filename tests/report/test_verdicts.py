@@ -394,3 +394,14 @@ def test_the_ci_recipe_times_one_step_so_it_claims_no_speed():
     recipe = (Path(__file__).resolve().parents[2] / "docs" / "ci.md").read_text()
     runs = [line for line in recipe.splitlines() if "--steps" in line and "--out" in line]
     assert runs and all("--steps 1 " in line for line in runs)
+
+
+def test_an_interval_upside_down_is_no_interval(sweep):
+    """A crafted result with ci_low_s above ci_high_s (matplotlib refused the negative error bar with a
+    traceback): no interval, no error bar, the report still drawn."""
+    base, run = sweep
+    crafted = _timed(run, 0.1, 0.2, 0.05)
+    assert noise.step_interval(crafted.timing) is None and noise.throughput_interval(crafted.timing) is None
+    assert charts.pareto_chart(Sweep.of([base, crafted])) is not None
+    outside = _timed(run, 0.1, 0.2, 0.3)  # a median outside its own interval
+    assert charts.pareto_chart(Sweep.of([base, outside])) is not None
