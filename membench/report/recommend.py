@@ -99,9 +99,10 @@ class Excluded:
 # fits-card: a CUDA prediction's baseline fits the GPU it was predicted for (`card`); nothing-fits-card: nothing
 # listed fits it (pick: the lowest). nothing-lower: no run that trains the same model lowers the baseline's peak.
 # no-same-model: no run that trains the same model finished. nothing-finished: no run finished. nothing-fits:
-# nothing that trains the same model fits.
+# nothing that trains the same model fits. baseline-without-memory: the baseline says ok but holds no memory (a
+# damaged or crafted file): nothing is recommended against it.
 Outcome = Literal["pick", "below-threshold", "nothing-lower", "no-same-model", "nothing-finished", "nothing-fits",
-                  "fits-card", "nothing-fits-card"]
+                  "fits-card", "nothing-fits-card", "baseline-without-memory"]
 # How a fits pick was made: the only run that fits; faster than the others beyond the intervals; or the lowest peak
 # of those the timing cannot tell apart (`rivals`).
 FitsBy = Literal["only", "fastest", "lowest-peak"]
@@ -167,6 +168,8 @@ def recommend(sweep: Sweep, goal: Goal = Goal("lowest-peak")) -> Recommendation:
                    baseline_phase=ref.memory.peak_phase if ref else None,
                    baseline_status=None if ref else (base.status if base else "missing"))
     done = sweep.finished
+    if base is not None and base.status == "ok" and base.memory is None:  # a damaged or crafted result
+        return Recommendation(outcome="baseline-without-memory", **{**context, "baseline_status": None})
     if not done:
         return Recommendation(outcome="nothing-finished", **context)
     if goal.kind == "lowest-peak" and all(card_fit(r) is not None for r in done):

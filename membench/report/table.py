@@ -36,6 +36,9 @@ def reference_note(sweep: Sweep) -> str | None:
     base = sweep.baseline
     if base is None:
         return "no baseline in these results: absolute numbers only"
+    if base.status == "ok" and base.memory is None:
+        return ("the baseline's result says ok but holds no memory (a damaged or edited file): no change against it "
+                "is shown (absolute numbers only)")
     if base.status != "ok":
         return (f"the baseline did not finish ({base.status}): its numbers are partial and cannot be a reference, "
                 "so no change against it is shown (absolute numbers only)")

@@ -225,6 +225,8 @@ _FIRST: dict[str, Callable[[Recommendation], str]] = {
     "nothing-finished": lambda rec: "nothing to recommend: no run finished.",
     "nothing-fits": lambda rec: (f"nothing that trains the same model fits: the lowest peak is {rec.pick.name}'s "
                                  f"{fmt_bytes(rec.pick.peak)}."),
+    "baseline-without-memory": lambda rec: ("nothing to recommend: the baseline's result says ok but holds no "
+                                            "memory (a damaged or edited file); run it again."),
     "fits-card": lambda rec: (f"keep the baseline: it fits the {rec.card} (predicted peak reserved "
                               f"{fmt_bytes(rec.pick.peak)} on the card)."),
     "nothing-fits-card": lambda rec: (f"nothing listed fits the {rec.card}: the lowest, {rec.pick.name}, reserves "

@@ -405,3 +405,15 @@ def test_an_interval_upside_down_is_no_interval(sweep):
     assert charts.pareto_chart(Sweep.of([base, crafted])) is not None
     outside = _timed(run, 0.1, 0.2, 0.3)  # a median outside its own interval
     assert charts.pareto_chart(Sweep.of([base, outside])) is not None
+
+
+def test_a_baseline_that_says_ok_without_memory_is_no_reference_and_nothing_is_recommended(sweep):
+    base, run = sweep
+    hollow = copy.deepcopy(base)
+    hollow.memory = None
+    advice = _advice(hollow, run)
+    assert advice == ["Recommendation (goal: the lowest peak that trains the same model, saving at least 5% of the "
+                      "baseline's peak): nothing to recommend: the baseline's result says ok but holds no memory (a "
+                      "damaged or edited file); run it again."]
+    assert "did not finish (ok)" not in render([Sweep.of([hollow, run])])
+    assert "holds no memory" in render([Sweep.of([hollow, run])])
