@@ -142,12 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from tabulate import tabulate
 
+    from membench.common.errors import UserError
+
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as work, ProcessPoolExecutor(args.jobs) as pool:
         for index, archive in enumerate(archives):
             try:
                 found = runs_in(archive, Path(work) / str(index), args.only)
-            except (OSError, tarfile.TarError) as exc:
+            except (OSError, tarfile.TarError, UserError) as exc:  # UserError: a member that is no result
                 parser.error(f"cannot read {archive} as an archive of GPU runs (a .tar.xz of results folders): "
                              f"{type(exc).__name__}: {str(exc)[:120]}")
             rows += pool.map(predict_one, *zip(*found)) if found else []
