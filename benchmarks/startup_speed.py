@@ -1,6 +1,6 @@
 """How long whole commands take, wall clock, side by side with starting Python and importing torch.
 
-    python benchmarks/startup_speed.py [--rounds 10] [--skip-predict] [--with-70b]
+    python benchmarks/startup_speed.py [--rounds 10] [--skip-predict] [--with-70b] [--write-doc]
 
 Each round runs every command once, one after another (rounds interleave them, so a change of load in the machine
 touches all of them alike); the table gives each command's median and range over the rounds, and its median against
@@ -119,13 +119,13 @@ def load() -> str:
     return " / ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--skip-predict", action="store_true", help="leave out the vit_l_16 predictions")
     parser.add_argument("--with-70b", action="store_true",
                         help="add the 70B shape's baseline and fsdp at 64 ranks (about 15 s a round)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     import torch  # for the versions line only, after the parent's own start-up no longer matters
 
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; Python "
@@ -152,5 +152,15 @@ def main() -> int:
     return 0
 
 
+def write_doc(argv: list[str]) -> int:
+    """`--write-doc`: run as asked and write what it printed into docs/performance.md's section of this script."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import doc_section
+
+    rest = [a for a in argv if a != "--write-doc"]
+    return doc_section.run_and_write(lambda: main(rest), doc_section.PERFORMANCE,
+                                     "benchmarks/startup_speed.py --write-doc")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(write_doc(sys.argv[1:]) if "--write-doc" in sys.argv else main(sys.argv[1:]))

@@ -1,7 +1,7 @@
 """Predictions against the real GPU runs kept in results/gpu-runs/: each run re-predicted here, on this machine's CPU,
 for the GPU it ran on, beside the peaks that GPU measured.
 
-    python benchmarks/validate_gpu_runs.py [ARCHIVE ...] [--only TEXT] [--jobs N]
+    python benchmarks/validate_gpu_runs.py [ARCHIVE ...] [--only TEXT] [--jobs N] [--write-doc]
 
 An archive holds the results folders of `membench run --device cuda` runs (benchmarks/gpu_acceptance.py --keep,
 packed as results/README.md says). Each run that measured its memory in one process is predicted from its own
@@ -142,12 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from tabulate import tabulate
 
+    from membench.common.errors import UserError
+
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as work, ProcessPoolExecutor(args.jobs) as pool:
         for index, archive in enumerate(archives):
             try:
                 found = runs_in(archive, Path(work) / str(index), args.only)
-            except (OSError, tarfile.TarError) as exc:
+            except (OSError, tarfile.TarError, UserError) as exc:  # UserError: a member that is no result
                 parser.error(f"cannot read {archive} as an archive of GPU runs (a .tar.xz of results folders): "
                              f"{type(exc).__name__}: {str(exc)[:120]}")
             rows += pool.map(predict_one, *zip(*found)) if found else []
@@ -175,5 +177,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def write_doc(argv: list[str]) -> int:
+    """`--write-doc`: run as asked and write what it printed into docs/accuracy.md's section of this script."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import doc_section
+
+    rest = [a for a in argv if a != "--write-doc"]
+    return doc_section.run_and_write(lambda: main(rest), doc_section.ACCURACY,
+                                     "benchmarks/validate_gpu_runs.py --write-doc")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(write_doc(sys.argv[1:]) if "--write-doc" in sys.argv else main(sys.argv[1:]))

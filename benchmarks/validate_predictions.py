@@ -260,5 +260,15 @@ def main(argv: list[str]) -> int:
     return 0 if exact else 1
 
 
+def write_doc(argv: list[str]) -> int:
+    """`--write-doc`: run as asked and write what it printed into docs/accuracy.md's section of this script."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import doc_section
+
+    rest = [a for a in argv if a != "--write-doc"]
+    return doc_section.run_and_write(lambda: main(rest), doc_section.ACCURACY,
+                                     "benchmarks/validate_predictions.py --write-doc")
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(write_doc(sys.argv[1:]) if "--write-doc" in sys.argv else main(sys.argv[1:]))

@@ -63,7 +63,7 @@ def add_workload_options(p: argparse.ArgumentParser, batch: bool | str = True) -
 
     p.add_argument("--workload", default=DEFAULT_WORKLOAD,
                    help=f"{', '.join(BUILTIN)}, hf:NAME[,key=value...] (a Hugging Face model from its config, "
-                        f"needs membench[hf]), or package.module:factory, imported from the working directory "
+                        f"needs the [hf] extra), or package.module:factory, imported from the working directory "
                         f"(default: {DEFAULT_WORKLOAD})")
     if batch:
         default_batch = DEFAULT_BATCH_SIZE if batch is True else None
@@ -140,6 +140,15 @@ def add_compile_options(p: argparse.ArgumentParser) -> None:
     group.add_argument("--compile-options", default=None, metavar="KEY=VALUE,...",
                        help="Inductor options passed through to torch.compile(options=...), on top of the mode's, "
                             "e.g. epilogue_fusion=False (default: none)")
+
+
+def _table_format(text: str) -> str:
+    from tabulate import tabulate_formats
+
+    if text not in tabulate_formats:
+        raise argparse.ArgumentTypeError(f"--format {text}: not a table format; use one of "
+                                         f"{', '.join(sorted(tabulate_formats))}")
+    return text
 
 
 def _reshard(text: str) -> bool | int:
@@ -391,17 +400,17 @@ def cmd_report(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from membench.common.fsio import atomic_write_text, check_regular_target
+    from membench.common.fsio import atomic_write_text, check_text_target
     from membench.gate.compare import render
     from membench.results import load_dir
 
     if args.markdown:  # refused before anything is read or printed
-        check_regular_target(args.markdown, "--markdown")
+        check_text_target(args.markdown, "--markdown")
     old, new = load_dir(args.old), load_dir(args.new)
     text = render(old, new, fmt=args.format)
     print(text)
     if args.markdown:
-        atomic_write_text(check_regular_target(args.markdown, "--markdown"), render(old, new, fmt="github") + "\n")
+        atomic_write_text(check_text_target(args.markdown, "--markdown"), render(old, new, fmt="github") + "\n")
         print(f"\nwrote {args.markdown}")
     return 0
 
@@ -471,19 +480,21 @@ def cmd_predict(args) -> int:
 
 
 def print_predictions(results: list, args, attention: str | None = None, why: str | None = None) -> None:
-    """The table, then the answer for the target GPU first among the conclusions, then what was assumed. `why`:
+    """The answer for the target GPU first, then the table, the whole-device estimates and what was assumed. `why`:
     why the GPU predicted for is that one, where --gpu was not given (plan.plan chose it)."""
     from membench.predict.gpus import predicted_for
     from membench.predict.verdict import answer, assumptions
     from membench.report.table import render
     from membench.results.sweep import Sweep
 
+    # plan.plan chose the GPU where --gpu is not given: the records say which
+    target = (predicted_for(results[0].spec.run) if results else args.gpu) if args.device == "cuda" else None
+    if target is not None:  # the answer first: does it fit, and the cheapest listed technique that does
+        print(answer(results, target) + "\n")
     print(render(Sweep.group(results)))
     sources = [f"  {r.name}: {r.memory.peak_source}" for r in results if r.memory and r.memory.peak_source]
     if sources:  # what the peak is made of, where a prediction can name it (predict/peak_source.py)
         print("\nWHERE THE PEAK COMES FROM:\n" + "\n".join(sources))
-    # plan.plan chose the GPU where --gpu is not given: the records say which
-    target = (predicted_for(results[0].spec.run) if results else args.gpu) if args.device == "cuda" else None
     if target is not None:  # each run's whole-device estimate per rank and its sources: what the answer reads
         from membench.predict.device import device_lines
         from membench.predict.fragmentation import lines as fragmented
@@ -493,8 +504,6 @@ def print_predictions(results: list, args, attention: str | None = None, why: st
             print("\n" + "\n".join(lines))
         _print_time(results)
     print()
-    if target is not None:
-        print(answer(results, target))
     print("\n".join(assumptions(results, target, args.explain, attention, why)))
 
 
@@ -684,7 +693,8 @@ def _add_measure_commands(sub) -> None:
     p = sub.add_parser("report", help="print the comparison table of a results directory and write report.html, "
                                       "report.md, results.csv and charts")
     p.add_argument("results", type=_path, help="a folder of results: what `membench run --out` wrote, such as results")
-    p.add_argument("--format", default="simple", help="a tabulate format: simple, github (markdown), ...")
+    p.add_argument("--format", default="simple", type=_table_format,
+                   help="a tabulate format: simple, github (markdown), ...")
     p.add_argument("--out", type=_path, default=None, help="where to write the report (default RESULTS/report)")
     p.add_argument("--no-files", action="store_true", help="only print the table")
     p.add_argument("--goal", default="lowest-peak", help=GOAL_HELP)
@@ -692,7 +702,8 @@ def _add_measure_commands(sub) -> None:
     p = sub.add_parser("compare", help="two result sets side by side (before/after a change), with deltas")
     p.add_argument("old", type=_path, help="the results before the change (a folder of results)")
     p.add_argument("new", type=_path, help="the results after it; runs are paired by name and workload")
-    p.add_argument("--format", default="simple", help="a tabulate format: simple, github (markdown), ...")
+    p.add_argument("--format", default="simple", type=_table_format,
+                   help="a tabulate format: simple, github (markdown), ...")
     p.add_argument("--markdown", type=_path, default=None, help="also write the table as markdown to this file")
     p.set_defaults(func=cmd_compare)
 

@@ -24,7 +24,7 @@ from membench.spec import (
 from membench.spec.gpu import Gpu
 from membench.spec.mesh import Mesh
 from membench.spec.nodes import Nodes
-from membench.techniques import parse_techniques, resolve
+from membench.techniques import REGISTRY, parse_techniques, resolve
 from membench.workloads import check_workload_name, is_user_workload, load_workload
 
 
@@ -107,6 +107,7 @@ def plan(workload: str = DEFAULT_WORKLOAD, techniques: str | None = None, batch_
     # Inference has no backward and no step for the default techniques to act on: the baseline alone.
     default = "baseline" if base.inference else DEFAULT_TECHNIQUES
     stacks = parse_techniques(default if techniques is None else techniques)
+    _check_sharding_options(base, stacks)
     jobs = []
     for spec in expand(base, stacks):
         try:
@@ -130,6 +131,18 @@ def plan(workload: str = DEFAULT_WORKLOAD, techniques: str | None = None, batch_
             continue
         jobs.append(Job(spec, measure, launch))
     return jobs
+
+
+def _check_sharding_options(spec: RunSpec, stacks: tuple[tuple[str, ...], ...]) -> None:
+    """--mesh, --param-dtype, --reduce-dtype and --reshard-after-forward shape sharded training: without a sharding
+    technique among the stacks they would change nothing, yet be stored in every record as if they had."""
+    given = [option for option, value in (("--mesh", spec.mesh), ("--param-dtype", spec.param_dtype),
+                                          ("--reduce-dtype", spec.reduce_dtype),
+                                          ("--reshard-after-forward", spec.reshard_after_forward)) if value is not None]
+    if given and not any(REGISTRY[n].distributed for stack in stacks for n in stack if n in REGISTRY):
+        sharding = ", ".join(n for n, cls in REGISTRY.items() if cls.distributed)
+        raise UserError(f"{', '.join(given)} shape sharded training: add a sharding technique to --techniques "
+                        f"({sharding}), or leave {'them' if len(given) > 1 else 'it'} out")
 
 
 def _check_ranks_fit(spec: RunSpec) -> None:

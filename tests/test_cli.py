@@ -48,6 +48,22 @@ CASES = [
 ]
 
 
+SHARDING_CASES = [
+    (["predict", "--workload", "gpt-tiny", "--batch-size", "2", "--techniques", "ckpt", "--mesh", "dp_shard=2"],
+     "--mesh shape sharded training: add a sharding technique to --techniques (fsdp, "),
+    (["predict", "--workload", "gpt-tiny", "--batch-size", "2", "--techniques", "ckpt,opt-in-bwd", "--param-dtype",
+      "bf16", "--reshard-after-forward", "false"], "--param-dtype, --reshard-after-forward shape sharded training"),
+    (["run", "--workload", "gpt-tiny", "--batch-size", "2", "--device", "cpu", "--reduce-dtype", "fp32"],
+     "--reduce-dtype shape sharded training"),
+]
+
+
+@pytest.mark.parametrize("args,message", SHARDING_CASES)
+def test_sharding_options_without_a_sharding_technique_are_refused(monkeypatch, args, message):
+    with probe_in_process(monkeypatch):
+        one_line_and_exit_2(args, message)
+
+
 def run(args):
     return cli(*args)
 
@@ -97,6 +113,11 @@ PATH_CASES = [
     (lambda t: ["compare", _results(t), _results(t), "--markdown", str(t / "missing" / "x.md")],
      "No such file or directory"),
     (lambda t: ["compare", _results(t), _results(t), "--markdown", str(t)], "is a folder"),
+    # a measured result in the way of --markdown is never written over (issue 46: it once was)
+    (lambda t: ["compare", _results(t), _results(t), "--markdown", str(t / "r" / "baseline.json")],
+     "exists and is not a .md/.markdown/.txt file: membench never writes over it"),
+    (lambda t: ["report", _results(t), "--format", "zzz"], "--format zzz: not a table format; use one of"),
+    (lambda t: ["compare", _results(t), _results(t), "--format", "zzz"], "--format zzz: not a table format"),
     (lambda t: ["report", _results(t), "--out", _file(t)], "a file of that name is in the way"),
     (lambda t: ["predict", "--workload", "vit-tiny", "--batch-size", "2", "--techniques", "baseline", "--out",
                 _file(t)], "a file of that name is in the way"),
@@ -105,7 +126,17 @@ PATH_CASES = [
 
 @pytest.mark.parametrize("make_args,message", PATH_CASES)
 def test_bad_paths_are_one_line_and_exit_2(tmp_path, make_args, message):
-    one_line_and_exit_2(make_args(tmp_path), message)
+    args = make_args(tmp_path)
+    before = (tmp_path / "r" / "baseline.json").read_bytes() if (tmp_path / "r").exists() else None
+    one_line_and_exit_2(args, message)
+    if before is not None:  # the result the command read is as it was
+        assert (tmp_path / "r" / "baseline.json").read_bytes() == before
+
+
+def test_compare_writes_a_markdown_file_again(tmp_path):
+    (tmp_path / "t.md").write_text("an earlier table\n")
+    assert cli("compare", _results(tmp_path), _results(tmp_path), "--markdown", str(tmp_path / "t.md")).returncode == 0
+    assert (tmp_path / "t.md").read_text().startswith("| run ")
 
 
 @pytest.mark.parametrize("warmup", ["0", "00", "1"])

@@ -17,6 +17,7 @@ import membench
 import membench.api
 from membench import optimizers
 from membench.common.errors import UserError
+from membench.common.install import extra_hint
 from membench.predict.run import predict_memory
 from membench.spec import OPTIMIZERS
 from membench.workloads import Workload, load_workload
@@ -100,7 +101,7 @@ TINY_VIT = "hf:vit,num_hidden_layers=2,hidden_size=32,num_attention_heads=2,inte
            "patch_size=8"
 needs_transformers = pytest.mark.skipif(not any(p for p in sys.modules if p == "transformers") and
                                         __import__("importlib").util.find_spec("transformers") is None,
-                                        reason="transformers is not installed (pip install membench[hf])")
+                                        reason="transformers is not installed (the [hf] extra)")
 
 
 @needs_transformers
@@ -161,7 +162,9 @@ def test_missing_transformers_is_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "membench", "predict", "--workload", "hf:gpt2"], env=env,
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)  # its folder: not the clone's
     assert proc.returncode == 2
-    assert proc.stderr == "membench: error: Hugging Face workloads need transformers: pip install membench[hf]\n"
+    # the hint for how membench was installed here: from a clone, `pip install -e "<clone>[hf]"` (membench[hf] is
+    # not on the package index)
+    assert proc.stderr == f"membench: error: Hugging Face workloads need transformers: {extra_hint('hf')}\n"
 
 
 # --- item 3: a model defined in a notebook ------------------------------------------------------------------------

@@ -240,6 +240,9 @@ class Worker:
         timed one after another would take for the technique's cost, slows both alike and cancels in their ratio.
         Raises NotCompared with the reason where that cannot be done; its failure never fails the run."""
         spec, how = self.spec, self.job.measure
+        if how.steps < 2:  # a run of one timed step (a memory gate's) asks for memory only: no speed claim
+            raise NotCompared(f"not enough steps to compare speed (--steps {how.steps}: 2 or more time the run "
+                              "against the baseline)")
         _check_comparable(spec, stack, world)
         if spec.device == "cuda":
             from membench.trackers import cuda

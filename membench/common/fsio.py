@@ -120,6 +120,19 @@ def check_regular_target(path: Path, option: str) -> Path:
     return path
 
 
+TEXT_SUFFIXES = (".md", ".markdown", ".txt")
+
+
+def check_text_target(path: Path, option: str) -> Path:
+    """A text file the user named (`compare --markdown PATH`): a new file, or one with a text suffix that an earlier
+    call wrote; an existing file of any other name (a result's .json, a snapshot) is refused, never written over."""
+    path = check_regular_target(path, option)
+    if path.exists() and path.suffix.lower() not in TEXT_SUFFIXES:
+        raise UserError(f"{option} {path} exists and is not a {'/'.join(TEXT_SUFFIXES)} file: membench never writes "
+                        "over it (it may be a measured result); name a new file")
+    return path
+
+
 def own_dir(path: Path) -> Path:
     """A folder membench creates inside --out (runs/, previous/, report/): made if missing, refused if a symlink
     is in its place (files would be written or moved wherever it points)."""

@@ -40,5 +40,9 @@ FINISHED: tuple[Status, ...] = ("ok", "oom", "diverged")
 Verdict = Literal["reference", "bitwise", "equivalent", "not-equivalent", "precision", "failed"]
 SAME_MODEL: tuple[Verdict, ...] = ("bitwise", "equivalent")
 
+# What a technique costs in step time, in four classes, cheapest first (techniques/base.py says what each means).
+Cost = Literal["none", "low", "medium", "high"]
+COSTS: tuple[Cost, ...] = get_args(Cost)
+
 # How closely a technique stack must match the baseline (techniques/base.py says what each means).
 Numerics = Literal["exact", "rounding", "batch-split", "precision"]

@@ -75,7 +75,10 @@ def call_isolated(kind: str, request: dict, timeout_s: float, what: str) -> dict
         request_path.write_text(json.dumps(request))
         proc = subprocess.Popen([sys.executable, "-m", CHILD, "--call", kind, str(request_path),
                                  str(answer_path)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, env=child_env(dict(os.environ)), start_new_session=True,
+                                # the child's (and its workers') temporary folders inside this one, which goes when
+                                # the child is killed (a timeout: SIGKILL runs no cleanup of its own)
+                                stderr=subprocess.STDOUT, env=child_env({**os.environ, "TMPDIR": tmp}),
+                                start_new_session=True,
                                 preexec_fn=preexec_for(os.getpid()))
 
         def relay() -> None:  # ends when the last holder of the pipe (the child, or one it forked) is gone

@@ -37,7 +37,7 @@ from membench.predict.time import SPEEDS, OpRecorder, predict_time
 from membench.results import Compiled, Memory, RunRecord, result_path, write_record
 from membench.spec import Job, RunSpec
 from membench.step import batches
-from membench.techniques import Stack, Technique, resolve, torch_older_than
+from membench.techniques import Stack, Technique, cost_of, resolve, torch_older_than
 from membench.trackers.memory import CpuMeter
 from membench.workloads import Workload, load_workload
 
@@ -450,6 +450,7 @@ def predict(job: Job, round_to: int | None = None, cache: ModelCache | None = No
     try:
         stack = resolve(job.run, target_device=job.run.device)
         record.numerics = stack.numerics  # whether it changes precision, for the report (it has no check)
+        record.cost = cost_of(job.run.techniques)  # how the report names the cheapest (results/choice.py)
         traced = predict_traced(job, round_to, trace=job.run.device == "cuda", cache=cache)
         stated = versions.notice() if job.run.device == "cuda" else None  # rules not checked on this torch
         record.memory, record.assumed = traced.memory, [*traced.assumed, *filter(None, [stated])] or None

@@ -13,7 +13,8 @@ from membench.common.units import fmt_bytes
 from membench.predict.device import run_mesh, whole_device
 from membench.predict.gpus import Gpu
 from membench.results import RunRecord
-from membench.techniques import COSTS, REGISTRY, cost_of
+from membench.results.choice import changes, changes_phrase, cost_phrase, order
+from membench.techniques import REGISTRY, cost_of
 
 
 @dataclass
@@ -88,11 +89,23 @@ def cheapest(fits: list[Fitting]) -> Fitting | None:
         return None
 
     def key(f: Fitting):
-        names = f.record.spec.run.techniques
-        precision = any(REGISTRY[n].numerics == "precision" for n in names if n in REGISTRY)
-        return COSTS.index(cost_of(names)), precision, len(names), -f.margin
+        r, names = f.record, f.record.spec.run.techniques
+        return order(r.cost or cost_of(names), r.numerics or stack_numerics(names), len(names), f.margin)
 
     return min(candidates, key=key)
+
+
+def stack_numerics(names: tuple[str, ...]) -> str | None:
+    """The numerics of the first technique in the stack that changes something (results/choice.py), else
+    "exact": read from the registry, as a prediction has no equivalence check."""
+    return next((REGISTRY[n].numerics for n in names if n in REGISTRY and changes(REGISTRY[n].numerics)), "exact")
+
+
+def _with_changes(names: tuple[str, ...]) -> str:
+    """What a named stack changes, in a word: the model trained (an adapter), else its numerics (results/choice)."""
+    trains = next((REGISTRY[n].trains for n in names if n in REGISTRY and REGISTRY[n].trains), "")
+    said = f"trains {trains}" if trains else changes_phrase(stack_numerics(names))
+    return f"; {said}" if said else ""
 
 
 def capacity(gpu: Gpu) -> int:
@@ -127,7 +140,9 @@ def answer(records: list[RunRecord], gpu: Gpu) -> str:
                 f"{fmt_bytes(base.peak.nbytes)})")
     best = cheapest([f for f in fits if f.record.name != "baseline"])
     if best is not None:
-        return (f"{head}; cheapest listed that fits: {best.record.name} ({_cost(best.record.spec.run.techniques)}, "
+        names = best.record.spec.run.techniques
+        said = changes_phrase(best.record.numerics or stack_numerics(names))
+        return (f"{head}; cheapest listed that fits: {best.record.name} ({_cost(names)}{'; ' + said if said else ''}, "
                 f"{fmt_bytes(best.margin)} to spare).")
     others = [f for f in fits if f.record.name != "baseline"]
     if others:
@@ -188,12 +203,7 @@ def assumptions(records: list[RunRecord], gpu: Gpu | None, explain: bool, attent
 
 
 def _cost(techniques: tuple[str, ...]) -> str:
-    """Its step-time cost class and, where it does not train the same model, what changes: a technique that fits
-    at no step-time cost is no free lunch when it trains an adapter or in lower precision."""
-    cost = cost_of(techniques)
-    text = "no step-time cost" if cost == "none" else f"{cost} step-time cost"
-    change = _what_changes(techniques)
-    return f"{text}, but {change}" if change else text
+    return cost_phrase(cost_of(techniques))
 
 
 def _what_changes(techniques: tuple[str, ...]) -> str:
@@ -234,9 +244,14 @@ def fit_answer(fits: list[Fit], budget: int, by: str, gpu: Gpu | None) -> str:
     head = f"{where}within {fmt_bytes(budget)} of predicted peak {by}"
     base = next((f for f in fits if f.run == "baseline"), None)
     others = [f for f in fits if f.run != "baseline" and f.batch]
-    best = min(others, key=lambda f: (COSTS.index(cost_of(tuple(f.run.split("+")))), -f.batch), default=None)
-    cheapest_text = (f"cheapest listed that fits: {best.run} (up to {word} {best.batch}, "
-                     f"{_cost(tuple(best.run.split('+')))})") if best else "no listed technique fits"
+    def key(f: Fit):
+        names = tuple(f.run.split("+"))
+        return order(cost_of(names), stack_numerics(names), len(names), f.batch)
+
+    best = min(others, key=key, default=None)
+    cheapest_text = (f"cheapest listed that fits: {best.run} (up to batch {best.batch}, "
+                     f"{_cost(tuple(best.run.split('+')))}{_with_changes(tuple(best.run.split('+')))})"
+                     ) if best else "no listed technique fits"
     if base is None:
         return f"{head}: {cheapest_text}."
     if base.batch:

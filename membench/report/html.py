@@ -17,13 +17,9 @@ from pathlib import Path
 from membench.common.fsio import side_file
 from membench.common.units import fmt_bytes
 from membench.common.vocab import CATEGORIES
-from membench.report import explain as ex
 from membench.report import timeline_html
 from membench.report.beside import prediction_html
-from membench.report.recommend import Goal, recommend
-from membench.report.table import BREAKDOWN_HEADERS, breakdown_rows, notes
-from membench.report.table import rows as table_rows
-from membench.report.words import recommendation_lines, story_lines
+from membench.report.view import RunView, SweepView
 from membench.results import Environment, RunRecord
 from membench.results.sweep import Sweep
 
@@ -102,21 +98,20 @@ def _files(result: RunRecord, report_dir: Path) -> str:
     return f'<p class="muted">Files: {" · ".join(links)}</p>' if links else ""
 
 
-def _run_section(result: RunRecord, baseline: RunRecord | None, report_dir: Path) -> str:
-    name, status = result.name, result.status
+def _run_section(run: RunView, baseline: RunView | None, report_dir: Path) -> str:
+    result, name, status = run.record, run.name, run.status
     memory = result.memory
     parts = [f'<div class="run"><h3>{_E(name)} <span class="status-{_E(status, quote=True)}">{_E(status)}</span></h3>']
-    parts.append("<ul>" + "".join(f"<li>{_E(s)}</li>" for s in story_lines(ex.explain(result, baseline)))
-                 + "</ul>")
-    mine, base = ex.breakdown(result), ex.breakdown(baseline) if baseline else None
+    parts.append("<ul>" + "".join(f"<li>{_E(s)}</li>" for s in run.story) + "</ul>")
+    mine, base = run.parts(), baseline.parts() if baseline else None
     if mine:
         body = []
         for c in CATEGORIES:
             row = [c.replace("_", " "), fmt_bytes(mine.get(c, 0)), mine.get(c, 0)]
-            if base and result is not baseline:
+            if base and run is not baseline:
                 row.append(fmt_bytes(mine.get(c, 0) - base.get(c, 0)) if mine.get(c, 0) != base.get(c, 0) else "0")
             body.append(row)
-        headers = ["category at the peak", "size", "bytes"] + (["vs baseline"] if base and result is not baseline
+        headers = ["category at the peak", "size", "bytes"] + (["vs baseline"] if base and run is not baseline
                                                                else [])
         parts.append(_table(headers, body))
     if memory is not None:
@@ -141,13 +136,14 @@ def _run_section(result: RunRecord, baseline: RunRecord | None, report_dir: Path
     return "\n".join(parts)
 
 
-def render(sweep: Sweep, charts: dict[str, dict], report_dir: Path, goal: Goal = Goal("lowest-peak")) -> str:
-    """The whole page as a string; `charts` maps a chart name to charts.save()'s output."""
-    title = sweep.heading()
-    headers, body = table_rows(sweep)
+def render(v: SweepView, charts: dict[str, dict], report_dir: Path) -> str:
+    """The whole page as a string, formatted from the sweep's view; `charts` maps a chart name to charts.save()'s
+    output."""
+    sweep, title, headers, body = v.sweep, v.heading, list(v.headers), [list(r) for r in v.rows]
     captions = {"peak": "Peak memory by technique (stacked by category at the peak; dashed line: the baseline)",
                 "timelines": "Memory timelines on one scale: baseline vs each technique",
-                "pareto": "Memory vs throughput, with the Pareto front"}
+                "pareto": "Memory vs throughput, with the Pareto front: each run timed apart, so a change of load "
+                           "between runs is in no bar; the summary's speed vs base is timed in alternation"}
     timeline = timeline_html.render(list(sweep.runs))
     # The interactive timeline replaces the static one in the page (report.md keeps timelines.png).
     shown = {n: c for n, c in charts.items() if not (timeline and n == "timelines")}
@@ -155,11 +151,11 @@ def render(sweep: Sweep, charts: dict[str, dict], report_dir: Path, goal: Goal =
         f'<figure class="chart" id="chart-{name}">{inline_svg(c["svg_text"], f"c{i}")}'
         f"<figcaption>{_E(captions.get(name, name))}</figcaption></figure>"
         for i, (name, c) in enumerate(shown.items()))
-    sections = "\n".join(_run_section(r, sweep.reference, report_dir) for r in sweep.runs)
-    advice = recommendation_lines(recommend(sweep, goal))
+    sections = "\n".join(_run_section(r, v.reference, report_dir) for r in v.runs)
+    advice = list(v.advice)
     advice_html = (f'<div class="recommendation"><p><b>{_E(advice[0])}</b></p>'
                    + "".join(f"<p>{_E(s)}</p>" for s in advice[1:]) + "</div>")
-    said = notes(sweep)
+    said = v.notes
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{_E(title)}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head>
@@ -180,7 +176,7 @@ difference.</p>
 <h2>Memory timeline</h2>
 {timeline or '<p>No timeline: no run recorded one (<code>--no-timeline</code>, or none finished).</p>'}
 <h2>The peak by category</h2>
-{_table(BREAKDOWN_HEADERS, breakdown_rows(sweep))}
+{_table(list(v.breakdown_headers), v.breakdown_rows)}
 <h2>Charts</h2>
 {chart_html or '<p>No chart: no run finished.</p>'}
 <h2>What each technique did</h2>

@@ -9,6 +9,7 @@ speed claim at all.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -20,7 +21,11 @@ from membench.results import RunRecord, Timing
 UNDECIDED_AT_PCT = 10.0
 RERUN = "rerun with --min-time"
 
-SpeedVerdict = Literal["reference", "faster", "slower", "within-noise", "undecided", "not-compared"]
+SpeedVerdict = Literal["reference", "faster", "slower", "within-noise", "undecided", "not-compared", "not-enough"]
+# The fewest interleaved pairs whose interval (their smallest to largest ratio) holds the median ratio with 95%
+# confidence or more: 6 (96.9%; membench.spec.MIN_COMPARE_PAIRS, what a run takes). Fewer, as in a record written
+# by hand or by an older membench, give no interval and no percentage.
+MIN_PAIRS = 6
 
 
 @dataclass(frozen=True)
@@ -30,7 +35,9 @@ class Speed:
     change_pct: the throughput change (from the median of the pairs' step-time ratios); [low_pct, high_pct] its
     interval at confidence `level` over `pairs` pairs. faster / slower: the whole interval is above / below no
     change; within-noise: it holds no change; undecided: it holds no change, yet the median moved by
-    UNDECIDED_AT_PCT or more. not-compared: no interleaved timing (`why_not` says why). reference: the baseline.
+    UNDECIDED_AT_PCT or more. not-compared: no interleaved timing (`why_not` says why; a run of one timed step
+    is not timed against the baseline). not-enough: fewer pairs than an interval needs (MIN_PAIRS): no
+    percentage is claimed. reference: the baseline.
     """
 
     verdict: SpeedVerdict
@@ -61,6 +68,8 @@ def speed(run: RunRecord) -> Speed:
     if iv is None:
         return Speed("not-compared", why_not=t.not_interleaved or "recorded before membench timed a run against "
                                                                   "the baseline in its own process")
+    if iv.pairs < MIN_PAIRS:
+        return Speed("not-enough", pairs=iv.pairs, why_not=f"not enough steps to compare speed ({iv.pairs} pairs)")
     # A step-time ratio r is a throughput change of 1/r - 1: a slower step (r above 1) is a lower throughput.
     change, low, high = ((1 / r - 1) * 100 for r in (iv.ratio, iv.ratio_high, iv.ratio_low))
     verdict: SpeedVerdict = ("faster" if iv.ratio_high < 1 else "slower" if iv.ratio_low > 1
@@ -76,10 +85,14 @@ def beats(a: Speed, b: Speed) -> bool:
 
 def step_interval(timing: Timing | None) -> tuple[float, float] | None:
     """The median step time's interval (low, high) in seconds; None where the result has none (recorded before
-    intervals were, one step) or only half of one (a hand-edited file): every use below asks here."""
+    intervals were, one step), only half of one, or one upside down (a hand-edited file): every use below asks
+    here."""
     if timing is None or timing.ci_low_s is None or timing.ci_high_s is None:
         return None
-    return timing.ci_low_s, timing.ci_high_s
+    low, high = timing.ci_low_s, timing.ci_high_s
+    if not (math.isfinite(low) and math.isfinite(high) and 0 <= low <= high):  # a crafted file: no interval at all
+        return None
+    return low, high
 
 
 def spread(timing: Timing | None) -> float | None:

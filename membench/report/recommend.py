@@ -7,6 +7,10 @@ Goals:
   technique that changes precision, or whose equivalence was not checked, is never recommended as the same model;
   it is named apart when it goes lower. A saving below `min_saving_pct` (5% of the baseline's peak unless
   `lowest-peak:min-saving=PCT` says otherwise) is not a reason to change a training setup: the baseline is kept.
+  On CUDA predictions made for a GPU (`membench predict`), the question is the one `predict` answers: does the step
+  fit that GPU, and if not, the cheapest listed technique that does, by results/choice.py's one rule (its cost
+  class, then one that changes nothing, then the fewest techniques, then the most room); a technique that changes
+  something (bf16: the numerics) is named with what it changes.
 - "fits:<size>" (e.g. fits:16GiB): among the runs that train the same model and whose peak fits in the budget
   (reserved memory where measured, as CUDA runs out of memory on it; else allocated), the fastest where the
   interleaved timing tells it apart from the others; else the lowest peak of those it cannot tell apart.
@@ -22,6 +26,7 @@ from membench.common.units import fmt_bytes, parse_bytes
 from membench.common.vocab import SAME_MODEL, Phase
 from membench.report.noise import Speed, beats, speed
 from membench.results import RunRecord
+from membench.results.choice import card_fit, changes, order
 from membench.results.sweep import Sweep
 
 MIN_SAVING_PCT = 5.0  # a saving below this share of the baseline's peak is too small to change a setup for
@@ -73,6 +78,8 @@ class Candidate:
     speed: Speed
     verdict: str
     apart_from: str | None = None
+    cost: str | None = None  # the step-time cost class, as recorded (a CUDA prediction's pick names it)
+    numerics: str | None = None  # as recorded: what the pick changes, if anything (results/choice.py)
 
 
 Exclusion = Literal["changes-precision", "not-checked", "not-equivalent", "check-failed"]
@@ -89,9 +96,13 @@ class Excluded:
 
 
 # pick: a run is picked. below-threshold: the best saving is under the goal's threshold (the baseline is kept).
-# nothing-lower: no run that trains the same model lowers the baseline's peak. no-same-model: no run that trains
-# the same model finished. nothing-finished: no run finished. nothing-fits: nothing that trains the same model fits.
-Outcome = Literal["pick", "below-threshold", "nothing-lower", "no-same-model", "nothing-finished", "nothing-fits"]
+# fits-card: a CUDA prediction's baseline fits the GPU it was predicted for (`card`); nothing-fits-card: nothing
+# listed fits it (pick: the lowest). nothing-lower: no run that trains the same model lowers the baseline's peak.
+# no-same-model: no run that trains the same model finished. nothing-finished: no run finished. nothing-fits:
+# nothing that trains the same model fits. baseline-without-memory: the baseline says ok but holds no memory (a
+# damaged or crafted file): nothing is recommended against it.
+Outcome = Literal["pick", "below-threshold", "nothing-lower", "no-same-model", "nothing-finished", "nothing-fits",
+                  "fits-card", "nothing-fits-card", "baseline-without-memory"]
 # How a fits pick was made: the only run that fits; faster than the others beyond the intervals; or the lowest peak
 # of those the timing cannot tell apart (`rivals`).
 FitsBy = Literal["only", "fastest", "lowest-peak"]
@@ -115,13 +126,14 @@ class Recommendation:
     rivals: tuple[str, ...] = ()
     excluded: tuple[Excluded, ...] = ()
     predicted: bool = False
+    card: str | None = None  # CUDA predictions: the GPU they were predicted for, and fit against
 
 
 def _same_model(r: RunRecord, predicted: bool) -> bool:
     if r.is_baseline:
         return True
-    if predicted:  # no check runs on fake tensors: the runs that keep the numerics, as recorded
-        return r.numerics is not None and r.numerics != "precision"
+    if predicted:  # no check runs on fake tensors: the runs whose numerics change nothing (results/choice.py)
+        return r.numerics is not None and changes(r.numerics) is None
     return r.equivalence is not None and r.equivalence.verdict in SAME_MODEL
 
 
@@ -135,7 +147,7 @@ def _candidate(r: RunRecord, predicted: bool, peak: int | None = None) -> Candid
     verdict = ("baseline" if r.is_baseline else "not checked: prediction" if predicted
                else eq.verdict if eq is not None else "not checked")
     return Candidate(r.name, r.peak if peak is None else peak, speed(r), verdict,
-                     eq.apart_from if eq is not None and not predicted else None)
+                     eq.apart_from if eq is not None and not predicted else None, r.cost, r.numerics)
 
 
 def _excluded(r: RunRecord) -> Excluded:
@@ -156,8 +168,12 @@ def recommend(sweep: Sweep, goal: Goal = Goal("lowest-peak")) -> Recommendation:
                    baseline_phase=ref.memory.peak_phase if ref else None,
                    baseline_status=None if ref else (base.status if base else "missing"))
     done = sweep.finished
+    if base is not None and base.status == "ok" and base.memory is None:  # a damaged or crafted result
+        return Recommendation(outcome="baseline-without-memory", **{**context, "baseline_status": None})
     if not done:
         return Recommendation(outcome="nothing-finished", **context)
+    if goal.kind == "lowest-peak" and all(card_fit(r) is not None for r in done):
+        return _card(done, context)
     same = [r for r in done if _same_model(r, sweep.predicted)]
     others = [r for r in done if r not in same]
     if goal.kind == "fits":
@@ -189,3 +205,21 @@ def _fits(same: list[RunRecord], done: list[RunRecord], predicted: bool, context
     pick = min(unbeaten, key=lambda c: c.peak)
     return Recommendation(outcome="pick", pick=pick, fits_by="lowest-peak",
                           rivals=tuple(c.name for c in unbeaten if c is not pick), **context)
+
+
+def _card(done: list[RunRecord], context: dict) -> Recommendation:
+    """CUDA predictions against the GPU they were predicted for: the baseline where it fits, else the cheapest
+    listed technique that fits by results/choice.py's rule (the one `predict`'s answer uses), else the lowest."""
+    fits = {r.name: card_fit(r) for r in done}
+    card = done[0].spec.run.gpu
+    base = next((r for r in done if r.is_baseline), None)
+    if base is not None and fits[base.name][0]:
+        return Recommendation(outcome="fits-card", pick=_candidate(base, True, fits[base.name][1]), card=card,
+                              **context)
+    fitting = [r for r in done if not r.is_baseline and fits[r.name][0]]
+    if not fitting:
+        low = min(done, key=lambda r: fits[r.name][1])
+        return Recommendation(outcome="nothing-fits-card", pick=_candidate(low, True, fits[low.name][1]), card=card,
+                              **context)
+    pick = min(fitting, key=lambda r: order(r.cost, r.numerics, len(r.spec.run.techniques), -fits[r.name][1]))
+    return Recommendation(outcome="pick", pick=_candidate(pick, True, fits[pick.name][1]), card=card, **context)

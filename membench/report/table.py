@@ -36,6 +36,9 @@ def reference_note(sweep: Sweep) -> str | None:
     base = sweep.baseline
     if base is None:
         return "no baseline in these results: absolute numbers only"
+    if base.status == "ok" and base.memory is None:
+        return ("the baseline's result says ok but holds no memory (a damaged or edited file): no change against it "
+                "is shown (absolute numbers only)")
     if base.status != "ok":
         return (f"the baseline did not finish ({base.status}): its numbers are partial and cannot be a reference, "
                 "so no change against it is shown (absolute numbers only)")
@@ -84,6 +87,8 @@ def notes(sweep: Sweep) -> list[str]:
         said.append(f"undecided: a large change inside a wide interval; {noise.RERUN}")
     said += [f"{name}: speed not compared ({s.why_not})" for name, s in speeds.items() if s.verdict == "not-compared"]
     said += [compiled_note(r) for r in sweep.finished if r.compiled is not None and not r.predicted]
+    said += [f"{name}: {s.why_not}" for name, s in speeds.items() if s.verdict == "not-enough"]
+    said += [above_baseline(r, ref) for r in sweep.finished if ref is not None and r is not ref]
     return [s for s in said if s]
 
 
@@ -95,6 +100,30 @@ def compiled_note(r: RunRecord) -> str:
     return (f"{r.name}: torch.compile mode {c.mode}{', options ' + c.options if c.options else ''}: "
             f"{c.compilations} compilation(s), {c.graph_breaks} graph break(s), {c.recompiles} recompile(s){late}"
             + (f"; {c.memory_note}" if c.memory_note else ""))
+
+
+def _backends(r: RunRecord) -> dict[str, str]:
+    """A CUDA prediction's attention kernels: backend -> why the faster ones were refused."""
+    attention = r.memory.attention if r.memory else None
+    return {site.backend: "; ".join(site.refused) for site in (attention.sites if attention else [])}
+
+
+def above_baseline(r: RunRecord, ref: RunRecord) -> str | None:
+    """Why a prediction is above the baseline where the record says why: the attention kernel the GPU falls back to
+    (bf16 on a T4 runs the math path, which holds the whole score matrix). None otherwise."""
+    m, b = r.memory, ref.memory
+    if not r.predicted or m is None or b is None:
+        return None
+    above = [what for what, mine, base in (("allocated", m.peak_allocated_bytes, b.peak_allocated_bytes),
+                                           ("reserved", m.peak_reserved_bytes, b.peak_reserved_bytes))
+             if mine is not None and base is not None and mine > base]
+    mine, base = _backends(r), _backends(ref)
+    new = [k for k in mine if k not in base]
+    if not above or not new:
+        return None
+    rule = r.memory.attention.rule
+    return (f"{r.name}: predicted above the baseline ({' and '.join(above)}): its attention runs the {new[0]} kernel "
+            f"({mine[new[0]]}; {rule}), where the baseline's runs {', '.join(base) or 'none'}")
 
 
 def fold(headers: list[str], body: list[list[str]], width: int = WIDTH) -> list[tuple[list[str], list[list[str]]]]:
@@ -131,24 +160,31 @@ def tabulated(headers: list[str], body: list[list[str]], fmt: str = "simple") ->
     return tabulate(body, headers=headers, tablefmt=fmt, disable_numparse=True)
 
 
-def render_sweep(sweep: Sweep, fmt: str = "simple") -> str:
+def render_parts(title: str, headers: list[str], body: list[list[str]], said: list[str], fmt: str = "simple") -> str:
     """One sweep's table under its title, folded to WIDTH in a terminal, with its notes."""
-    headers, body = rows(sweep)
-    parts = fold(headers, body) if fmt not in MARKDOWN_FORMATS else [(headers, body)]
-    text = "\n\n".join(tabulated(h, b, fmt) for h, b in parts)
-    lines = [f"{sweep.title()}:", text] + [textwrap.fill(f"note: {n}", WIDTH, subsequent_indent="  ")
-                                          for n in notes(sweep)]
+    parts = fold(list(headers), [list(r) for r in body]) if fmt not in MARKDOWN_FORMATS else [(headers, body)]
+    text = "\n\n".join(tabulated(list(h), [list(r) for r in b], fmt) for h, b in parts)
+    lines = [f"{title}:", text] + [textwrap.fill(f"note: {n}", WIDTH, subsequent_indent="  ") for n in said]
     return "\n".join(lines)
+
+
+def render_sweep(sweep: Sweep, fmt: str = "simple") -> str:
+    headers, body = rows(sweep)
+    return render_parts(sweep.title(), headers, body, notes(sweep), fmt)
+
+
+def join_tables(tables: list[str], fmt: str = "simple") -> str:
+    """Tables of several sweeps, with a note that they are never compared."""
+    if len(tables) > 1:
+        tables = [*tables, f"note: {len(tables)} sweeps (different workload, batch size or device) are shown apart; "
+                           "runs are only compared within a sweep"]
+    text = "\n\n".join(tables)
+    return inert_markdown(text) if fmt in MARKDOWN_FORMATS else text
 
 
 def render(sweeps: list[Sweep], fmt: str = "simple") -> str:
     """One table per sweep, each titled; a note when there are several, which are never compared."""
-    parts = [render_sweep(s, fmt) for s in sweeps]
-    if len(sweeps) > 1:
-        parts.append(f"note: {len(sweeps)} sweeps (different workload, batch size or device) are shown apart; "
-                     "runs are only compared within a sweep")
-    text = "\n\n".join(parts)
-    return inert_markdown(text) if fmt in MARKDOWN_FORMATS else text
+    return join_tables([render_sweep(s, fmt) for s in sweeps], fmt)
 
 
 BREAKDOWN_HEADERS = ["run", "peak", "peak phase"] + [c.replace("_", " ") for c in CATEGORIES]

@@ -12,6 +12,7 @@ from membench.report.explain import CategoryChange, RunStory
 from membench.report.noise import RERUN, Speed
 from membench.report.recommend import Candidate, Excluded, Recommendation
 from membench.results import Equivalence
+from membench.results.choice import changes_phrase, cost_phrase
 
 CATEGORY_WORDS = {"parameters": "parameters", "gradients": "gradients", "optimizer_state": "optimizer state",
                   "activations": "activations", "recomputed_activations": "recomputed activations",
@@ -37,6 +38,7 @@ _CELL: dict[str, Callable[[Speed], str]] = {
     "within-noise": lambda s: f"within noise ({s.change_pct:+.1f}%)",
     "undecided": lambda s: f"undecided ({s.change_pct:+.1f}%)",
     "not-compared": lambda s: "-",
+    "not-enough": lambda s: "not enough steps",
 }
 
 
@@ -60,6 +62,7 @@ _SPEED: dict[str, Callable[[Speed], str]] = {
     "undecided": lambda s: f"its throughput against the baseline's is undecided: {RERUN} ({s.change_pct:+.1f}%; "
                            f"{_interval(s)})",
     "not-compared": lambda s: f"its speed was not compared with the baseline's ({s.why_not})",
+    "not-enough": lambda s: s.why_not,
 }
 
 
@@ -149,8 +152,18 @@ def _verdict(c: Candidate) -> str:
     return f"trains the same model ({c.verdict}" + (f", apart from {c.apart_from}" if c.apart_from else "") + ")"
 
 
+def _card_pick(rec: Recommendation) -> str:
+    c = rec.pick
+    said = changes_phrase(c.numerics)
+    return (f"pick {c.name}: the cheapest listed that fits the {rec.card} ({cost_phrase(c.cost)}"
+            f"{'; ' + said if said else ''}), predicted peak reserved {fmt_bytes(c.peak)} on the card; the baseline "
+            "does not fit.")
+
+
 def _pick(rec: Recommendation) -> str:
     c = rec.pick
+    if rec.card is not None:
+        return _card_pick(rec)
     if rec.goal.kind == "fits":
         return _fits_pick(rec)
     if rec.baseline_peak is None:
@@ -212,6 +225,12 @@ _FIRST: dict[str, Callable[[Recommendation], str]] = {
     "nothing-finished": lambda rec: "nothing to recommend: no run finished.",
     "nothing-fits": lambda rec: (f"nothing that trains the same model fits: the lowest peak is {rec.pick.name}'s "
                                  f"{fmt_bytes(rec.pick.peak)}."),
+    "baseline-without-memory": lambda rec: ("nothing to recommend: the baseline's result says ok but holds no "
+                                            "memory (a damaged or edited file); run it again."),
+    "fits-card": lambda rec: (f"keep the baseline: it fits the {rec.card} (predicted peak reserved "
+                              f"{fmt_bytes(rec.pick.peak)} on the card)."),
+    "nothing-fits-card": lambda rec: (f"nothing listed fits the {rec.card}: the lowest, {rec.pick.name}, reserves "
+                                      f"{fmt_bytes(rec.pick.peak)} unbounded."),
 }
 
 _EXCLUDED = {
@@ -228,7 +247,9 @@ def _excluded_line(e: Excluded) -> str:
 
 def recommendation_lines(rec: Recommendation) -> list[str]:
     """Sentences, the first one the decision."""
-    lines = [f"Recommendation (goal: {rec.goal.describe()}): " + _FIRST[rec.outcome](rec)]
+    goal = (f"fits the {rec.card} it was predicted for, at the least step-time cost" if rec.card is not None
+            else rec.goal.describe())
+    lines = [f"Recommendation (goal: {goal}): " + _FIRST[rec.outcome](rec)]
     if rec.baseline_status is not None and rec.outcome != "nothing-finished":
         lines.append(f"The baseline did not finish ({rec.baseline_status}): its peak is partial and is no "
                      "reference, so runs are compared by their absolute numbers only.")

@@ -15,7 +15,7 @@ from typing import Any
 
 from membench.common.errors import UserError
 from membench.common.typedjson import build_checked, parse_json, to_plain
-from membench.common.vocab import FINISHED, Category, Numerics, Phase, Status, Verdict
+from membench.common.vocab import FINISHED, Category, Cost, Numerics, Phase, Status, Verdict
 from membench.spec import Device, Job
 
 SCHEMA_VERSION = 2
@@ -431,6 +431,9 @@ class RunRecord:
     # reader knows a run changes precision without the equivalence check or the technique registry. None: recorded
     # before membench stored it.
     numerics: Numerics | None = None
+    # The stack's step-time cost class (techniques.cost_of), recorded so that a reader names the cheapest technique
+    # without the registry (results/choice.py). None: recorded before membench stored it.
+    cost: Cost | None = None
     cannot_see: list[str] | None = None
     prediction: PredictionCheck | None = None  # a measurement's own prediction, beside it (predict/beside.py)
     compiled: Compiled | None = None  # the compile technique's compilations (techniques/compile.py)

@@ -195,7 +195,9 @@ def resolve(spec, target_device: str | None = None) -> Stack:
     techniques = tuple(sorted((c(spec, param_dtype) for c in classes), key=lambda t: t.order))
     return Stack(names=tuple(spec.techniques), techniques=techniques,
                  distributed=any(c.distributed for c in classes),
-                 numerics=next((m for m in NUMERICS_ORDER if m in numerics), "exact"),
+                 # a value not in NUMERICS_ORDER (a newer technique's) is looser than any listed: it decides
+                 numerics=min(numerics, key=lambda m: NUMERICS_ORDER.index(m) if m in NUMERICS_ORDER else -1,
+                              default="exact"),
                  param_dtype=param_dtype, same_init=all(c.same_init for c in classes),
                  predictable=all(c.predictable for c in classes), env=env)
 

@@ -7,7 +7,9 @@ techniques ("ckpt+opt-in-bwd") configure the same `TrainState` one after another
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar
+
+from membench.common.vocab import COSTS, Cost  # noqa: F401 - COSTS re-exported: the registry's vocabulary
 
 if TYPE_CHECKING:  # a technique module imports torch where a hook runs: the registry is read without it
     from torch import nn
@@ -16,9 +18,6 @@ if TYPE_CHECKING:  # a technique module imports torch where a hook runs: the reg
     from membench.step import TrainState
     from membench.workloads import Workload
 
-
-Cost = Literal["none", "low", "medium", "high"]
-COSTS: tuple[Cost, ...] = ("none", "low", "medium", "high")  # cheapest first
 
 
 class Technique:

@@ -33,9 +33,10 @@ import torch
 from torch import nn
 
 from membench.common.errors import UserError
+from membench.common.install import extra_hint
 from membench.workloads.base import Batch, Workload
 
-MISSING = "Hugging Face workloads need transformers: pip install membench[hf]"
+MISSING = "Hugging Face workloads need transformers"  # then how to install it, for this install (extra_hint)
 HEADS = ("causal-lm", "masked-lm", "seq-cls", "image-cls")
 DEFAULT_SEQ_LEN = 1024  # capped by the model's own context length
 MAX_INT = 2**31 - 1  # no config size or count is larger; past it, torch's own index types overflow
@@ -49,7 +50,7 @@ def _transformers():
     try:
         import transformers
     except ImportError:
-        raise UserError(MISSING) from None
+        raise UserError(f"{MISSING}: {extra_hint('hf')}") from None
     # transformers imports torchao, where it is installed (membench[finetune]), as it builds a model; torchao 0.18
     # registers its enums with torch's pytree, which under torch 2.14 warns of each on stderr: not the user's concern.
     import logging
@@ -154,8 +155,19 @@ def load_config(spec: str):
             config.validate()
         except Exception as exc:  # noqa: BLE001 - as above
             raise UserError(f"workload 'hf:{spec}': transformers refuses the config: {_first_line(exc)}") from None
+    _check_heads(spec, config)
     config.use_cache = False  # training: no key/value cache kept beside the activations
     return config
+
+
+def _check_heads(spec: str, config) -> None:
+    """Grouped-query attention repeats each key/value head num_attention_heads / num_key_value_heads times
+    (transformers' repeat_kv): a count that does not divide is refused here, in one line, rather than failing
+    inside the model's forward or, worse, predicted as a model no GPU could run."""
+    heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    if isinstance(heads, int) and isinstance(kv, int) and heads > 0 and kv > 0 and heads % kv:
+        raise UserError(f"workload 'hf:{spec}': num_attention_heads={heads} is not a multiple of "
+                        f"num_key_value_heads={kv}: each key/value head serves a whole group of query heads")
 
 
 def _cached_or_local(name: str) -> bool:

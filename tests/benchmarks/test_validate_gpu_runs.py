@@ -35,3 +35,24 @@ def test_a_run_not_predicted_says_why_and_nothing_matching_is_an_error(tmp_path)
     for bad in (tmp_path / "junk.tar.xz", tmp_path / "absent.tar.xz"):
         done = _run(str(bad))
         assert done.returncode == 2 and "cannot read" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_an_archive_with_a_malformed_result_is_one_line_and_exit_2(tmp_path, capsys):
+    """A member that is not a result (malformed JSON) is one line naming the archive, not a traceback."""
+    import io
+    import tarfile
+
+    import pytest
+
+    from benchmarks import validate_gpu_runs
+
+    archive = tmp_path / "bad.tar.xz"
+    with tarfile.open(archive, "w:xz") as tar:
+        data = b"{ not json"
+        info = tarfile.TarInfo("case/baseline.json")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(SystemExit) as stop:
+        validate_gpu_runs.main([str(archive)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "cannot read" in err and "Traceback" not in err

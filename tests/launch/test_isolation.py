@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +62,23 @@ def test_a_leak_during_the_timed_steps_passes_no_budget(tmp_path):
     assert record.status == "oom", (record.status, record.error, proc.stderr[-2000:])
     assert "during time" in record.error and "budget" in record.error
     assert record.memory is not None and record.memory.peak_allocated_bytes <= 96 * 2**20
+
+
+@pytest.mark.slow
+def test_a_timeout_leaves_no_temporary_folder_behind(tmp_path, monkeypatch):
+    """predict's child (and fit's forked workers, membench-pool-*) make temporary folders; a timeout kills the
+    child's session with SIGKILL, which runs no cleanup: their folders live inside the parent's own temporary
+    folder (TMPDIR), removed when the command ends."""
+    from tests.helpers import cli
+
+    (tmp_path / "hang.py").write_text(
+        "import pathlib, tempfile, time\n\n\n"
+        "def workload():\n"
+        "    made = tempfile.mkdtemp(prefix='membench-pool-')\n"
+        "    pathlib.Path('made.txt').write_text(made)\n"
+        "    time.sleep(600)\n")
+    monkeypatch.chdir(tmp_path)
+    done = cli("predict", "--workload", "hang:workload", "--device", "cpu", "--timeout", "60")
+    assert done.returncode == 2 and "did not finish within 60 s" in done.stderr, done.stderr
+    made = Path((tmp_path / "made.txt").read_text())
+    assert made.name.startswith("membench-pool-") and not made.exists()

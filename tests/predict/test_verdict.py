@@ -48,7 +48,7 @@ def test_a_baseline_over_the_gpu_names_the_cheapest_technique_that_fits():
     assert cost_of(("opt-in-bwd",)) == "low" and cost_of(("bf16",)) == "none" and cost_of(("ckpt",)) == "medium"
     line = answer(records, H100)
     assert line == ("H100 (80 GB = 74.51 GiB): baseline does not fit: 2.00 GiB over (whole device 76.51 GiB); "
-                    "cheapest listed that fits: bf16 (no step-time cost, but changes precision, 34.51 GiB to spare).")
+                    "cheapest listed that fits: bf16 (no step-time cost; changes the numerics, 34.51 GiB to spare).")
     fits = fitting(records[:3], capacity(H100))
     assert cheapest(fits).record.name == "opt-in-bwd"  # without bf16: low beats medium (ckpt)
 
@@ -111,15 +111,15 @@ def test_predict_prints_the_fits_line_first_and_no_paragraph_over_three_lines(tm
             str(tmp_path / "p")] + (["--explain"] if explain else [])
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("H100 (80 GB = 74.51 GiB): baseline fits, ")  # the answer, first
     conclusions = out.split("\n\n")[-1].strip().splitlines()
-    assert conclusions[0].startswith("H100 (80 GB = 74.51 GiB): baseline fits, ")
     if explain:
         assert "A prediction cannot see:" in conclusions and len([c for c in conclusions if c.startswith("  - ")]) >= 5
     else:
-        # the answer, two lines of caveats, the attention kernels assumed (fp32 on an H100: efficient attention)
-        assert len(conclusions) == 5 and conclusions[-1].startswith("predictions: ")
-        assert all(len(line) <= 120 for line in conclusions[:3])
-        assert conclusions[3].startswith("attention kernels assumed (")
+        # two lines of caveats, the attention kernels assumed (fp32 on an H100: efficient attention)
+        assert len(conclusions) == 4 and conclusions[-1].startswith("predictions: ")
+        assert all(len(line) <= 120 for line in conclusions[:2])
+        assert conclusions[2].startswith("attention kernels assumed (")
 
 
 def test_a_trace_over_the_card_is_judged_by_its_replay_under_the_card():

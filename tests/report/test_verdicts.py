@@ -211,7 +211,9 @@ def test_recommends_the_lowest_peak_that_trains_the_same_model(sweep):
     first = recommendation_lines(decision)[0]
     assert first.startswith("Recommendation (goal: the lowest peak that trains the same model, saving at least 5% "
                             "of the baseline's peak): pick opt-in-bwd")
-    assert "saving" in first and "bitwise" in first and "timed in alternation with the baseline" in first
+    assert "saving" in first and "bitwise" in first
+    # the tiny sweep times one step (--steps 1, a memory gate's): its speed is not compared, and it says why
+    assert "not enough steps to compare speed (--steps 1: 2 or more time the run against the baseline)" in first
 
 
 def test_a_saving_below_the_threshold_keeps_the_baseline(sweep):
@@ -368,3 +370,50 @@ def test_compare_calls_a_large_change_inside_wide_intervals_undecided(sweep):
     assert noise.separate_runs_delta(smaller.timing, base.timing) == "within noise (-4.8%)"
     apart = _timed(run, 0.050, 0.049, 0.051)
     assert noise.separate_runs_delta(apart.timing, _timed(base, 0.1, 0.099, 0.101).timing) == "+100.0%"
+
+
+def test_fewer_pairs_than_an_interval_needs_claim_no_percentage(sweep):
+    """Below 6 pairs (96.9%: the fewest whose smallest-to-largest ratio holds the median with 95% confidence), no
+    interval and no percentage: 'not enough steps to compare speed (N pairs)' (a record written by hand, or by an
+    older membench; a run takes at least 6, and a run of one timed step none: tests/child)."""
+    base, run = sweep
+    two = _against_base(run, 0.2, 0.1, 0.3, pairs=2)  # 5x faster by two pairs: no claim
+    said = noise.speed(two)
+    assert said.verdict == "not-enough" and said.interval is None and said.change_pct is None
+    assert speed_cell(said) == "not enough steps"
+    assert "opt-in-bwd: not enough steps to compare speed (2 pairs)" in render([Sweep.of([base, two])])
+    assert "%" not in _cells(base, two)["opt-in-bwd"]["speed vs base"]
+    assert "Not enough steps to compare speed (2 pairs)." in story_lines(explain(two, base))
+
+
+def test_the_ci_recipe_times_one_step_so_it_claims_no_speed():
+    """docs/ci.md's recipe runs with --steps 1: the worker then times no comparison (its record says why, and the
+    tiny sweep above, run with --steps 1, shows the sentence), so the recipe prints no speed verdict."""
+    from pathlib import Path
+
+    recipe = (Path(__file__).resolve().parents[2] / "docs" / "ci.md").read_text()
+    runs = [line for line in recipe.splitlines() if "--steps" in line and "--out" in line]
+    assert runs and all("--steps 1 " in line for line in runs)
+
+
+def test_an_interval_upside_down_is_no_interval(sweep):
+    """A crafted result with ci_low_s above ci_high_s (matplotlib refused the negative error bar with a
+    traceback): no interval, no error bar, the report still drawn."""
+    base, run = sweep
+    crafted = _timed(run, 0.1, 0.2, 0.05)
+    assert noise.step_interval(crafted.timing) is None and noise.throughput_interval(crafted.timing) is None
+    assert charts.pareto_chart(Sweep.of([base, crafted])) is not None
+    outside = _timed(run, 0.1, 0.2, 0.3)  # a median outside its own interval
+    assert charts.pareto_chart(Sweep.of([base, outside])) is not None
+
+
+def test_a_baseline_that_says_ok_without_memory_is_no_reference_and_nothing_is_recommended(sweep):
+    base, run = sweep
+    hollow = copy.deepcopy(base)
+    hollow.memory = None
+    advice = _advice(hollow, run)
+    assert advice == ["Recommendation (goal: the lowest peak that trains the same model, saving at least 5% of the "
+                      "baseline's peak): nothing to recommend: the baseline's result says ok but holds no memory (a "
+                      "damaged or edited file); run it again."]
+    assert "did not finish (ok)" not in render([Sweep.of([hollow, run])])
+    assert "holds no memory" in render([Sweep.of([hollow, run])])

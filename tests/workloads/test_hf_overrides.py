@@ -137,3 +137,11 @@ def test_the_fp32_keyword_is_the_installed_transformers_own(version, keyword, mo
 
     monkeypatch.setattr(transformers, "__version__", version)
     assert hf._fp32() == {keyword: torch.float32}
+
+
+def test_key_value_heads_that_do_not_divide_the_heads_are_refused():
+    """4 query heads in groups over 3 key/value heads: transformers' repeat_kv cannot make the groups."""
+    spec = "hf:llama,num_hidden_layers=1,hidden_size=64,num_attention_heads=4,num_key_value_heads=3,vocab_size=32"
+    with pytest.raises(UserError, match="num_attention_heads=4 is not a multiple of num_key_value_heads=3"):
+        load_workload(spec, seq_len=8)
+    load_workload(spec.replace("num_key_value_heads=3", "num_key_value_heads=2"), seq_len=8)  # 2 groups of 2
