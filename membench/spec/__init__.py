@@ -15,6 +15,7 @@ from membench.spec.run import (
     MIN_COMPARE_PAIRS,
     OPTIMIZERS,
     OPTIONAL,
+    QUANT_TYPES,
     ZERO_GRAD,
     Check,
     Device,
@@ -22,6 +23,7 @@ from membench.spec.run import (
     Job,
     LaunchSpec,
     MeasureSpec,
+    QuantType,
     RunSpec,
     ZeroGrad,
     default,
@@ -32,5 +34,5 @@ __all__ = [
     "CHECKS", "DEFAULT_BATCH_SIZE", "DEFAULT_TECHNIQUES", "DEFAULT_WORKLOAD", "DTYPES", "MAX_COUNT", "MAX_JOBS",
     "MAX_SEED", "MAX_TIMEOUT_S", "MAX_WORLD_SIZE", "MIN_COMPARE_PAIRS", "OPTIMIZERS", "OPTIONAL", "ZERO_GRAD",
     "Check", "Device", "Dtype", "Job", "LaunchSpec", "MeasureSpec", "RunSpec", "ZeroGrad", "default", "expand",
-    "LIBRARY_OPTIMIZERS",
+    "LIBRARY_OPTIMIZERS", "QUANT_TYPES", "QuantType",
 ]
