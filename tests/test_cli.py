@@ -192,12 +192,15 @@ def test_subcommands_refuse_options_they_do_not_use(args):
     assert proc.returncode == 2 and "unrecognized arguments" in proc.stderr
 
 
-@pytest.mark.parametrize("args", [["fit", "--budget", "1GiB", "--batch-size", "4"],
-                                  ["fit", "--budget", "1GiB", "--by", "world-size", "--device", "cuda"]])
-def test_fit_takes_a_batch_size_only_to_search_the_world_size(args):
-    """fit searches the batch size, unless --by world-size, which searches the ranks at a batch per rank."""
+@pytest.mark.parametrize(("args", "said"), [
+    (["fit", "--budget", "1GiB", "--batch-size", "4"], "--batch-size is for fit --by world-size (samples per rank) or "
+                                                       "--by seq-len"),
+    (["fit", "--budget", "1GiB", "--by", "world-size", "--device", "cuda"], "--by world-size needs --batch-size")])
+def test_fit_takes_a_batch_size_only_to_search_the_world_size_or_the_sequence(args, said):
+    """fit searches the batch size, unless --by world-size (the ranks at a batch per rank) or --by seq-len (the
+    sequence length at a batch)."""
     proc = run(args)
-    assert proc.returncode == 2 and "--by world-size needs --batch-size (samples per rank)" in proc.stderr
+    assert proc.returncode == 2 and said in proc.stderr
 
 
 def test_help_explains_every_option_and_gives_examples():

@@ -141,7 +141,7 @@ def answer(records: list[RunRecord], gpu: Gpu) -> str:
     best = cheapest([f for f in fits if f.record.name != "baseline"])
     if best is not None:
         names = best.record.spec.run.techniques
-        said = changes_phrase(best.record.numerics or stack_numerics(names))
+        said = _with_changes(names).removeprefix("; ")
         return (f"{head}; cheapest listed that fits: {best.record.name} ({_cost(names)}{'; ' + said if said else ''}, "
                 f"{fmt_bytes(best.margin)} to spare).")
     others = [f for f in fits if f.record.name != "baseline"]

@@ -57,7 +57,7 @@ def test_an_adapter_that_fits_is_not_called_free():
     # lora costs nothing in step time (cost "none") but trains an adapter, not the baseline's model: the line says so.
     over = capacity(H100) + 2 * GiB - CONTEXT
     line = answer([record("baseline", over), record("lora", 20 * GiB - CONTEXT)], H100)
-    assert line.endswith("cheapest listed that fits: lora (no step-time cost, but trains an adapter, 54.51 GiB to "
+    assert line.endswith("cheapest listed that fits: lora (no step-time cost; trains an adapter, 54.51 GiB to "
                          "spare).")
 
 
@@ -102,7 +102,7 @@ def test_fit_answers_the_baseline_largest_batch_or_the_cheapest_that_fits():
     line = fit_answer([fit("baseline", 8, 20 * GiB), fit("qlora", 32, 23 * GiB)], 24 * GiB, "reserved", H100)
     assert line.endswith("the largest batch: qlora at 32 (but trains an adapter).")
     line = fit_answer([none, fit("lora", 4, 20 * GiB)], 24 * GiB, "reserved", None)
-    assert line.endswith("cheapest listed that fits: lora (up to batch 4, no step-time cost, but trains an adapter).")
+    assert line.endswith("cheapest listed that fits: lora (up to batch 4, no step-time cost; trains an adapter).")
 
 
 @pytest.mark.parametrize("explain", [False, True])
