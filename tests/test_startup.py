@@ -4,6 +4,7 @@ this test process has imported torch long ago."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import pickle
 import shutil
@@ -87,3 +88,17 @@ def test_the_report_imports_matplotlib_only_to_draw_a_chart(results, tmp_path):
         (failed / path.name).write_text(json.dumps(record))
     assert loaded(["report", str(failed), "--out", str(tmp_path / "bare")], tmp_path)["matplotlib"] is False
     assert (tmp_path / "bare" / "report.html").is_file()
+
+
+def test_the_pytest_plugin_imports_torch_only_for_its_fixture(tmp_path):
+    """pytest loads the plugin in every session of an environment with membench installed (its entry point): a test
+    session that never asks for memory_peak pays no torch import; one that does, imports it then."""
+    (tmp_path / "test_plain.py").write_text("import sys\n\ndef test_plain():\n    assert 'torch' not in sys.modules\n")
+    (tmp_path / "test_fixture.py").write_text(
+        "import sys\n\ndef test_fixture(memory_peak):\n    assert 'torch' in sys.modules\n")
+    installed = any(e.value == "membench.gate.pytest_plugin" for e in importlib.metadata.entry_points(group="pytest11"))
+    plugin = [*([] if installed else ["-p", "membench.gate.pytest_plugin"]), "-p", "no:cacheprovider", "-n", "0", "-q"]
+    for name in ("test_plain.py", "test_fixture.py"):
+        done = subprocess.run([sys.executable, "-m", "pytest", *plugin, name], capture_output=True, text=True,
+                              cwd=tmp_path, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
