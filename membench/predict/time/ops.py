@@ -144,7 +144,7 @@ def classify(func, args, kwargs, out, phase: str) -> OpCall:
         return OpCall(kind="sync", **common)
     if packet in HOST_OPS:
         return OpCall(kind="host", **common)
-    flops = flop_registry[packet](*args, **kwargs, out_val=out) if packet in flop_registry else 0
+    flops = _flops(packet, args, kwargs, out)
     nbytes = op_bytes(func, args, out)
     if packet in GEMM_OPS:
         return OpCall(kind="gemm", flops=flops, bytes=nbytes, gemm=gemm_dims(func, args), **common)
@@ -153,6 +153,23 @@ def classify(func, args, kwargs, out, phase: str) -> OpCall:
     if packet in ATTENTION_BACKENDS:
         return OpCall(kind="attention", flops=flops, bytes=nbytes, backend=ATTENTION_BACKENDS[packet], **common)
     return OpCall(kind="memory", bytes=nbytes, kernels=kernel_launches(func, args), **common)
+
+
+def _flops(packet, args, kwargs, out) -> int:
+    """torch's FLOP formula for the op (torch.utils.flop_counter), 0 where it has none. Before torch 2.12 its
+    attention formulas assert that query, key and value have as many heads (sdpa_flop_count), which grouped-query
+    attention (enable_gqa) does not: there the key's and value's heads are broadcast to the query's, as the kernel
+    computes them, and the formula is asked again."""
+    if packet not in flop_registry:
+        return 0
+    try:
+        return flop_registry[packet](*args, **kwargs, out_val=out)
+    except AssertionError:
+        heads = max((a.shape[1] for a in args if isinstance(a, torch.Tensor) and a.dim() == 4), default=0)
+        # the formulas read shapes only (flop_counter.shape_wrapper passes a torch.Size through as one)
+        broadcast = [torch.Size((a.shape[0], heads, *a.shape[2:])) if isinstance(a, torch.Tensor) and a.dim() == 4
+                     and a.shape[1] != heads and heads % a.shape[1] == 0 else a for a in args]
+        return flop_registry[packet](*broadcast, **kwargs, out_val=out)
 
 
 class OpRecorder:
