@@ -45,8 +45,9 @@ def write_user_file(folder: Path, name: str, body: str) -> None:
 
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-# Pages with examples to run; the slow ones (the CI recipe end to end, the workloads page's models) run with -m slow.
-SLOW_PAGES = {"ci.md", "predict.md", "workloads.md"}
+# Pages with examples to run; the slow ones (the CI recipe end to end, the workloads page's models, hf:llama
+# predictions with peft and bitsandbytes) run with -m slow.
+SLOW_PAGES = {"ci.md", "finetune.md", "optimizers.md", "predict.md", "workloads.md"}
 EXAMPLES = [pytest.param(page, id=page.name, marks=[pytest.mark.slow] if page.name in SLOW_PAGES else [])
             for page in PAGES if marked_blocks(page.read_text())]
 
