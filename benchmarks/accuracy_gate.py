@@ -198,8 +198,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  FURTHER OFF: {line}")
     worse_rows = {line.split(": ", 1)[0] for line in worse}
     better_rows = {line.split(": ", 1)[0] for line in better} - worse_rows
+    compared = [k for k in table if not any(k.startswith(prefix) for prefix in skipped)]
     print(f"accuracy_gate: {len(worse_rows)} rows further off, {len(better_rows)} closer, "
-          f"{len(table) - len(worse_rows) - len(better_rows)} as committed")
+          f"{len(compared) - len(worse_rows) - len(better_rows)} as committed"
+          + (f", {len(table) - len(compared)} not compared" if len(compared) < len(table) else ""))
     return 1 if worse else 0
 
 
